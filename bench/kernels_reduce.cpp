@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+// Host reduce kernels beside memcpy of the same bytes, in one run (Google Benchmark).
+// bytes_per_second counts the bytes each loop moves: reduce_into reads dst and src and writes
+// dst (3 x count x sizeof(T)); memcpy reads and writes (2 x bytes), so the two are comparable
+// as memory traffic. Sizes are element counts.
+
+#include <squall/kernels/host/reduce.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr std::int64_t min_count = 1 << 10;
+constexpr std::int64_t max_count = 1 << 24;
+
+void memcpy_baseline(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0)) * sizeof(float);
+  std::vector<char> src(bytes, 1);
+  std::vector<char> dst(bytes, 0);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), bytes);
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * bytes));
+}
+
+template <class T, class Op>
+void reduce_into(benchmark::State& state) {
+  const auto count = static_cast<std::size_t>(state.range(0));
+  std::vector<T> src(count, static_cast<T>(1));
+  std::vector<T> dst(count, static_cast<T>(0));
+  for (auto _ : state) {
+    squall::kernels::reduce_into(squall::host_backend{}, Op{}, squall::host_view<T>(dst),
+                                 squall::host_view<const T>(src));
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 3 * count * sizeof(T)));
+}
+
+}  // namespace
+
+BENCHMARK(memcpy_baseline)->Name("memcpy")->RangeMultiplier(16)->Range(min_count, max_count);
+BENCHMARK_TEMPLATE(reduce_into, float, squall::sum_op)
+    ->Name("reduce_into/float/sum")->RangeMultiplier(16)->Range(min_count, max_count);
+BENCHMARK_TEMPLATE(reduce_into, float, squall::max_op)
+    ->Name("reduce_into/float/max")->RangeMultiplier(16)->Range(min_count, max_count);
+BENCHMARK_TEMPLATE(reduce_into, double, squall::sum_op)
+    ->Name("reduce_into/double/sum")->RangeMultiplier(16)->Range(min_count, max_count);
+BENCHMARK_TEMPLATE(reduce_into, std::int32_t, squall::sum_op)
+    ->Name("reduce_into/int32/sum")->RangeMultiplier(16)->Range(min_count, max_count);
+BENCHMARK_TEMPLATE(reduce_into, squall::float16, squall::sum_op)
+    ->Name("reduce_into/float16/sum")->RangeMultiplier(16)->Range(min_count, max_count);
+BENCHMARK_TEMPLATE(reduce_into, squall::bfloat16, squall::sum_op)
+    ->Name("reduce_into/bfloat16/sum")->RangeMultiplier(16)->Range(min_count, max_count);
+
+BENCHMARK_MAIN();

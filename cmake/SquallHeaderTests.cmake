@@ -1,0 +1,38 @@
+# SPDX-License-Identifier: Apache-2.0
+# squall_add_header_tests(CXX_HEADERS h... [CUDA_HEADERS h...])
+#
+# Every header must compile on its own: one generated translation unit per header, built as an
+# object library (the CUB header-test idea). .hpp headers are compiled by the C++ compiler and,
+# where CUDA is enabled, by nvcc too; .cuh headers by nvcc only. A ctest checks that the list
+# names every header under include/, so a new header cannot dodge the test.
+
+function(squall_add_header_tests)
+  cmake_parse_arguments(arg "" "" "CXX_HEADERS;CUDA_HEADERS" ${ARGN})
+  set(cxx_sources "")
+  set(cuda_sources "")
+  foreach(header IN LISTS arg_CXX_HEADERS arg_CUDA_HEADERS)
+    string(MAKE_C_IDENTIFIER "${header}" id)
+    set(content "// generated: ${header} compiles on its own\n#include <${header}>\n")
+    if(header IN_LIST arg_CXX_HEADERS)
+      file(CONFIGURE OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/headers/${id}.cpp" CONTENT "${content}")
+      list(APPEND cxx_sources "${CMAKE_CURRENT_BINARY_DIR}/headers/${id}.cpp")
+    endif()
+    if(SQUALL_HAS_CUDA)
+      file(CONFIGURE OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/headers/${id}.cu" CONTENT "${content}")
+      list(APPEND cuda_sources "${CMAKE_CURRENT_BINARY_DIR}/headers/${id}.cu")
+    endif()
+  endforeach()
+  add_library(squall_header_tests_cxx OBJECT ${cxx_sources})
+  target_link_libraries(squall_header_tests_cxx PRIVATE squall::squall)
+  if(SQUALL_HAS_CUDA)
+    add_library(squall_header_tests_cuda OBJECT ${cuda_sources})
+    target_link_libraries(squall_header_tests_cuda PRIVATE squall::cuda)
+    # One architecture is enough to check that a header parses and instantiates under nvcc.
+    set_target_properties(squall_header_tests_cuda PROPERTIES CUDA_ARCHITECTURES 90)
+  endif()
+  set(listed ${arg_CXX_HEADERS} ${arg_CUDA_HEADERS})
+  add_test(NAME unit.header_list
+           COMMAND "${CMAKE_COMMAND}" "-DINCLUDE_DIR=${PROJECT_SOURCE_DIR}/include"
+                   "-DLISTED=${listed}" -P "${PROJECT_SOURCE_DIR}/cmake/check_header_list.cmake")
+  set_tests_properties(unit.header_list PROPERTIES LABELS unit)
+endfunction()

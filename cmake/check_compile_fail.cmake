@@ -1,0 +1,21 @@
+# SPDX-License-Identifier: Apache-2.0
+# Run as a ctest by squall_add_compile_fail_test: see SquallCompileFail.cmake.
+cmake_minimum_required(VERSION 3.25)
+execute_process(COMMAND "${COMPILER}" -std=c++20 -fsyntax-only "-I${INCLUDE_DIR}" "${SOURCE}"
+                RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(log "${out}${err}")
+if(result EQUAL 0)
+  message(FATAL_ERROR "${SOURCE} compiled, but it must not")
+endif()
+if(NOT log MATCHES "${REGEX}")
+  message(FATAL_ERROR "the compiler's output does not match '${REGEX}':\n${log}")
+endif()
+if(ERRORS)
+  string(REGEX MATCHALL "error:" errors "${log}")
+  list(LENGTH errors count)
+  if(NOT count EQUAL ERRORS)
+    message(FATAL_ERROR "expected ${ERRORS} error line(s), got ${count}:\n${log}")
+  endif()
+endif()
+string(REGEX MATCH "error:[^\n]*" first "${log}")
+message(STATUS "failed to compile as expected: ${first}")

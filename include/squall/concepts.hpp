@@ -1,0 +1,217 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// The four policy roles of a squall communicator, as C++20 concepts: read this file first.
+///
+///   communicator<Transport, Topology, Compressor, Backend>
+///
+/// Each concept is a conjunction of small named clauses, one per thing the executor calls.
+/// `check_<role><T>()` asserts the clauses one by one, so that a wrong policy fails with one
+/// `static assertion failed: squall: ...` line naming the missing piece, not a page of
+/// template noise. Entry points that take policies call it (`static_assert(check_backend<B>())`).
+
+#include <squall/core/buffer.hpp>
+#include <squall/core/types.hpp>
+
+#include <concepts>  // same_as, convertible_to, movable
+#include <cstddef>   // byte, size_t
+#include <string_view>
+
+namespace squall {
+
+// ---- completion: what non-blocking calls return ----------------------------------------------
+
+template <class C>
+concept completion_waitable = requires(C& c) {
+  /// blocks until the operation is done; throws timeout_error past the deadline
+  c.wait();
+};
+template <class C>
+concept completion_testable = requires(C& c) {
+  /// true once the operation is done; never blocks
+  { c.test() } -> std::same_as<bool>;
+};
+/// A handle to an operation in flight: `wait()` and `test()`, movable, not copyable.
+template <class C>
+concept completion = std::movable<C> && completion_waitable<C> && completion_testable<C>;
+
+// ---- backend: where kernels run --------------------------------------------------------------
+
+template <class B>
+concept backend_has_memory_space =
+    requires { typename B::memory_space; } && memory_space<typename B::memory_space>;
+template <class B>
+concept backend_has_name = requires {
+  /// "host", "cuda": names the backend in output
+  { B::name } -> std::convertible_to<std::string_view>;
+};
+template <class B>
+concept backend_has_synchronize = requires(const B& b) {
+  /// returns once every kernel this backend started has finished
+  b.synchronize();
+};
+/// Where kernels run: `host_backend` (the CPU) or `cuda_backend{device, stream}`. A backend is
+/// a small value (copyable) that kernels are overloaded on.
+template <class B>
+concept backend = std::copyable<B> && backend_has_memory_space<B> && backend_has_name<B> &&
+                  backend_has_synchronize<B>;
+
+// ---- transport: moves bytes between ranks ----------------------------------------------------
+
+template <class T>
+concept transport_has_memory_space =
+    requires { typename T::memory_space; } && memory_space<typename T::memory_space>;
+template <class T>
+concept transport_has_rank_and_size = requires(const T& t) {
+  /// this process's rank in [0, size())
+  { t.rank() } -> std::same_as<int>;
+  /// the number of ranks
+  { t.size() } -> std::same_as<int>;
+};
+template <class T>
+concept transport_has_send_recv =
+    transport_has_memory_space<T> &&
+    requires(T& t, int peer, buffer_view<const std::byte, typename T::memory_space> src,
+             buffer_view<std::byte, typename T::memory_space> dst) {
+      /// starts sending `src` to `peer`; `src` stays valid until the completion is done
+      { t.send(peer, src) } -> completion;
+      /// starts receiving exactly `dst.count()` bytes from `peer` into `dst`
+      { t.recv(peer, dst) } -> completion;
+    };
+template <class T>
+concept transport_has_barrier = requires(T& t) {
+  /// completes once every rank has entered the barrier
+  { t.barrier() } -> completion;
+};
+/// Moves bytes between the ranks of one job; knows nothing of element types or reductions.
+template <class T>
+concept transport = std::movable<T> && transport_has_memory_space<T> &&
+                    transport_has_rank_and_size<T> && transport_has_send_recv<T> &&
+                    transport_has_barrier<T>;
+
+/// A transport whose peers' staging buffers this rank can read directly (shared memory,
+/// CUDA IPC), so a schedule can reduce straight out of a peer's memory.
+template <class T>
+concept direct_transport = transport<T> && requires(T& t, int peer) {
+  /// the bytes `peer` has exposed to this rank
+  { t.peer_view(peer) } -> std::same_as<buffer_view<std::byte, typename T::memory_space>>;
+};
+
+// ---- topology: who talks to whom, as a pure schedule -----------------------------------------
+
+template <class T>
+concept topology_has_name = requires {
+  /// "ring", "tree": names the schedule in output
+  { T::name } -> std::convertible_to<std::string_view>;
+};
+template <class T>
+concept topology_has_schedule = requires(const T& t, int rank, int size) {
+  /// the steps `rank` of `size` runs for an allreduce; pure: no I/O, no buffers
+  t.allreduce_schedule(rank, size);
+};
+/// A schedule: for each (rank, size) the list of steps the executor walks. Pure and
+/// constexpr-friendly, so it can be checked exhaustively on the host.
+template <class T>
+concept topology = std::default_initializable<T> && std::copyable<T> && topology_has_name<T> &&
+                   topology_has_schedule<T>;
+
+// ---- compressor: what travels ----------------------------------------------------------------
+
+/// How payloads of a compressor combine, which decides the allreduce algorithm.
+enum class aggregation_class {
+  linear,      ///< C(a) + C(b) = C(a + b): any topology reduces payloads directly
+  requantize,  ///< sums need decoding: decode, add, re-encode per hop, or gather then reduce
+  sparse,      ///< (index, value) lists: allgather-union, or gTop-k up a tree
+  vote,        ///< one bit per element: majority vote from summed counts
+};
+
+template <class C>
+concept compressor_has_identity = requires {
+  /// "none", "topk": names the compressor in output
+  { C::name } -> std::convertible_to<std::string_view>;
+  /// which allreduce algorithm its payloads need
+  { C::aggregation } -> std::convertible_to<aggregation_class>;
+};
+template <class C>
+concept compressor_has_payload_bound = requires(const C& c, dtype type, std::size_t count) {
+  /// an upper bound on the payload bytes for `count` elements of `type`
+  { c.max_payload_bytes(type, count) } -> std::same_as<std::size_t>;
+};
+/// Decides what travels. Tuning knobs (ratio, bits, seed) are run-time members of the object;
+/// element types and backends are template parameters of `encode` and `decode`.
+template <class C>
+concept compressor = std::copyable<C> && compressor_has_identity<C> &&
+                     compressor_has_payload_bound<C>;
+
+/// A compressor that can encode and decode elements of `T` with backend `B`.
+template <class C, class T, class B>
+concept compressor_for =
+    compressor<C> && backend<B> && element<T> &&
+    requires(const C& c, const B& b, buffer_view<const T, typename B::memory_space> in,
+             buffer_view<T, typename B::memory_space> out,
+             buffer_view<std::byte, typename B::memory_space> payload,
+             buffer_view<const std::byte, typename B::memory_space> received) {
+      /// writes the payload of `in`; returns its size in bytes
+      { c.encode(b, in, payload) } -> std::same_as<std::size_t>;
+      /// reads a payload back into `out`; throws invalid_argument if it is malformed
+      c.decode(b, received, out);
+    };
+
+// ---- readable diagnostics --------------------------------------------------------------------
+
+/// Asserts that `B` models `backend`, one clause at a time; returns true.
+template <class B>
+consteval bool check_backend() {
+  static_assert(backend_has_memory_space<B>,
+                "squall: the Backend policy has no 'memory_space' type (host_memory or "
+                "device_memory); see squall/concepts.hpp");
+  static_assert(backend_has_name<B>,
+                "squall: the Backend policy has no 'static constexpr name'; see concepts.hpp");
+  static_assert(backend_has_synchronize<B>,
+                "squall: the Backend policy has no 'synchronize() const'; see concepts.hpp");
+  static_assert(std::copyable<B>, "squall: the Backend policy must be copyable");
+  return true;
+}
+
+/// Asserts that `T` models `transport`, one clause at a time; returns true.
+template <class T>
+consteval bool check_transport() {
+  static_assert(transport_has_memory_space<T>,
+                "squall: the Transport policy has no 'memory_space' type (host_memory or "
+                "device_memory); see squall/concepts.hpp");
+  static_assert(transport_has_rank_and_size<T>,
+                "squall: the Transport policy needs 'int rank() const' and 'int size() const'");
+  static_assert(transport_has_send_recv<T>,
+                "squall: the Transport policy needs send(peer, bytes) and recv(peer, bytes) "
+                "returning a completion (wait(), test()); see squall/concepts.hpp");
+  static_assert(transport_has_barrier<T>,
+                "squall: the Transport policy needs barrier() returning a completion");
+  static_assert(std::movable<T>, "squall: the Transport policy must be movable");
+  return true;
+}
+
+/// Asserts that `T` models `topology`, one clause at a time; returns true.
+template <class T>
+consteval bool check_topology() {
+  static_assert(topology_has_name<T>,
+                "squall: the Topology policy has no 'static constexpr name'; see concepts.hpp");
+  static_assert(topology_has_schedule<T>,
+                "squall: the Topology policy has no 'allreduce_schedule(rank, size) const'");
+  static_assert(std::default_initializable<T> && std::copyable<T>,
+                "squall: the Topology policy must be default-constructible and copyable");
+  return true;
+}
+
+/// Asserts that `C` models `compressor`, one clause at a time; returns true.
+template <class C>
+consteval bool check_compressor() {
+  static_assert(compressor_has_identity<C>,
+                "squall: the Compressor policy needs 'static constexpr name' and "
+                "'static constexpr aggregation_class aggregation'; see squall/concepts.hpp");
+  static_assert(compressor_has_payload_bound<C>,
+                "squall: the Compressor policy has no "
+                "'std::size_t max_payload_bytes(dtype, std::size_t count) const'");
+  static_assert(std::copyable<C>, "squall: the Compressor policy must be copyable");
+  return true;
+}
+
+}  // namespace squall

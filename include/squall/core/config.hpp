@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// Macros that let one function body compile for the host (g++) and the device (nvcc).
+
+#if defined(__CUDACC__)
+/// Marks a function callable from host and device code; empty without nvcc.
+#define SQUALL_HOST_DEVICE __host__ __device__
+/// Marks a function callable from device code only; empty without nvcc.
+#define SQUALL_DEVICE __device__
+#else
+#define SQUALL_HOST_DEVICE
+#define SQUALL_DEVICE
+#endif
+
+#if defined(__CUDA_ARCH__)
+/// Defined while nvcc compiles the device side of a translation unit.
+#define SQUALL_DEVICE_PASS 1
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+/// Asks for inlining of the small per-element functors on hot paths.
+#define SQUALL_FORCEINLINE inline __attribute__((always_inline))
+/// Promises that a pointer is not aliased inside the function.
+#define SQUALL_RESTRICT __restrict__
+#else
+#define SQUALL_FORCEINLINE inline
+#define SQUALL_RESTRICT
+#endif

@@ -1,0 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// The umbrella for nvcc translation units: squall.hpp plus the CUDA backend and kernels.
+
+#include <squall/backend/cuda.cuh>
+#include <squall/kernels/cuda/reduce.cuh>
+#include <squall/squall.hpp>

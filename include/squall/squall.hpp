@@ -1,0 +1,18 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// Everything a host-only user needs; compiles with g++ on a machine without MPI or CUDA.
+/// MPI users add <squall/transport/mpi.hpp>; nvcc users include <squall/cuda.cuh> instead.
+
+#include <squall/backend/host.hpp>
+#include <squall/compress/none.hpp>
+#include <squall/compress/traits.hpp>
+#include <squall/concepts.hpp>
+#include <squall/core/buffer.hpp>
+#include <squall/core/config.hpp>
+#include <squall/core/error.hpp>
+#include <squall/core/ops.hpp>
+#include <squall/core/options.hpp>
+#include <squall/core/types.hpp>
+#include <squall/kernels/host/reduce.hpp>
+#include <squall/tuning/tuning.hpp>
+#include <squall/version.hpp>

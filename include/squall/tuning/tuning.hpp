@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// Tuning is data: structs passed to plans and, as template arguments, to kernels.
+
+#include <cstddef>  // size_t
+
+namespace squall {
+
+/// Launch shape of a CUDA kernel; a class-type template argument, so each shape is its own
+/// instantiation and the compiler unrolls `items_per_thread`.
+struct kernel_tuning {
+  int threads_per_block = 256;
+  int items_per_thread = 4;
+  friend constexpr bool operator==(const kernel_tuning&, const kernel_tuning&) = default;
+};
+
+/// The elementwise kernels' default: 256 threads x 4 items keeps a memory-bound loop at full
+/// bandwidth on sm_80/sm_90 with enough blocks in flight. Compiled, not yet measured on a GPU
+/// (no device was lent to the session that chose it); docs/performance.md tracks this.
+inline constexpr kernel_tuning elementwise_tuning{.threads_per_block = 256, .items_per_thread = 4};
+
+}  // namespace squall

@@ -1,0 +1,145 @@
+// SPDX-License-Identifier: Apache-2.0
+// Host kernels against serial double-precision references, for every element type and op.
+
+#include <squall/kernels/host/reduce.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "../support/data.hpp"
+
+using squall::host_backend;
+using squall::host_view;
+namespace kernels = squall::kernels;
+namespace test = squall::test;
+
+namespace {
+
+// Counts that cover empty input, vector tails and odd sizes.
+constexpr std::size_t counts[] = {0, 1, 3, 16, 17, 1023, 4099};
+
+template <class T, class Reference>
+void check_against(const std::vector<T>& got, const std::vector<T>& a, const std::vector<T>& b,
+                   Reference reference) {
+  REQUIRE(got.size() == a.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double expected =
+        test::as_double(static_cast<T>(reference(test::as_double(a[i]), test::as_double(b[i]))));
+    REQUIRE(test::as_double(got[i]) == expected);
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("kernels") {
+  TEST_CASE_TEMPLATE("reduce_into and reduce match the serial reference", T,
+                     SQUALL_TEST_ELEMENT_TYPES) {
+    for (const std::size_t count : counts) {
+      CAPTURE(count);
+      const auto a = test::random_values<T>(count, 10 + count);
+      const auto b = test::random_values<T>(count, 20 + count);
+      auto plus = [](double x, double y) { return x + y; };
+      auto lesser = [](double x, double y) { return std::fmin(x, y); };
+      auto greater = [](double x, double y) { return std::fmax(x, y); };
+
+      auto dst = a;
+      kernels::reduce_into(host_backend{}, squall::sum_op{}, host_view<T>(dst),
+                           host_view<const T>(b));
+      check_against(dst, a, b, plus);
+      dst = a;
+      kernels::reduce_into(host_backend{}, squall::min_op{}, host_view<T>(dst),
+                           host_view<const T>(b));
+      check_against(dst, a, b, lesser);
+      dst = a;
+      kernels::reduce_into(host_backend{}, squall::max_op{}, host_view<T>(dst),
+                           host_view<const T>(b));
+      check_against(dst, a, b, greater);
+
+      std::vector<T> out(count);
+      kernels::reduce(host_backend{}, squall::sum_op{}, host_view<T>(out), host_view<const T>(a),
+                      host_view<const T>(b));
+      check_against(out, a, b, plus);
+      // dst aliasing b: out = a + out.
+      out = b;
+      kernels::reduce(host_backend{}, squall::max_op{}, host_view<T>(out), host_view<const T>(a),
+                      host_view<const T>(out));
+      check_against(out, a, b, greater);
+      // In place on itself: x + x.
+      dst = a;
+      kernels::reduce_into(host_backend{}, squall::sum_op{}, host_view<T>(dst),
+                           host_view<const T>(dst));
+      check_against(dst, a, a, plus);
+    }
+  }
+
+  TEST_CASE_TEMPLATE("avg is sum then finalize by the contribution count", T,
+                     SQUALL_TEST_ELEMENT_TYPES) {
+    const std::size_t count = 1025;
+    const auto a = test::random_values<T>(count, 3);
+    const auto b = test::random_values<T>(count, 4);
+    auto dst = a;
+    kernels::reduce_into(host_backend{}, squall::avg_op{}, host_view<T>(dst),
+                         host_view<const T>(b));
+    kernels::finalize(host_backend{}, squall::avg_op{}, host_view<T>(dst), 2);
+    for (std::size_t i = 0; i < count; ++i) {
+      const T sum = static_cast<T>(test::as_double(a[i]) + test::as_double(b[i]));
+      double expected;
+      if constexpr (std::is_integral_v<T>) {
+        expected = static_cast<double>(sum / 2);
+      } else {
+        expected = test::as_double(static_cast<T>(test::as_double(sum) / 2));
+      }
+      REQUIRE(test::as_double(dst[i]) == expected);
+    }
+    CHECK_THROWS_AS(kernels::finalize(host_backend{}, squall::avg_op{}, host_view<T>(dst), 0),
+                    squall::invalid_argument);
+    // sum has no finalize step: the data is left alone.
+    auto untouched = a;
+    kernels::finalize(host_backend{}, squall::sum_op{}, host_view<T>(untouched), 4);
+    CHECK(test::as_double(untouched[7]) == test::as_double(a[7]));
+  }
+
+  TEST_CASE("copy, mismatched counts and partial overlap") {
+    std::vector<float> a = {1, 2, 3, 4, 5, 6};
+    std::vector<float> b(6);
+    kernels::copy(host_backend{}, host_view<float>(b), host_view<const float>(a));
+    CHECK(b == a);
+    // Overlapping copy has memmove semantics.
+    kernels::copy(host_backend{}, host_view<float>(a).subview(1, 5),
+                  host_view<const float>(a).subview(0, 5));
+    CHECK(a == std::vector<float>{1, 1, 2, 3, 4, 5});
+    CHECK_THROWS_WITH_AS(kernels::reduce_into(host_backend{}, squall::sum_op{},
+                                              host_view<float>(a).subview(0, 3),
+                                              host_view<const float>(b)),
+                         doctest::Contains("counts differ: 3 and 6"), squall::invalid_argument);
+    CHECK_THROWS_WITH_AS(kernels::reduce_into(host_backend{}, squall::sum_op{},
+                                              host_view<float>(a).subview(0, 4),
+                                              host_view<const float>(a).subview(1, 4)),
+                         doctest::Contains("overlap"), squall::invalid_argument);
+    CHECK_THROWS_AS(kernels::reduce(host_backend{}, squall::sum_op{}, host_view<float>(a).subview(0, 3),
+                                    host_view<const float>(a).subview(1, 3),
+                                    host_view<const float>(b).subview(0, 3)),
+                    squall::invalid_argument);
+  }
+}
+
+TEST_SUITE("large") {
+  TEST_CASE("reduce_into covers more than 2^31 elements") {
+    // 2^31 + 17 float16 values (4 GiB): x + x over all of them, checked at both ends and
+    // past the 2^31 boundary where a 32-bit index would wrap.
+    const std::size_t count = (std::size_t{1} << 31) + 17;
+    std::vector<squall::float16> data(count, squall::float16(1.0f));
+    const std::size_t marks[] = {0, (std::size_t{1} << 31) - 1, std::size_t{1} << 31, count - 1};
+    for (std::size_t i : marks) data[i] = squall::float16(static_cast<float>(i % 1000 + 3));
+    kernels::reduce_into(host_backend{}, squall::sum_op{}, host_view<squall::float16>(data),
+                         host_view<const squall::float16>(data));
+    for (std::size_t i : marks) {
+      CHECK(static_cast<float>(data[i]) == 2.0f * static_cast<float>(i % 1000 + 3));
+    }
+    CHECK(static_cast<float>(data[count / 2]) == 2.0f);
+    CHECK(static_cast<float>(data[count - 2]) == 2.0f);
+  }
+}
