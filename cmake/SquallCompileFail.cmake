@@ -15,5 +15,5 @@ function(squall_add_compile_fail_test name source regex)
                    "-DREGEX=${regex}"
                    "-DERRORS=${arg_ERRORS}"
                    -P "${PROJECT_SOURCE_DIR}/cmake/check_compile_fail.cmake")
-  set_tests_properties(compile_fail.${name} PROPERTIES LABELS "unit;compile_fail")
+  set_tests_properties(compile_fail.${name} PROPERTIES LABELS "unit;compile_fail;static")
 endfunction()

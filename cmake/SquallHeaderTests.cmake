@@ -34,5 +34,5 @@ function(squall_add_header_tests)
   add_test(NAME unit.header_list
            COMMAND "${CMAKE_COMMAND}" "-DINCLUDE_DIR=${PROJECT_SOURCE_DIR}/include"
                    "-DLISTED=${listed}" -P "${PROJECT_SOURCE_DIR}/cmake/check_header_list.cmake")
-  set_tests_properties(unit.header_list PROPERTIES LABELS unit)
+  set_tests_properties(unit.header_list PROPERTIES LABELS "unit;static")
 endfunction()

@@ -88,31 +88,55 @@ SQUALL_HOST_DEVICE constexpr std::uint32_t round_to_nearest_even(std::uint64_t x
   return sign | static_cast<std::uint32_t>(bits);
 }
 
-/// The exact binary32 bits of a value in the narrower format `From` (binary16 or bfloat16).
-template <class From>
-SQUALL_HOST_DEVICE constexpr std::uint32_t widen_to_binary32(std::uint32_t x) noexcept {
-  constexpr int fm = From::man_bits;
-  constexpr std::uint32_t man_mask = (std::uint32_t{1} << fm) - 1;
-  constexpr std::uint32_t exp_max = (std::uint32_t{1} << From::exp_bits) - 1;
-  const std::uint32_t sign = ((x >> (From::total_bits - 1)) & 1u) << 31;
-  const std::uint32_t exponent = (x >> fm) & exp_max;
-  std::uint32_t fraction = x & man_mask;
-  if (exponent == exp_max) return sign | 0x7f800000u | (fraction << (23 - fm));
-  if (exponent == 0) {
-    if (fraction == 0) return sign;
-    if constexpr (From::bias == binary32_format::bias) {
-      return sign | (fraction << (23 - fm));  // same exponent range: stays subnormal
-    } else {
-      int unbiased = 1 - From::bias;  // normalise: binary32 has the range to hold it
-      while ((fraction & (std::uint32_t{1} << fm)) == 0) {
-        fraction <<= 1;
-        --unbiased;
-      }
-      return sign | (static_cast<std::uint32_t>(unbiased + 127) << 23) |
-             ((fraction & man_mask) << (23 - fm));
-    }
-  }
-  return sign | ((exponent - From::bias + 127) << 23) | (fraction << (23 - fm));
+/// `if_true` where `condition`, else `if_false`, as bit masks: no control flow for the
+/// vectorizer to give up on (a ternary over floating-point results is not if-converted).
+SQUALL_HOST_DEVICE constexpr std::uint32_t select_bits(bool condition, std::uint32_t if_true,
+                                                      std::uint32_t if_false) noexcept {
+  const std::uint32_t mask = 0u - static_cast<std::uint32_t>(condition);
+  return (if_true & mask) | (if_false & ~mask);
+}
+
+/// binary32 -> binary16, to nearest even, without branches (selects only, so g++ vectorizes
+/// loops over it). Normal results: rebias the exponent and round at bit 13 by adding
+/// 0xfff plus the lowest kept bit. Subnormal results: adding 0.5f makes the float adder round
+/// to a multiple of 2^-24, the binary16 subnormal step. NaN keeps its sign and top payload
+/// bits, quieted, as `round_to_nearest_even` does. Needs round-to-nearest float addition.
+SQUALL_HOST_DEVICE constexpr std::uint16_t binary32_to_binary16(float value) noexcept {
+  const std::uint32_t bits = detail::bit_cast<std::uint32_t>(value);
+  const std::uint32_t sign = (bits >> 16) & 0x8000u;
+  const std::uint32_t magnitude = bits & 0x7fffffffu;
+  const std::uint32_t normal = (magnitude + 0xc8000fffu + ((magnitude >> 13) & 1u)) >> 13;
+  const std::uint32_t subnormal =
+      detail::bit_cast<std::uint32_t>(detail::bit_cast<float>(magnitude) + 0.5f) - 0x3f000000u;
+  const std::uint32_t special =
+      select_bits(magnitude > 0x7f800000u, 0x7e00u | ((magnitude >> 13) & 0x1ffu), 0x7c00u);
+  std::uint32_t out = select_bits(magnitude < 0x38800000u, subnormal, normal);  // below 2^-14
+  out = select_bits(magnitude >= 0x47800000u, special, out);  // 2^16 and up, Inf, NaN
+  return static_cast<std::uint16_t>(sign | out);
+}
+
+/// binary16 -> binary32, exactly, without branches. Subnormals are rebuilt as
+/// (2^-14 + m 2^-24) - 2^-14, which float subtraction computes exactly.
+SQUALL_HOST_DEVICE constexpr float binary16_to_binary32(std::uint16_t half) noexcept {
+  const std::uint32_t sign = static_cast<std::uint32_t>(half & 0x8000u) << 16;
+  const std::uint32_t rest = static_cast<std::uint32_t>(half & 0x7fffu) << 13;
+  const std::uint32_t exponent = half & 0x7c00u;
+  const std::uint32_t normal = rest + 0x38000000u;
+  const std::uint32_t special = rest | 0x7f800000u;
+  const std::uint32_t subnormal = detail::bit_cast<std::uint32_t>(
+      detail::bit_cast<float>(rest + 0x38800000u) - detail::bit_cast<float>(0x38800000u));
+  std::uint32_t out = select_bits(exponent == 0, subnormal, normal);
+  out = select_bits(exponent == 0x7c00u, special, out);
+  return detail::bit_cast<float>(sign | out);
+}
+
+/// binary32 -> bfloat16, to nearest even, without branches; NaN keeps its sign and top
+/// payload bits, quieted.
+SQUALL_HOST_DEVICE constexpr std::uint16_t binary32_to_bfloat16(float value) noexcept {
+  const std::uint32_t bits = detail::bit_cast<std::uint32_t>(value);
+  const std::uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (bits >> 16) | 0x40u;
+  return static_cast<std::uint16_t>(select_bits((bits & 0x7fffffffu) > 0x7f800000u, nan, rounded));
 }
 
 /// What `float16` and `bfloat16` share: 16 bits, conversions, and the bit accessors.
@@ -129,16 +153,9 @@ class float16_base {
   }
 
  protected:
-  SQUALL_HOST_DEVICE static constexpr std::uint16_t round_float(float value) noexcept {
-    return static_cast<std::uint16_t>(round_to_nearest_even<Format, binary32_format>(
-        detail::bit_cast<std::uint32_t>(value)));
-  }
   SQUALL_HOST_DEVICE static constexpr std::uint16_t round_double(double value) noexcept {
     return static_cast<std::uint16_t>(round_to_nearest_even<Format, binary64_format>(
         detail::bit_cast<std::uint64_t>(value)));
-  }
-  SQUALL_HOST_DEVICE constexpr float widen() const noexcept {
-    return detail::bit_cast<float>(widen_to_binary32<Format>(bits_));
   }
 
   std::uint16_t bits_;
@@ -157,7 +174,7 @@ class float16 : public detail::float16_base<float16, detail::binary16_format> {
 #if defined(__CUDA_ARCH__)
     bits_ = __half_as_ushort(__float2half_rn(value));
 #else
-    bits_ = round_float(value);
+    bits_ = detail::binary32_to_binary16(value);
 #endif
   }
   SQUALL_HOST_DEVICE explicit float16(double value) noexcept { bits_ = round_double(value); }
@@ -169,7 +186,7 @@ class float16 : public detail::float16_base<float16, detail::binary16_format> {
 #if defined(__CUDA_ARCH__)
     return __half2float(__ushort_as_half(bits_));
 #else
-    return widen();
+    return detail::binary16_to_binary32(bits_);
 #endif
   }
 #if defined(__CUDACC__)
@@ -185,13 +202,17 @@ class bfloat16 : public detail::float16_base<bfloat16, detail::bfloat16_format> 
  public:
   using format = detail::bfloat16_format;
   bfloat16() = default;
-  SQUALL_HOST_DEVICE explicit bfloat16(float value) noexcept { bits_ = round_float(value); }
+  SQUALL_HOST_DEVICE explicit bfloat16(float value) noexcept {
+    bits_ = detail::binary32_to_bfloat16(value);
+  }
   SQUALL_HOST_DEVICE explicit bfloat16(double value) noexcept { bits_ = round_double(value); }
   template <class I>
     requires std::is_integral_v<I>
   SQUALL_HOST_DEVICE explicit bfloat16(I value) noexcept
       : bfloat16(static_cast<double>(value)) {}
-  SQUALL_HOST_DEVICE operator float() const noexcept { return widen(); }
+  SQUALL_HOST_DEVICE operator float() const noexcept {
+    return detail::bit_cast<float>(static_cast<std::uint32_t>(bits_) << 16);
+  }
 #if defined(__CUDACC__)
   SQUALL_HOST_DEVICE bfloat16(__nv_bfloat16 value) noexcept {
     bits_ = __bfloat16_as_ushort(value);

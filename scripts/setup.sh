@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Installs the Debian 12 packages squall's build, tests and benchmarks need; does nothing when
+# they are all present. Installing needs root (apt-get); run it as root, or install the listed
+# packages yourself. The CUDA toolkit is optional and never installed here: when nvcc is on
+# PATH (or under /usr/local/cuda) the CUDA targets are built, otherwise they are skipped.
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ make    # build
+  doctest-dev                   # tests
+  libopenmpi-dev openmpi-bin    # squall::mpi and the MPI oracle tests (the default MPI)
+  libbenchmark-dev              # kernel benchmarks
+)
+# MPICH instead of / beside Open MPI: SQUALL_SETUP_MPICH=1 adds it (see README, "MPICH").
+if [[ "${SQUALL_SETUP_MPICH:-0}" == "1" ]]; then
+  packages+=(libmpich-dev mpich)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup: all packages present"
+  exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+  echo "setup: missing Debian packages: ${missing[*]}" >&2
+  echo "setup: run this script as root, or: sudo apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+if ! command -v apt-get >/dev/null; then
+  echo "setup: apt-get not found: install ${missing[*]} by hand (squall targets Debian 12)" >&2
+  exit 1
+fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
