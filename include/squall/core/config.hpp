@@ -26,3 +26,14 @@
 #define SQUALL_FORCEINLINE inline
 #define SQUALL_RESTRICT
 #endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && \
+    !defined(SQUALL_NO_CLONES)
+/// Function multiversioning for hot host loops: a baseline x86-64 clone and an x86-64-v3
+/// (AVX2, FMA, F16C) clone, picked once at load time by the CPU that runs the program. The
+/// build itself never assumes more than the baseline (no -march=native). Empty elsewhere,
+/// and with SQUALL_NO_CLONES defined.
+#define SQUALL_HOST_CLONES __attribute__((target_clones("default", "arch=x86-64-v3")))
+#else
+#define SQUALL_HOST_CLONES
+#endif

@@ -9,6 +9,7 @@
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
 #include <squall/core/ops.hpp>
+#include <squall/kernels/host/convert.hpp>
 
 #include <cstddef>  // size_t
 #include <cstdint>  // uintptr_t
@@ -38,61 +39,80 @@ bool partially_overlap(const T* a, const T* b, std::size_t count) {
 }
 
 template <class T, class Op>
-void reduce_loop(T* SQUALL_RESTRICT dst, const T* SQUALL_RESTRICT a, const T* SQUALL_RESTRICT b,
-                 std::size_t count, Op op) {
+SQUALL_HOST_CLONES void reduce_distinct_loop(T* SQUALL_RESTRICT dst, const T* SQUALL_RESTRICT a,
+                                             const T* SQUALL_RESTRICT b, std::size_t count,
+                                             Op op) {
   for (std::size_t i = 0; i < count; ++i) dst[i] = combine<T>(op, a[i], b[i]);
 }
 
 template <class T, class Op>
-void reduce_into_loop(T* SQUALL_RESTRICT dst, const T* SQUALL_RESTRICT src, std::size_t count,
-                      Op op) {
+SQUALL_HOST_CLONES void reduce_into_loop(T* SQUALL_RESTRICT dst, const T* SQUALL_RESTRICT src,
+                                         std::size_t count, Op op) {
   for (std::size_t i = 0; i < count; ++i) dst[i] = combine<T>(op, dst[i], src[i]);
 }
 
+template <class T>
+inline constexpr bool is_16bit = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+
+/// Elements per block of the 16-bit loops: two float blocks of 8 KiB stay in L1.
+inline constexpr std::size_t block_16bit = 2048;
+
+/// The float part of the 16-bit loops: `a[i] = op(a[i], b[i])`, vectorized.
+template <class Op>
+SQUALL_HOST_CLONES void combine_floats(float* SQUALL_RESTRICT a, const float* SQUALL_RESTRICT b,
+                                       std::size_t count, Op op) {
+  for (std::size_t i = 0; i < count; ++i) a[i] = op(a[i], b[i]);
+}
+
+/// `dst[i] = op(a[i], b[i])`; `dst` may be exactly `a` or `b` (or both), no other overlap.
+/// 16-bit types go through float blocks (widen both, combine, narrow): the same rounding as
+/// `combine<T>` element by element, at vector speed.
 template <class T, class Op>
-void reduce_self_loop(T* dst, std::size_t count, Op op) {
-  for (std::size_t i = 0; i < count; ++i) dst[i] = combine<T>(op, dst[i], dst[i]);
+SQUALL_HOST_CLONES void reduce_loop(T* dst, const T* a, const T* b, std::size_t count, Op op) {
+  if constexpr (is_16bit<T>) {
+    float left[block_16bit];
+    float right[block_16bit];
+    for (std::size_t base = 0; base < count; base += block_16bit) {
+      const std::size_t n = count - base < block_16bit ? count - base : block_16bit;
+      widen(a + base, left, n);
+      widen(b + base, right, n);
+      combine_floats(left, right, n, op);
+      narrow(left, dst + base, n);
+    }
+  } else if (dst == a && a == b) {
+    for (std::size_t i = 0; i < count; ++i) dst[i] = combine<T>(op, dst[i], dst[i]);
+  } else if (dst == a) {
+    reduce_into_loop(dst, b, count, op);
+  } else if (dst == b) {
+    for (std::size_t i = 0; i < count; ++i) dst[i] = combine<T>(op, a[i], dst[i]);
+  } else {
+    reduce_distinct_loop(dst, a, b, count, op);
+  }
 }
 
 }  // namespace detail
 
-/// `dst[i] = op(dst[i], src[i])` for every i. `src` may be `dst` itself; any other overlap,
-/// or a count mismatch, throws `invalid_argument`.
+/// `dst[i] = op(a[i], b[i])` for every i. `dst` may be `a` or `b` (or both); any other
+/// overlap, or a count mismatch, throws `invalid_argument`.
 template <element T, reduction_op<T> Op>
-void reduce_into(const host_backend&, Op op, host_view<T> dst, host_view<const std::type_identity_t<T>> src) {
-  detail::require_same_count("reduce_into", dst.count(), src.count());
-  if (dst.data() == src.data()) {
-    detail::reduce_self_loop(dst.data(), dst.count(), op);
-    return;
-  }
-  if (detail::partially_overlap<T>(dst.data(), src.data(), dst.count())) {
-    throw invalid_argument({.operation = "reduce_into"}, "dst and src partially overlap");
-  }
-  detail::reduce_into_loop(dst.data(), src.data(), dst.count(), op);
-}
-
-/// `dst[i] = op(a[i], b[i])` for every i. `dst` may be `a` or `b` (then this is reduce_into);
-/// any other overlap, or a count mismatch, throws `invalid_argument`.
-template <element T, reduction_op<T> Op>
-void reduce(const host_backend& backend, Op op, host_view<T> dst, host_view<const std::type_identity_t<T>> a,
+void reduce(const host_backend&, Op op, host_view<T> dst,
+            host_view<const std::type_identity_t<T>> a,
             host_view<const std::type_identity_t<T>> b) {
   detail::require_same_count("reduce", dst.count(), a.count());
   detail::require_same_count("reduce", dst.count(), b.count());
-  if (dst.data() == a.data()) return reduce_into(backend, op, dst, b);
-  if (dst.data() == b.data()) {
-    // op is commutative for every op squall defines; keep a's value on the left anyway.
-    if (a.data() == b.data()) return reduce_into(backend, op, dst, a);
-    if (detail::partially_overlap<T>(dst.data(), a.data(), dst.count())) {
-      throw invalid_argument({.operation = "reduce"}, "dst and a partially overlap");
-    }
-    for (std::size_t i = 0; i < dst.count(); ++i) dst[i] = combine<T>(op, a[i], dst[i]);
-    return;
-  }
   if (detail::partially_overlap<T>(dst.data(), a.data(), dst.count()) ||
       detail::partially_overlap<T>(dst.data(), b.data(), dst.count())) {
-    throw invalid_argument({.operation = "reduce"}, "dst overlaps an input");
+    throw invalid_argument({.operation = "reduce"}, "dst partially overlaps an input");
   }
   detail::reduce_loop(dst.data(), a.data(), b.data(), dst.count(), op);
+}
+
+/// `dst[i] = op(dst[i], src[i])` for every i. `src` may be `dst` itself; any other overlap,
+/// or a count mismatch, throws `invalid_argument`.
+template <element T, reduction_op<T> Op>
+void reduce_into(const host_backend& backend, Op op, host_view<T> dst,
+                 host_view<const std::type_identity_t<T>> src) {
+  reduce(backend, op, dst, dst, src);
 }
 
 /// `dst[i] = src[i]` for any trivially copyable `T` (elements or bytes); overlapping ranges
