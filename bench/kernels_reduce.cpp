@@ -47,16 +47,28 @@ void reduce_into(benchmark::State& state) {
 
 BENCHMARK(memcpy_baseline)->Name("memcpy")->RangeMultiplier(16)->Range(min_count, max_count);
 BENCHMARK_TEMPLATE(reduce_into, float, squall::sum_op)
-    ->Name("reduce_into/float/sum")->RangeMultiplier(16)->Range(min_count, max_count);
+    ->Name("reduce_into/float/sum")
+    ->RangeMultiplier(16)
+    ->Range(min_count, max_count);
 BENCHMARK_TEMPLATE(reduce_into, float, squall::max_op)
-    ->Name("reduce_into/float/max")->RangeMultiplier(16)->Range(min_count, max_count);
+    ->Name("reduce_into/float/max")
+    ->RangeMultiplier(16)
+    ->Range(min_count, max_count);
 BENCHMARK_TEMPLATE(reduce_into, double, squall::sum_op)
-    ->Name("reduce_into/double/sum")->RangeMultiplier(16)->Range(min_count, max_count);
+    ->Name("reduce_into/double/sum")
+    ->RangeMultiplier(16)
+    ->Range(min_count, max_count);
 BENCHMARK_TEMPLATE(reduce_into, std::int32_t, squall::sum_op)
-    ->Name("reduce_into/int32/sum")->RangeMultiplier(16)->Range(min_count, max_count);
+    ->Name("reduce_into/int32/sum")
+    ->RangeMultiplier(16)
+    ->Range(min_count, max_count);
 BENCHMARK_TEMPLATE(reduce_into, squall::float16, squall::sum_op)
-    ->Name("reduce_into/float16/sum")->RangeMultiplier(16)->Range(min_count, max_count);
+    ->Name("reduce_into/float16/sum")
+    ->RangeMultiplier(16)
+    ->Range(min_count, max_count);
 BENCHMARK_TEMPLATE(reduce_into, squall::bfloat16, squall::sum_op)
-    ->Name("reduce_into/bfloat16/sum")->RangeMultiplier(16)->Range(min_count, max_count);
+    ->Name("reduce_into/bfloat16/sum")
+    ->RangeMultiplier(16)
+    ->Range(min_count, max_count);
 
 BENCHMARK_MAIN();

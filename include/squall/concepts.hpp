@@ -37,8 +37,10 @@ concept completion = std::movable<C> && completion_waitable<C> && completion_tes
 // ---- backend: where kernels run --------------------------------------------------------------
 
 template <class B>
-concept backend_has_memory_space =
-    requires { typename B::memory_space; } && memory_space<typename B::memory_space>;
+concept backend_has_memory_space = requires {
+  typename B::memory_space;
+}
+&&memory_space<typename B::memory_space>;
 template <class B>
 concept backend_has_name = requires {
   /// "host", "cuda": names the backend in output
@@ -53,13 +55,15 @@ concept backend_has_synchronize = requires(const B& b) {
 /// a small value (copyable) that kernels are overloaded on.
 template <class B>
 concept backend = std::copyable<B> && backend_has_memory_space<B> && backend_has_name<B> &&
-                  backend_has_synchronize<B>;
+    backend_has_synchronize<B>;
 
 // ---- transport: moves bytes between ranks ----------------------------------------------------
 
 template <class T>
-concept transport_has_memory_space =
-    requires { typename T::memory_space; } && memory_space<typename T::memory_space>;
+concept transport_has_memory_space = requires {
+  typename T::memory_space;
+}
+&&memory_space<typename T::memory_space>;
 template <class T>
 concept transport_has_rank_and_size = requires(const T& t) {
   /// this process's rank in [0, size())
@@ -68,15 +72,14 @@ concept transport_has_rank_and_size = requires(const T& t) {
   { t.size() } -> std::same_as<int>;
 };
 template <class T>
-concept transport_has_send_recv =
-    transport_has_memory_space<T> &&
+concept transport_has_send_recv = transport_has_memory_space<T> &&
     requires(T& t, int peer, buffer_view<const std::byte, typename T::memory_space> src,
              buffer_view<std::byte, typename T::memory_space> dst) {
-      /// starts sending `src` to `peer`; `src` stays valid until the completion is done
-      { t.send(peer, src) } -> completion;
-      /// starts receiving exactly `dst.count()` bytes from `peer` into `dst`
-      { t.recv(peer, dst) } -> completion;
-    };
+  /// starts sending `src` to `peer`; `src` stays valid until the completion is done
+  { t.send(peer, src) } -> completion;
+  /// starts receiving exactly `dst.count()` bytes from `peer` into `dst`
+  { t.recv(peer, dst) } -> completion;
+};
 template <class T>
 concept transport_has_barrier = requires(T& t) {
   /// completes once every rank has entered the barrier
@@ -85,8 +88,7 @@ concept transport_has_barrier = requires(T& t) {
 /// Moves bytes between the ranks of one job; knows nothing of element types or reductions.
 template <class T>
 concept transport = std::movable<T> && transport_has_memory_space<T> &&
-                    transport_has_rank_and_size<T> && transport_has_send_recv<T> &&
-                    transport_has_barrier<T>;
+    transport_has_rank_and_size<T> && transport_has_send_recv<T> && transport_has_barrier<T>;
 
 /// A transport whose peers' staging buffers this rank can read directly (shared memory,
 /// CUDA IPC), so a schedule can reduce straight out of a peer's memory.
@@ -112,7 +114,7 @@ concept topology_has_schedule = requires(const T& t, int rank, int size) {
 /// constexpr-friendly, so it can be checked exhaustively on the host.
 template <class T>
 concept topology = std::default_initializable<T> && std::copyable<T> && topology_has_name<T> &&
-                   topology_has_schedule<T>;
+    topology_has_schedule<T>;
 
 // ---- compressor: what travels ----------------------------------------------------------------
 
@@ -139,22 +141,21 @@ concept compressor_has_payload_bound = requires(const C& c, dtype type, std::siz
 /// Decides what travels. Tuning knobs (ratio, bits, seed) are run-time members of the object;
 /// element types and backends are template parameters of `encode` and `decode`.
 template <class C>
-concept compressor = std::copyable<C> && compressor_has_identity<C> &&
-                     compressor_has_payload_bound<C>;
+concept compressor =
+    std::copyable<C> && compressor_has_identity<C> && compressor_has_payload_bound<C>;
 
 /// A compressor that can encode and decode elements of `T` with backend `B`.
 template <class C, class T, class B>
-concept compressor_for =
-    compressor<C> && backend<B> && element<T> &&
+concept compressor_for = compressor<C> && backend<B> && element<T> &&
     requires(const C& c, const B& b, buffer_view<const T, typename B::memory_space> in,
              buffer_view<T, typename B::memory_space> out,
              buffer_view<std::byte, typename B::memory_space> payload,
              buffer_view<const std::byte, typename B::memory_space> received) {
-      /// writes the payload of `in`; returns its size in bytes
-      { c.encode(b, in, payload) } -> std::same_as<std::size_t>;
-      /// reads a payload back into `out`; throws invalid_argument if it is malformed
-      c.decode(b, received, out);
-    };
+  /// writes the payload of `in`; returns its size in bytes
+  { c.encode(b, in, payload) } -> std::same_as<std::size_t>;
+  /// reads a payload back into `out`; throws invalid_argument if it is malformed
+  c.decode(b, received, out);
+};
 
 // ---- readable diagnostics --------------------------------------------------------------------
 

@@ -4,7 +4,6 @@
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
-
 #include <mpi.h>
 
 int main(int argc, char** argv) {

@@ -40,8 +40,8 @@ void check_against_mpi(std::size_t count) {
   const auto mine = squall::test::random_values<T>(count, 1000 * count + rank);
 
   std::vector<T> expected(count);
-  MPI_Allreduce(mine.data(), expected.data(), static_cast<int>(count), mpi_type<T>(),
-                mpi_op<Op>(), MPI_COMM_WORLD);
+  MPI_Allreduce(mine.data(), expected.data(), static_cast<int>(count), mpi_type<T>(), mpi_op<Op>(),
+                MPI_COMM_WORLD);
 
   std::vector<T> all(count * size);
   MPI_Allgather(mine.data(), static_cast<int>(count), mpi_type<T>(), all.data(),
@@ -57,7 +57,8 @@ void check_against_mpi(std::size_t count) {
     if constexpr (std::is_floating_point_v<T> && std::is_same_v<Op, squall::sum_op>) {
       // Reassociation bound: (P - 1) eps sum |x_r|.
       double magnitude = 0;
-      for (int r = 0; r < size; ++r) magnitude += std::fabs(static_cast<double>(all[r * count + i]));
+      for (int r = 0; r < size; ++r)
+        magnitude += std::fabs(static_cast<double>(all[r * count + i]));
       const double bound = (size - 1) * std::numeric_limits<T>::epsilon() * magnitude;
       REQUIRE(std::fabs(static_cast<double>(got[i]) - static_cast<double>(expected[i])) <= bound);
     } else {
@@ -71,8 +72,8 @@ void check_against_mpi(std::size_t count) {
 TEST_SUITE("mpi_oracle") {
   TEST_CASE_TEMPLATE("host kernels reduce as MPI_Allreduce does", T, float, double, std::int32_t,
                      std::int64_t) {
-    for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7},
-                                    std::size_t{100003}}) {
+    for (const std::size_t count :
+         {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{100003}}) {
       CAPTURE(count);
       check_against_mpi<T, squall::sum_op>(count);
       check_against_mpi<T, squall::min_op>(count);

@@ -6,7 +6,6 @@
 #include <squall/detail/math.hpp>
 
 #include <doctest/doctest.h>
-
 #include <sys/mman.h>
 
 #include <cstddef>
@@ -20,7 +19,9 @@ using squall::host_view;
 
 namespace {
 template <class V>
-concept indexable = requires(V v) { v[0]; };
+concept indexable = requires(V v) {
+  v[0];
+};
 }  // namespace
 
 TEST_SUITE("buffer") {

@@ -35,15 +35,16 @@ TEST_SUITE("compress") {
     const squall::identity_compressor c;
     std::vector<float> in(10, 1.0f);
     std::vector<std::byte> small(39);
-    CHECK_THROWS_AS(c.encode(host_backend{}, host_view<const float>(in), host_view<std::byte>(small)),
-                    squall::invalid_argument);
+    CHECK_THROWS_AS(
+        c.encode(host_backend{}, host_view<const float>(in), host_view<std::byte>(small)),
+        squall::invalid_argument);
     std::vector<float> out(11);
     std::vector<std::byte> payload(40);
     CHECK_THROWS_WITH_AS(
         c.decode(host_backend{}, host_view<const std::byte>(payload), host_view<float>(out)),
         doctest::Contains("payload of 40 bytes for 11 elements"), squall::invalid_argument);
-    CHECK_THROWS_AS(c.max_payload_bytes(squall::dtype::float64,
-                                        std::numeric_limits<std::size_t>::max() / 4),
-                    squall::invalid_argument);
+    CHECK_THROWS_AS(
+        c.max_payload_bytes(squall::dtype::float64, std::numeric_limits<std::size_t>::max() / 4),
+        squall::invalid_argument);
   }
 }

@@ -68,8 +68,7 @@ TEST_SUITE("options") {
                            doctest::Contains("SQUALL_TIMEOUT_S"), squall::invalid_argument);
     }
     unsetenv("SQUALL_TIMEOUT_S");
-    CHECK_THROWS_AS(squall::options{.deadline = 0s}.resolved_deadline(),
-                    squall::invalid_argument);
+    CHECK_THROWS_AS(squall::options{.deadline = 0s}.resolved_deadline(), squall::invalid_argument);
     CHECK(squall::options{}.check_mismatch);
   }
 }

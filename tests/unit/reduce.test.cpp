@@ -111,18 +111,19 @@ TEST_SUITE("kernels") {
     kernels::copy(host_backend{}, host_view<float>(a).subview(1, 5),
                   host_view<const float>(a).subview(0, 5));
     CHECK(a == std::vector<float>{1, 1, 2, 3, 4, 5});
-    CHECK_THROWS_WITH_AS(kernels::reduce_into(host_backend{}, squall::sum_op{},
-                                              host_view<float>(a).subview(0, 3),
-                                              host_view<const float>(b)),
-                         doctest::Contains("counts differ: 3 and 6"), squall::invalid_argument);
-    CHECK_THROWS_WITH_AS(kernels::reduce_into(host_backend{}, squall::sum_op{},
-                                              host_view<float>(a).subview(0, 4),
-                                              host_view<const float>(a).subview(1, 4)),
-                         doctest::Contains("overlap"), squall::invalid_argument);
-    CHECK_THROWS_AS(kernels::reduce(host_backend{}, squall::sum_op{}, host_view<float>(a).subview(0, 3),
-                                    host_view<const float>(a).subview(1, 3),
-                                    host_view<const float>(b).subview(0, 3)),
-                    squall::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        kernels::reduce_into(host_backend{}, squall::sum_op{}, host_view<float>(a).subview(0, 3),
+                             host_view<const float>(b)),
+        doctest::Contains("counts differ: 3 and 6"), squall::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        kernels::reduce_into(host_backend{}, squall::sum_op{}, host_view<float>(a).subview(0, 4),
+                             host_view<const float>(a).subview(1, 4)),
+        doctest::Contains("overlap"), squall::invalid_argument);
+    CHECK_THROWS_AS(
+        kernels::reduce(host_backend{}, squall::sum_op{}, host_view<float>(a).subview(0, 3),
+                        host_view<const float>(a).subview(1, 3),
+                        host_view<const float>(b).subview(0, 3)),
+        squall::invalid_argument);
   }
 }
 
@@ -165,7 +166,8 @@ TEST_SUITE("kernels") {
       REQUIRE((std::isnan(expected) ? std::isnan(wide[i]) : wide[i] == expected));
     }
     std::vector<float> floats = test::random_values<float>(count, 77);
-    for (std::size_t i = 0; i < count; i += 3) floats[i] = std::ldexp(floats[i], -20 + static_cast<int>(i % 40));
+    for (std::size_t i = 0; i < count; i += 3)
+      floats[i] = std::ldexp(floats[i], -20 + static_cast<int>(i % 40));
     std::vector<T> narrow(count);
     kernels::detail::narrow(floats.data(), narrow.data(), count);
     for (std::size_t i = 0; i < count; ++i) REQUIRE(narrow[i].bits() == T(floats[i]).bits());

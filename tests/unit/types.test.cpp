@@ -33,8 +33,8 @@ double decode_by_definition(std::uint16_t bits) {
                          : std::numeric_limits<double>::quiet_NaN();
   }
   if (exponent == 0) return sign * std::ldexp(static_cast<double>(fraction), 1 - bias - ManBits);
-  return sign * std::ldexp(1.0 + std::ldexp(static_cast<double>(fraction), -ManBits),
-                           exponent - bias);
+  return sign *
+         std::ldexp(1.0 + std::ldexp(static_cast<double>(fraction), -ManBits), exponent - bias);
 }
 
 template <class T>
@@ -87,8 +87,7 @@ constexpr std::uint16_t inf_bits() {
 }  // namespace
 
 TEST_SUITE("types") {
-  TEST_CASE_TEMPLATE("every 16-bit pattern widens exactly and round-trips", T, float16,
-                     bfloat16) {
+  TEST_CASE_TEMPLATE("every 16-bit pattern widens exactly and round-trips", T, float16, bfloat16) {
     std::size_t checked = 0;
     for (std::uint32_t b = 0; b <= 0xffff; ++b) {
       const auto bits = static_cast<std::uint16_t>(b);
@@ -126,12 +125,14 @@ TEST_SUITE("types") {
         const std::uint16_t s = sign < 0 ? 0x8000 : 0;
         REQUIRE(T(sign * midf).bits() == (s | even));
         REQUIRE(T(sign * std::nextafter(midf, 0.0f)).bits() == (s | lo_bits));
-        REQUIRE(T(sign * std::nextafter(midf, std::numeric_limits<float>::infinity())).bits() == (s | hi_bits));
+        REQUIRE(T(sign * std::nextafter(midf, std::numeric_limits<float>::infinity())).bits() ==
+                (s | hi_bits));
         // From double directly: one rounding, so just below the midpoint goes down even where
         // rounding through float would first land on the midpoint.
         REQUIRE(T(sign * mid).bits() == (s | even));
         REQUIRE(T(sign * std::nextafter(mid, 0.0)).bits() == (s | lo_bits));
-        REQUIRE(T(sign * std::nextafter(mid, std::numeric_limits<double>::infinity())).bits() == (s | hi_bits));
+        REQUIRE(T(sign * std::nextafter(mid, std::numeric_limits<double>::infinity())).bits() ==
+                (s | hi_bits));
       }
     }
     // Past the largest finite value: the tie at max + ulp/2 goes to infinity (the even side).
@@ -162,7 +163,8 @@ TEST_SUITE("types") {
     std::mt19937_64 gen64(6789);
     std::uniform_real_distribution<double> magnitude(-40.0, 40.0);
     for (int i = 0; i < 200'000; ++i) {
-      const double d = std::ldexp(static_cast<double>(gen64()) / 0x1p64, static_cast<int>(magnitude(gen64)));
+      const double d =
+          std::ldexp(static_cast<double>(gen64()) / 0x1p64, static_cast<int>(magnitude(gen64)));
       REQUIRE(T(d).bits() == round_reference<T>(d, ladder, inf_bits<T>()));
       REQUIRE(T(-d).bits() == round_reference<T>(-d, ladder, inf_bits<T>()));
     }

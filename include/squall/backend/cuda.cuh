@@ -17,10 +17,9 @@ namespace detail {
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t status, const char* expression,
                                           const char* file, int line) {
-  throw error(std::error_code(static_cast<int>(status), cuda_category()),
-              {.operation = expression},
-              std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) +
-                  ") at " + file + ":" + std::to_string(line));
+  throw error(std::error_code(static_cast<int>(status), cuda_category()), {.operation = expression},
+              std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ") at " +
+                  file + ":" + std::to_string(line));
 }
 
 /// Makes `device` current for the scope and restores the previous device after it.
@@ -39,12 +38,12 @@ class device_guard {
 
 /// Throws `squall::error` in the cuda category, naming the expression, if it is not
 /// `cudaSuccess`.
-#define SQUALL_CUDA_CHECK(expr)                                                       \
-  do {                                                                                \
-    const cudaError_t squall_cuda_status_ = (expr);                                   \
-    if (squall_cuda_status_ != cudaSuccess) {                                         \
+#define SQUALL_CUDA_CHECK(expr)                                                           \
+  do {                                                                                    \
+    const cudaError_t squall_cuda_status_ = (expr);                                       \
+    if (squall_cuda_status_ != cudaSuccess) {                                             \
       ::squall::detail::throw_cuda_error(squall_cuda_status_, #expr, __FILE__, __LINE__); \
-    }                                                                                 \
+    }                                                                                     \
   } while (false)
 
 inline detail::device_guard::device_guard(int device) {

@@ -55,8 +55,8 @@ struct identity_compressor {
               buffer_view<T, typename B::memory_space> out) const {
     if (payload.count() != out.size_bytes()) {
       throw invalid_argument({.operation = "identity_compressor decode"},
-                             "payload of " + std::to_string(payload.count()) +
-                                 " bytes for " + std::to_string(out.count()) + " elements");
+                             "payload of " + std::to_string(payload.count()) + " bytes for " +
+                                 std::to_string(out.count()) + " elements");
     }
     copy(backend, detail::as_writable_bytes(out), payload);
   }

@@ -57,19 +57,18 @@ class buffer_view {
 
   /// Views a contiguous host container or span (`std::vector`, `std::array`, `std::span`).
   template <class Container>
-    requires std::same_as<MemorySpace, host_memory> &&
-             (!std::is_same_v<std::remove_cvref_t<Container>, buffer_view>) &&
-             requires(Container& c) {
-               { std::data(c) } -> std::convertible_to<T*>;
-               { std::size(c) } -> std::convertible_to<std::size_t>;
-             }
+  requires std::same_as<MemorySpace, host_memory> &&
+      (!std::is_same_v<std::remove_cvref_t<Container>, buffer_view>)&&requires(Container& c) {
+    { std::data(c) } -> std::convertible_to<T*>;
+    { std::size(c) } -> std::convertible_to<std::size_t>;
+  }
   constexpr buffer_view(Container&& c)  // NOLINT(google-explicit-constructor): like std::span
       : buffer_view(std::data(c), static_cast<std::size_t>(std::size(c))) {}
 
   /// A view of non-const elements converts to a view of const ones.
   template <class U>
-    requires(!std::is_same_v<U, T> && std::is_convertible_v<U (*)[], T (*)[]>)
-  constexpr buffer_view(buffer_view<U, MemorySpace> other) noexcept  // NOLINT: like std::span
+  requires(!std::is_same_v<U, T> && std::is_convertible_v<U (*)[], T (*)[]>) constexpr buffer_view(
+      buffer_view<U, MemorySpace> other) noexcept  // NOLINT: like std::span
       : data_(other.data()), count_(other.count()) {}
 
   constexpr T* data() const noexcept { return data_; }
@@ -88,24 +87,17 @@ class buffer_view {
     return buffer_view(data_ + offset, count);
   }
 
-  constexpr T& operator[](std::size_t i) const noexcept
-    requires std::same_as<MemorySpace, host_memory>
-  {
+  constexpr T& operator[](
+      std::size_t i) const noexcept requires std::same_as<MemorySpace, host_memory> {
     return data_[i];
   }
-  constexpr T* begin() const noexcept
-    requires std::same_as<MemorySpace, host_memory>
-  {
+  constexpr T* begin() const noexcept requires std::same_as<MemorySpace, host_memory> {
     return data_;
   }
-  constexpr T* end() const noexcept
-    requires std::same_as<MemorySpace, host_memory>
-  {
+  constexpr T* end() const noexcept requires std::same_as<MemorySpace, host_memory> {
     return data_ + count_;
   }
-  constexpr std::span<T> span() const noexcept
-    requires std::same_as<MemorySpace, host_memory>
-  {
+  constexpr std::span<T> span() const noexcept requires std::same_as<MemorySpace, host_memory> {
     return {data_, count_};
   }
 
@@ -115,8 +107,8 @@ class buffer_view {
 };
 
 template <class Container>
-buffer_view(Container&) -> buffer_view<std::remove_pointer_t<decltype(std::data(
-                                           std::declval<Container&>()))>>;
+buffer_view(Container&)
+    -> buffer_view<std::remove_pointer_t<decltype(std::data(std::declval<Container&>()))>>;
 
 /// A view of host memory.
 template <class T>

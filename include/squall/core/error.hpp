@@ -13,11 +13,11 @@ namespace squall {
 /// squall's own error conditions; the `std::error_code` of every `squall::error` that is not
 /// raised by MPI, CUDA or a system call.
 enum class errc {
-  timeout = 1,           ///< a wait passed its deadline
-  peer_failure,          ///< a peer died or left while this rank waited for it
-  mismatch,              ///< ranks called with different counts, types, ops or collectives
-  invalid_argument,      ///< bad input detected before any communication
-  internal,              ///< a broken invariant inside squall (a bug: please report it)
+  timeout = 1,       ///< a wait passed its deadline
+  peer_failure,      ///< a peer died or left while this rank waited for it
+  mismatch,          ///< ranks called with different counts, types, ops or collectives
+  invalid_argument,  ///< bad input detected before any communication
+  internal,          ///< a broken invariant inside squall (a bug: please report it)
 };
 
 /// The category of `squall::errc` codes.
@@ -135,11 +135,16 @@ class squall_category_impl final : public named_category {
   constexpr squall_category_impl() noexcept : named_category("squall") {}
   std::string message(int value) const override {
     switch (static_cast<errc>(value)) {
-      case errc::timeout: return "timed out";
-      case errc::peer_failure: return "peer failure";
-      case errc::mismatch: return "mismatched call across ranks";
-      case errc::invalid_argument: return "invalid argument";
-      case errc::internal: return "internal error";
+      case errc::timeout:
+        return "timed out";
+      case errc::peer_failure:
+        return "peer failure";
+      case errc::mismatch:
+        return "mismatched call across ranks";
+      case errc::invalid_argument:
+        return "invalid argument";
+      case errc::internal:
+        return "internal error";
     }
     return named_category::message(value);
   }
@@ -148,9 +153,7 @@ class squall_category_impl final : public named_category {
 class shm_category_impl final : public named_category {
  public:
   constexpr shm_category_impl() noexcept : named_category("shm") {}
-  std::string message(int value) const override {
-    return std::system_category().message(value);
-  }
+  std::string message(int value) const override { return std::system_category().message(value); }
 };
 
 }  // namespace detail

@@ -83,18 +83,18 @@ struct max_op {
 template <class Op, class T>
 concept reduction_op = element<T> && std::default_initializable<Op> &&
     requires(const Op& op, accumulator_of<T> a) {
-      /// combine two partial results, in the accumulator type
-      { op(a, a) } -> std::same_as<accumulator_of<T>>;
-      /// "sum", "avg", "min", "max": names the op in errors and output
-      { Op::name } -> std::convertible_to<std::string_view>;
-    };
+  /// combine two partial results, in the accumulator type
+  { op(a, a) } -> std::same_as<accumulator_of<T>>;
+  /// "sum", "avg", "min", "max": names the op in errors and output
+  { Op::name } -> std::convertible_to<std::string_view>;
+};
 
 /// Ops that need a last step once every contribution is in (avg divides by their number).
 template <class Op, class T>
 concept finalizing_op = reduction_op<Op, T> &&
     requires(const Op& op, accumulator_of<T> a, std::size_t n) {
-      { op.finalize(a, n) } -> std::same_as<accumulator_of<T>>;
-    };
+  { op.finalize(a, n) } -> std::same_as<accumulator_of<T>>;
+};
 
 /// `T` widened to its accumulator type (exact).
 template <element T>

@@ -5,8 +5,8 @@
 #include <squall/core/error.hpp>
 
 #include <chrono>
-#include <cmath>     // isfinite
-#include <cstdlib>   // getenv, strtod
+#include <cmath>    // isfinite
+#include <cstdlib>  // getenv, strtod
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,9 +32,9 @@ inline std::chrono::nanoseconds parse_deadline_seconds(std::string_view text,
   const bool whole = !copy.empty() && end == copy.c_str() + copy.size();
   if (!whole || !std::isfinite(seconds) || seconds <= 0.0 ||
       seconds > static_cast<double>(max_deadline.count())) {
-    throw invalid_argument({.operation = "options"},
-                           std::string(source) + "='" + copy +
-                               "' is not a number of seconds in (0, 1e9]");
+    throw invalid_argument(
+        {.operation = "options"},
+        std::string(source) + "='" + copy + "' is not a number of seconds in (0, 1e9]");
   }
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(seconds));

@@ -11,9 +11,9 @@
 #include <type_traits>
 
 #if defined(__CUDACC__)
-#include <cuda_bf16.h>  // __nv_bfloat16
-#include <cuda_fp16.h>  // __half
 #include <cuda/std/bit>  // bit_cast
+#include <cuda_bf16.h>   // __nv_bfloat16
+#include <cuda_fp16.h>   // __half
 #else
 #include <bit>  // bit_cast
 #endif
@@ -80,10 +80,9 @@ SQUALL_HOST_DEVICE constexpr std::uint32_t round_to_nearest_even(std::uint64_t x
   const std::uint64_t half = std::uint64_t{1} << (shift - 1);
   const std::uint64_t rounded = kept + ((rest > half || (rest == half && (kept & 1) != 0)) ? 1 : 0);
   // A carry out of the fraction moves into the exponent field, which is the right answer.
-  const std::uint64_t bits =
-      to_exponent <= 0 ? rounded
-                       : (static_cast<std::uint64_t>(to_exponent) << tm) + rounded -
-                             (std::uint64_t{1} << tm);
+  const std::uint64_t bits = to_exponent <= 0 ? rounded
+                                              : (static_cast<std::uint64_t>(to_exponent) << tm) +
+                                                    rounded - (std::uint64_t{1} << tm);
   if (bits >= to_inf) return sign | to_inf;
   return sign | static_cast<std::uint32_t>(bits);
 }
@@ -91,7 +90,7 @@ SQUALL_HOST_DEVICE constexpr std::uint32_t round_to_nearest_even(std::uint64_t x
 /// `if_true` where `condition`, else `if_false`, as bit masks: no control flow for the
 /// vectorizer to give up on (a ternary over floating-point results is not if-converted).
 SQUALL_HOST_DEVICE constexpr std::uint32_t select_bits(bool condition, std::uint32_t if_true,
-                                                      std::uint32_t if_false) noexcept {
+                                                       std::uint32_t if_false) noexcept {
   const std::uint32_t mask = 0u - static_cast<std::uint32_t>(condition);
   return (if_true & mask) | (if_false & ~mask);
 }
@@ -154,8 +153,8 @@ class float16_base {
 
  protected:
   SQUALL_HOST_DEVICE static constexpr std::uint16_t round_double(double value) noexcept {
-    return static_cast<std::uint16_t>(round_to_nearest_even<Format, binary64_format>(
-        detail::bit_cast<std::uint64_t>(value)));
+    return static_cast<std::uint16_t>(
+        round_to_nearest_even<Format, binary64_format>(detail::bit_cast<std::uint64_t>(value)));
   }
 
   std::uint16_t bits_;
@@ -179,8 +178,7 @@ class float16 : public detail::float16_base<float16, detail::binary16_format> {
   }
   SQUALL_HOST_DEVICE explicit float16(double value) noexcept { bits_ = round_double(value); }
   template <class I>
-    requires std::is_integral_v<I>
-  SQUALL_HOST_DEVICE explicit float16(I value) noexcept
+  requires std::is_integral_v<I> SQUALL_HOST_DEVICE explicit float16(I value) noexcept
       : float16(static_cast<double>(value)) {}
   SQUALL_HOST_DEVICE operator float() const noexcept {
 #if defined(__CUDA_ARCH__)
@@ -207,16 +205,13 @@ class bfloat16 : public detail::float16_base<bfloat16, detail::bfloat16_format> 
   }
   SQUALL_HOST_DEVICE explicit bfloat16(double value) noexcept { bits_ = round_double(value); }
   template <class I>
-    requires std::is_integral_v<I>
-  SQUALL_HOST_DEVICE explicit bfloat16(I value) noexcept
+  requires std::is_integral_v<I> SQUALL_HOST_DEVICE explicit bfloat16(I value) noexcept
       : bfloat16(static_cast<double>(value)) {}
   SQUALL_HOST_DEVICE operator float() const noexcept {
     return detail::bit_cast<float>(static_cast<std::uint32_t>(bits_) << 16);
   }
 #if defined(__CUDACC__)
-  SQUALL_HOST_DEVICE bfloat16(__nv_bfloat16 value) noexcept {
-    bits_ = __bfloat16_as_ushort(value);
-  }
+  SQUALL_HOST_DEVICE bfloat16(__nv_bfloat16 value) noexcept { bits_ = __bfloat16_as_ushort(value); }
   SQUALL_HOST_DEVICE explicit operator __nv_bfloat16() const noexcept {
     return __ushort_as_bfloat16(bits_);
   }
@@ -231,18 +226,39 @@ static_assert(std::is_trivially_copyable_v<float16> && std::is_trivially_copyabl
 enum class dtype : std::uint8_t { float32 = 1, float64, int32, int64, float16, bfloat16 };
 
 namespace detail {
-template <class T> struct dtype_traits;
-template <> struct dtype_traits<float> { static constexpr dtype value = dtype::float32; };
-template <> struct dtype_traits<double> { static constexpr dtype value = dtype::float64; };
-template <> struct dtype_traits<std::int32_t> { static constexpr dtype value = dtype::int32; };
-template <> struct dtype_traits<std::int64_t> { static constexpr dtype value = dtype::int64; };
-template <> struct dtype_traits<float16> { static constexpr dtype value = dtype::float16; };
-template <> struct dtype_traits<bfloat16> { static constexpr dtype value = dtype::bfloat16; };
+template <class T>
+struct dtype_traits;
+template <>
+struct dtype_traits<float> {
+  static constexpr dtype value = dtype::float32;
+};
+template <>
+struct dtype_traits<double> {
+  static constexpr dtype value = dtype::float64;
+};
+template <>
+struct dtype_traits<std::int32_t> {
+  static constexpr dtype value = dtype::int32;
+};
+template <>
+struct dtype_traits<std::int64_t> {
+  static constexpr dtype value = dtype::int64;
+};
+template <>
+struct dtype_traits<float16> {
+  static constexpr dtype value = dtype::float16;
+};
+template <>
+struct dtype_traits<bfloat16> {
+  static constexpr dtype value = dtype::bfloat16;
+};
 }  // namespace detail
 
 /// An element type squall reduces: float, double, int32, int64, float16, bfloat16.
 template <class T>
-concept element = requires { detail::dtype_traits<T>::value; };
+concept element = requires {
+  detail::dtype_traits<T>::value;
+};
 
 /// The `dtype` tag of an element type.
 template <element T>
@@ -251,12 +267,18 @@ inline constexpr dtype dtype_of = detail::dtype_traits<T>::value;
 /// The name of a dtype ("float32", "bfloat16"), as squall-bench and error messages print it.
 constexpr std::string_view to_string(dtype type) noexcept {
   switch (type) {
-    case dtype::float32: return "float32";
-    case dtype::float64: return "float64";
-    case dtype::int32: return "int32";
-    case dtype::int64: return "int64";
-    case dtype::float16: return "float16";
-    case dtype::bfloat16: return "bfloat16";
+    case dtype::float32:
+      return "float32";
+    case dtype::float64:
+      return "float64";
+    case dtype::int32:
+      return "int32";
+    case dtype::int64:
+      return "int64";
+    case dtype::float16:
+      return "float16";
+    case dtype::bfloat16:
+      return "bfloat16";
   }
   return "unknown";
 }
@@ -265,11 +287,14 @@ constexpr std::string_view to_string(dtype type) noexcept {
 constexpr std::size_t size_of(dtype type) noexcept {
   switch (type) {
     case dtype::float64:
-    case dtype::int64: return 8;
+    case dtype::int64:
+      return 8;
     case dtype::float32:
-    case dtype::int32: return 4;
+    case dtype::int32:
+      return 4;
     case dtype::float16:
-    case dtype::bfloat16: return 2;
+    case dtype::bfloat16:
+      return 2;
   }
   return 0;
 }

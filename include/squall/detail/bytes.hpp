@@ -16,9 +16,7 @@ buffer_view<const std::byte, M> as_bytes(buffer_view<T, M> view) noexcept {
 
 /// The bytes of `view`, writable.
 template <class T, class M>
-  requires(!std::is_const_v<T>)
-buffer_view<std::byte, M> as_writable_bytes(buffer_view<T, M> view) noexcept {
-  return {reinterpret_cast<std::byte*>(view.data()), view.size_bytes()};
-}
+requires(!std::is_const_v<T>) buffer_view<std::byte, M> as_writable_bytes(buffer_view<T, M> view)
+noexcept { return {reinterpret_cast<std::byte*>(view.data()), view.size_bytes()}; }
 
 }  // namespace squall::detail

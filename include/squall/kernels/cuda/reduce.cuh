@@ -71,8 +71,8 @@ void launch_reduce(const cuda_backend& backend, Op op, T* dst, const T* a, const
   if (count == 0) return;
   squall::detail::device_guard guard(backend.device);
   reduce_kernel<Tuning.threads_per_block, Tuning.items_per_thread>
-      <<<grid_for<Tuning>(count), Tuning.threads_per_block, 0, backend.stream>>>(dst, a, b,
-                                                                                 count, op);
+      <<<grid_for<Tuning>(count), Tuning.threads_per_block, 0, backend.stream>>>(dst, a, b, count,
+                                                                                 op);
   SQUALL_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -99,7 +99,7 @@ void reduce(const cuda_backend& backend, Op op, device_view<T> dst,
 
 /// `dst[i] = src[i]` on the device (a stream-ordered device-to-device copy).
 template <class T>
-  requires std::is_trivially_copyable_v<T>
+requires std::is_trivially_copyable_v<T>
 void copy(const cuda_backend& backend, device_view<T> dst,
           device_view<const std::type_identity_t<T>> src) {
   detail::require_same_count("copy", dst.count(), src.count());

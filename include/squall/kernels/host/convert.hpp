@@ -20,7 +20,7 @@ namespace squall::kernels::detail {
 
 #if defined(SQUALL_HAS_F16C_PATH)
 __attribute__((target("avx,f16c"))) inline void widen_f16c(const float16* src, float* dst,
-                                                         std::size_t count) {
+                                                           std::size_t count) {
   std::size_t i = 0;
   for (; i + 8 <= count; i += 8) {
     const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
@@ -30,7 +30,7 @@ __attribute__((target("avx,f16c"))) inline void widen_f16c(const float16* src, f
 }
 
 __attribute__((target("avx,f16c"))) inline void narrow_f16c(const float* src, float16* dst,
-                                                          std::size_t count) {
+                                                            std::size_t count) {
   std::size_t i = 0;
   for (; i + 8 <= count; i += 8) {
     const __m128i half = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
@@ -58,7 +58,7 @@ SQUALL_HOST_CLONES void narrow_portable(const float* SQUALL_RESTRICT src, T* SQU
 
 /// `dst[i] = float(src[i])` for `count` 16-bit values.
 template <class T>
-  requires std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>
+requires std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>
 void widen(const T* SQUALL_RESTRICT src, float* SQUALL_RESTRICT dst, std::size_t count) {
 #if defined(SQUALL_HAS_F16C_PATH)
   if constexpr (std::is_same_v<T, float16>) {
@@ -70,7 +70,7 @@ void widen(const T* SQUALL_RESTRICT src, float* SQUALL_RESTRICT dst, std::size_t
 
 /// `dst[i] = T(src[i])`, to nearest even, for `count` values.
 template <class T>
-  requires std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>
+requires std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>
 void narrow(const float* SQUALL_RESTRICT src, T* SQUALL_RESTRICT dst, std::size_t count) {
 #if defined(SQUALL_HAS_F16C_PATH)
   if constexpr (std::is_same_v<T, float16>) {

@@ -14,18 +14,17 @@
 #include <cstddef>  // size_t
 #include <cstdint>  // uintptr_t
 #include <cstring>  // memmove
-#include <type_traits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace squall::kernels {
 namespace detail {
 
 inline void require_same_count(std::string_view operation, std::size_t a, std::size_t b) {
   if (a != b) {
-    throw invalid_argument({.operation = operation}, "element counts differ: " +
-                                                         std::to_string(a) + " and " +
-                                                         std::to_string(b));
+    throw invalid_argument({.operation = operation}, "element counts differ: " + std::to_string(a) +
+                                                         " and " + std::to_string(b));
   }
 }
 
@@ -40,8 +39,7 @@ bool partially_overlap(const T* a, const T* b, std::size_t count) {
 
 template <class T, class Op>
 SQUALL_HOST_CLONES void reduce_distinct_loop(T* SQUALL_RESTRICT dst, const T* SQUALL_RESTRICT a,
-                                             const T* SQUALL_RESTRICT b, std::size_t count,
-                                             Op op) {
+                                             const T* SQUALL_RESTRICT b, std::size_t count, Op op) {
   for (std::size_t i = 0; i < count; ++i) dst[i] = combine<T>(op, a[i], b[i]);
 }
 
@@ -118,7 +116,7 @@ void reduce_into(const host_backend& backend, Op op, host_view<T> dst,
 /// `dst[i] = src[i]` for any trivially copyable `T` (elements or bytes); overlapping ranges
 /// are allowed (memmove semantics).
 template <class T>
-  requires std::is_trivially_copyable_v<T>
+requires std::is_trivially_copyable_v<T>
 void copy(const host_backend&, host_view<T> dst, host_view<const std::type_identity_t<T>> src) {
   detail::require_same_count("copy", dst.count(), src.count());
   if (dst.empty() || dst.data() == src.data()) return;
