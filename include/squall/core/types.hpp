@@ -299,6 +299,10 @@ constexpr std::size_t size_of(dtype type) noexcept {
   return 0;
 }
 
+/// float16 or bfloat16: the types that are reduced in float and converted in blocks.
+template <class T>
+concept float16_like = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+
 /// The type reductions of `T` compute in: float for the 16-bit types (one rounding per
 /// combine instead of error growing in 11 or 8 bits), `T` itself otherwise.
 template <class T>

@@ -57,8 +57,7 @@ SQUALL_HOST_CLONES void narrow_portable(const float* SQUALL_RESTRICT src, T* SQU
 }
 
 /// `dst[i] = float(src[i])` for `count` 16-bit values.
-template <class T>
-requires std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>
+template <float16_like T>
 void widen(const T* SQUALL_RESTRICT src, float* SQUALL_RESTRICT dst, std::size_t count) {
 #if defined(SQUALL_HAS_F16C_PATH)
   if constexpr (std::is_same_v<T, float16>) {
@@ -69,8 +68,7 @@ void widen(const T* SQUALL_RESTRICT src, float* SQUALL_RESTRICT dst, std::size_t
 }
 
 /// `dst[i] = T(src[i])`, to nearest even, for `count` values.
-template <class T>
-requires std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>
+template <float16_like T>
 void narrow(const float* SQUALL_RESTRICT src, T* SQUALL_RESTRICT dst, std::size_t count) {
 #if defined(SQUALL_HAS_F16C_PATH)
   if constexpr (std::is_same_v<T, float16>) {

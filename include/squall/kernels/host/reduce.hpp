@@ -49,9 +49,6 @@ SQUALL_HOST_CLONES void reduce_into_loop(T* SQUALL_RESTRICT dst, const T* SQUALL
   for (std::size_t i = 0; i < count; ++i) dst[i] = combine<T>(op, dst[i], src[i]);
 }
 
-template <class T>
-inline constexpr bool is_16bit = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
-
 /// Elements per block of the 16-bit loops: two float blocks of 8 KiB stay in L1.
 inline constexpr std::size_t block_16bit = 2048;
 
@@ -67,7 +64,7 @@ SQUALL_HOST_CLONES void combine_floats(float* SQUALL_RESTRICT a, const float* SQ
 /// `combine<T>` element by element, at vector speed.
 template <class T, class Op>
 SQUALL_HOST_CLONES void reduce_loop(T* dst, const T* a, const T* b, std::size_t count, Op op) {
-  if constexpr (is_16bit<T>) {
+  if constexpr (float16_like<T>) {
     float left[block_16bit];
     float right[block_16bit];
     for (std::size_t base = 0; base < count; base += block_16bit) {
