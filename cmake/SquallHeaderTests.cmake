@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-# squall_add_header_tests(CXX_HEADERS h... [CUDA_HEADERS h...])
+# squall_add_header_tests(CXX_HEADERS h... [CUDA_HEADERS h...] [MPI_HEADERS h...])
 #
 # Every header must compile on its own: one generated translation unit per header, built as an
 # object library (the CUB header-test idea). .hpp headers are compiled by the C++ compiler and,
-# where CUDA is enabled, by nvcc too; .cuh headers by nvcc only. A ctest checks that the list
+# where CUDA is enabled, by nvcc too; .cuh headers by nvcc only; MPI_HEADERS (they include
+# <mpi.h>) by the C++ compiler against squall::mpi, where MPI is found. A ctest checks that the list
 # names every header under include/, so a new header cannot dodge the test.
 
 function(squall_add_header_tests)
-  cmake_parse_arguments(arg "" "" "CXX_HEADERS;CUDA_HEADERS" ${ARGN})
+  cmake_parse_arguments(arg "" "" "CXX_HEADERS;CUDA_HEADERS;MPI_HEADERS" ${ARGN})
   set(cxx_sources "")
   set(cuda_sources "")
   foreach(header IN LISTS arg_CXX_HEADERS arg_CUDA_HEADERS)
@@ -22,6 +23,17 @@ function(squall_add_header_tests)
       list(APPEND cuda_sources "${CMAKE_CURRENT_BINARY_DIR}/headers/${id}.cu")
     endif()
   endforeach()
+  set(mpi_sources "")
+  foreach(header IN LISTS arg_MPI_HEADERS)
+    string(MAKE_C_IDENTIFIER "${header}" id)
+    file(CONFIGURE OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/headers/${id}.cpp"
+         CONTENT "// generated: ${header} compiles on its own\n#include <${header}>\n")
+    list(APPEND mpi_sources "${CMAKE_CURRENT_BINARY_DIR}/headers/${id}.cpp")
+  endforeach()
+  if(SQUALL_HAS_MPI AND mpi_sources)
+    add_library(squall_header_tests_mpi OBJECT ${mpi_sources})
+    target_link_libraries(squall_header_tests_mpi PRIVATE squall::mpi)
+  endif()
   add_library(squall_header_tests_cxx OBJECT ${cxx_sources})
   target_link_libraries(squall_header_tests_cxx PRIVATE squall::squall)
   if(SQUALL_HAS_CUDA)
@@ -30,7 +42,7 @@ function(squall_add_header_tests)
     # One architecture is enough to check that a header parses and instantiates under nvcc.
     set_target_properties(squall_header_tests_cuda PROPERTIES CUDA_ARCHITECTURES 90)
   endif()
-  set(listed ${arg_CXX_HEADERS} ${arg_CUDA_HEADERS})
+  set(listed ${arg_CXX_HEADERS} ${arg_CUDA_HEADERS} ${arg_MPI_HEADERS})
   add_test(NAME unit.header_list
            COMMAND "${CMAKE_COMMAND}" "-DINCLUDE_DIR=${PROJECT_SOURCE_DIR}/include"
                    "-DLISTED=${listed}" -P "${PROJECT_SOURCE_DIR}/cmake/check_header_list.cmake")

@@ -8,11 +8,15 @@
 #include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
+#include <squall/core/completion.hpp>
 #include <squall/core/config.hpp>
 #include <squall/core/error.hpp>
 #include <squall/core/ops.hpp>
 #include <squall/core/options.hpp>
 #include <squall/core/types.hpp>
 #include <squall/kernels/host/reduce.hpp>
+#include <squall/transport/inproc.hpp>
+#include <squall/transport/launch.hpp>
+#include <squall/transport/shm.hpp>
 #include <squall/tuning/tuning.hpp>
 #include <squall/version.hpp>

@@ -44,7 +44,7 @@ inline std::chrono::nanoseconds parse_deadline_seconds(std::string_view text,
 /// deadline from `SQUALL_TIMEOUT_S`, else `default_deadline`; setting `deadline` overrides both.
 struct options {
   /// How long any single wait may last before it throws `timeout_error`.
-  std::optional<std::chrono::nanoseconds> deadline;
+  std::optional<std::chrono::nanoseconds> deadline = {};
   /// Whether each collective first checks, cheaply, that every rank called the same
   /// collective with the same count, element type and op (`mismatch_error` if not).
   bool check_mismatch = true;

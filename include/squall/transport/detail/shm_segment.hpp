@@ -1,0 +1,365 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// The POSIX shared-memory segment under `shm_transport`: its layout, its creation by rank 0
+/// (O_CREAT|O_EXCL, mode 0600, memory reserved up front), attachment by the other ranks,
+/// recognition of stale segments from crashed jobs, unlinking once every rank is in, futex
+/// waits and process liveness.
+
+#include <squall/core/completion.hpp>
+#include <squall/core/error.hpp>
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+
+#include <algorithm>  // min
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <fcntl.h>
+#include <fstream>
+#include <linux/futex.h>
+#include <new>
+#include <signal.h>
+#include <string>
+#include <thread>
+#include <unistd.h>
+
+namespace squall::detail::shm {
+
+inline constexpr std::uint64_t segment_magic = 0x31304c4c41555153ull;  // "SQUALL01"
+inline constexpr std::uint32_t layout_version = 1;
+inline constexpr std::size_t cache_line = 64;
+
+/// Per-rank words: the process id, and the doorbell this rank sleeps on. Any event that may
+/// unblock the rank (data in, space freed, barrier released, failure) bumps the doorbell.
+struct alignas(cache_line) rank_words {
+  std::atomic<std::int32_t> pid;
+  std::atomic<std::uint32_t> doorbell;
+  std::atomic<std::uint32_t> sleeping;
+};
+
+/// The two ends of a one-way channel, on separate cache lines: `head` counts slots published
+/// by the sender, `tail` slots released by the receiver (both wrap modulo 2^32).
+struct channel_words {
+  alignas(cache_line) std::atomic<std::uint32_t> head;
+  alignas(cache_line) std::atomic<std::uint32_t> tail;
+};
+
+/// Every slot starts with this: the size of the whole message the slot belongs to, so a
+/// receiver that expects another size finds out at once.
+struct alignas(16) slot_header {
+  std::uint64_t message_bytes;
+  std::uint64_t sequence;
+};
+
+/// How failures are recorded in the header, for every rank to see.
+enum class failure : std::uint32_t { none = 0, died = 1, gave_up = 2 };
+
+struct alignas(cache_line) header {
+  std::uint64_t magic;
+  std::uint32_t version;
+  std::uint32_t world_size;
+  std::uint64_t generation;
+  std::uint64_t total_bytes;
+  std::uint64_t slot_bytes;
+  std::uint64_t slots;
+  std::uint64_t window_bytes;
+  std::atomic<std::uint32_t> ready;
+  std::atomic<std::uint32_t> attached;
+  std::atomic<std::int32_t> failed_rank;
+  std::atomic<std::uint32_t> failure_kind;
+  alignas(cache_line) std::atomic<std::uint32_t> barrier_arrived;
+  std::atomic<std::uint32_t> barrier_generation;
+};
+
+/// Sizes of a segment; the same on every rank of a job.
+struct geometry {
+  int world_size = 1;
+  std::size_t slot_bytes = 0;  ///< bytes per slot, header included
+  std::size_t slots = 0;       ///< slots per channel
+  std::size_t window_bytes = 0;
+
+  std::size_t ranks_offset() const { return sizeof(header); }
+  std::size_t channels_offset() const {
+    return ranks_offset() + sizeof(rank_words) * static_cast<std::size_t>(world_size);
+  }
+  std::size_t channel_count() const {
+    return static_cast<std::size_t>(world_size) * static_cast<std::size_t>(world_size);
+  }
+  std::size_t slots_offset() const {
+    return channels_offset() + sizeof(channel_words) * channel_count();
+  }
+  std::size_t windows_offset() const {
+    return slots_offset() + channel_count() * slots * slot_bytes;
+  }
+  std::size_t total_bytes() const {
+    return windows_offset() + static_cast<std::size_t>(world_size) * window_bytes;
+  }
+};
+
+/// Whether process `pid` exists and is not a zombie (a dead child its parent has not reaped).
+inline bool process_alive(std::int32_t pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
+  const auto paren = line.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= line.size()) return true;
+  const char state = line[paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+inline void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                       std::chrono::nanoseconds timeout) {
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout);
+  timespec ts{static_cast<std::time_t>(seconds.count()),
+              static_cast<long>((timeout - seconds).count())};
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT, expected, &ts, nullptr,
+          0);
+}
+
+inline void futex_wake_all(std::atomic<std::uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+          0);
+}
+
+/// The shared-memory name of job `job` for this user: "/squall-<uid>-<job>".
+inline std::string segment_name(const std::string& job) {
+  return "/squall-" + std::to_string(getuid()) + "-" + job;
+}
+
+/// A mapped segment. Rank 0 creates it; the others attach; the last to attach unlinks the
+/// name, so nothing stays in /dev/shm whatever happens to the processes afterwards.
+class segment {
+ public:
+  segment(const std::string& job, int rank, const geometry& shape, const deadline& limit)
+      : name_(segment_name(job)), rank_(rank) {
+    const error_context where{.operation = "shm attach", .rank = rank};
+    if (rank == 0) {
+      create(shape, limit, where);
+    } else {
+      attach(shape, limit, where);
+    }
+    wait_for_everyone(limit, where);
+  }
+  ~segment() {
+    if (base_ != nullptr) munmap(base_, bytes_);
+  }
+  segment(const segment&) = delete;
+  segment& operator=(const segment&) = delete;
+
+  header& head() const { return *static_cast<header*>(base_); }
+  rank_words& rank(int r) const {
+    return reinterpret_cast<rank_words*>(at(shape_.ranks_offset()))[r];
+  }
+  channel_words& channel(int from, int to) const {
+    return reinterpret_cast<channel_words*>(at(shape_.channels_offset()))[index(from, to)];
+  }
+  std::byte* slot(int from, int to, std::uint32_t sequence) const {
+    return at(shape_.slots_offset() +
+              (index(from, to) * shape_.slots + sequence % shape_.slots) * shape_.slot_bytes);
+  }
+  std::byte* window(int r) const {
+    return at(shape_.windows_offset() + static_cast<std::size_t>(r) * shape_.window_bytes);
+  }
+  const geometry& shape() const { return shape_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::byte* at(std::size_t offset) const { return static_cast<std::byte*>(base_) + offset; }
+  std::size_t index(int from, int to) const {
+    return static_cast<std::size_t>(from) * static_cast<std::size_t>(shape_.world_size) +
+           static_cast<std::size_t>(to);
+  }
+
+  [[noreturn]] void fail(int err, const error_context& where, const std::string& what) const {
+    throw error(std::error_code(err, shm_category()), where, what + " (" + name_ + ")");
+  }
+
+  void map(int fd, std::size_t bytes, const error_context& where) {
+    void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+      const int err = errno;
+      close(fd);
+      fail(err, where, "mmap of " + std::to_string(bytes) + " bytes");
+    }
+    base_ = base;
+    bytes_ = bytes;
+  }
+
+  // Reads the header of an existing segment and decides whether it is a leftover of a dead
+  // job (true: every process recorded in it is gone) or in use by a live one (throws).
+  bool is_stale(const error_context& where) const {
+    const int fd = shm_open(name_.c_str(), O_RDONLY, 0);
+    if (fd < 0) {
+      if (errno == ENOENT) return false;  // gone meanwhile: just try again
+      fail(errno, where, "shm_open");
+    }
+    struct stat info {};
+    const std::size_t size =
+        fstat(fd, &info) == 0 ? static_cast<std::size_t>(info.st_size) : std::size_t{0};
+    if (size < sizeof(header)) {
+      close(fd);
+      return true;  // never initialised: its creator died before reserving the memory
+    }
+    void* base = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) return true;
+    const auto& old = *static_cast<const header*>(base);
+    std::int32_t live_pid = 0;
+    if (old.magic == segment_magic) {
+      const std::size_t count =
+          std::min<std::size_t>(old.world_size, (size - sizeof(header)) / sizeof(rank_words));
+      const auto* ranks =
+          reinterpret_cast<const rank_words*>(static_cast<const std::byte*>(base) + sizeof(header));
+      for (std::size_t i = 0; i < count; ++i) {
+        const std::int32_t pid = ranks[i].pid.load();
+        if (pid != getpid() && process_alive(pid)) live_pid = pid;
+      }
+    }
+    munmap(base, size);
+    if (live_pid != 0) {
+      fail(EBUSY, where,
+           "shared-memory segment is in use by a live job (pid " + std::to_string(live_pid) +
+               "): another job runs under the same name; set SQUALL_JOB to a unique name");
+    }
+    return true;
+  }
+
+  void create(const geometry& shape, const deadline& limit, const error_context& where) {
+    shape_ = shape;
+    const std::size_t bytes = shape.total_bytes();
+    for (;;) {
+      const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd >= 0) {
+        if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+          close(fd);
+          shm_unlink(name_.c_str());
+          fail(err, where,
+               "cannot reserve " + std::to_string(bytes) +
+                   " bytes of shared memory (is /dev/shm full?)");
+        }
+        map(fd, bytes, where);
+        close(fd);
+        initialise(shape);
+        return;
+      }
+      if (errno != EEXIST) fail(errno, where, "shm_open(O_CREAT|O_EXCL)");
+      if (is_stale(where)) shm_unlink(name_.c_str());  // a crashed job's leftover: replace it
+      if (limit.expired()) {
+        throw timeout_error(where, "could not create " + name_ + " within " + limit.describe());
+      }
+    }
+  }
+
+  void initialise(const geometry& shape) {
+    auto* h = new (base_) header{};
+    h->magic = segment_magic;
+    h->version = layout_version;
+    h->world_size = static_cast<std::uint32_t>(shape.world_size);
+    h->generation =
+        (static_cast<std::uint64_t>(getpid()) << 32) ^
+        static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    h->total_bytes = shape.total_bytes();
+    h->slot_bytes = shape.slot_bytes;
+    h->slots = shape.slots;
+    h->window_bytes = shape.window_bytes;
+    h->failed_rank.store(-1);
+    for (int r = 0; r < shape.world_size; ++r) new (&rank(r)) rank_words{};
+    for (int a = 0; a < shape.world_size; ++a) {
+      for (int b = 0; b < shape.world_size; ++b) new (&channel(a, b)) channel_words{};
+    }
+    rank(0).pid.store(getpid());
+    h->attached.store(1);
+    h->ready.store(1, std::memory_order_release);
+  }
+
+  void attach(const geometry& expected, const deadline& limit, const error_context& where) {
+    backoff wait;
+    for (;; wait.pause()) {
+      if (limit.expired()) {
+        throw timeout_error(where,
+                            "rank 0 did not create " + name_ + " within " + limit.describe());
+      }
+      const int fd = shm_open(name_.c_str(), O_RDWR, 0);
+      if (fd < 0) {
+        if (errno == ENOENT) continue;
+        fail(errno, where, "shm_open");
+      }
+      struct stat info {};
+      if (fstat(fd, &info) != 0 || static_cast<std::size_t>(info.st_size) < sizeof(header)) {
+        close(fd);
+        continue;
+      }
+      map(fd, static_cast<std::size_t>(info.st_size), where);
+      close(fd);
+      const header& h = head();
+      if (h.ready.load(std::memory_order_acquire) == 0 || h.magic != segment_magic) {
+        unmap();
+        continue;
+      }
+      shape_ = geometry{static_cast<int>(h.world_size), h.slot_bytes, h.slots, h.window_bytes};
+      if (!process_alive(rank(0).pid.load())) {  // a crashed job's leftover: rank 0 replaces it
+        unmap();
+        continue;
+      }
+      if (h.version != layout_version ||
+          h.world_size != static_cast<std::uint32_t>(expected.world_size) ||
+          h.slot_bytes != expected.slot_bytes || h.slots != expected.slots ||
+          h.window_bytes != expected.window_bytes) {
+        const int size = static_cast<int>(h.world_size);
+        unmap();
+        throw mismatch_error(where, "segment " + name_ + " was made for " + std::to_string(size) +
+                                        " ranks or another shm_config; this rank expects " +
+                                        std::to_string(expected.world_size));
+      }
+      std::int32_t none = 0;
+      if (!rank(rank_).pid.compare_exchange_strong(none, getpid())) {
+        const int other = none;
+        unmap();
+        throw mismatch_error(where, "rank " + std::to_string(rank_) +
+                                        " is already attached by pid " + std::to_string(other));
+      }
+      if (head().attached.fetch_add(1) + 1 == h.world_size) shm_unlink(name_.c_str());
+      return;
+    }
+  }
+
+  void wait_for_everyone(const deadline& limit, const error_context& where) {
+    backoff wait;
+    while (head().attached.load() < static_cast<std::uint32_t>(shape_.world_size)) {
+      if (limit.expired()) {
+        std::string missing;
+        for (int r = 0; r < shape_.world_size; ++r) {
+          if (rank(r).pid.load() == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
+        if (rank_ == 0) shm_unlink(name_.c_str());  // nothing must be left behind
+        throw timeout_error(where, "rank(s) " + missing + " did not attach to " + name_ +
+                                       " within " + limit.describe());
+      }
+      wait.pause();
+    }
+    if (rank_ == 0 && shape_.world_size == 1) shm_unlink(name_.c_str());
+  }
+
+  void unmap() {
+    munmap(base_, bytes_);
+    base_ = nullptr;
+    bytes_ = 0;
+  }
+
+  std::string name_;
+  int rank_;
+  geometry shape_{};
+  void* base_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace squall::detail::shm

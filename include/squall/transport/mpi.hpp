@@ -1,0 +1,515 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// `mpi_transport`: squall's bytes as MPI point-to-point messages on a private duplicate of a
+/// communicator. This is the only squall header that includes <mpi.h>.
+///
+/// Semantics, shared with the other transports:
+/// - `send` and `recv` are non-blocking (`MPI_Isend`/`MPI_Irecv` on `MPI_BYTE`) and return an
+///   `mpi_completion`. Messages from one rank to another match in the order they were posted
+///   (FIFO); a rank may send to itself.
+/// - A message travels as pieces of at most `mpi_transport::max_piece_bytes` (1 GiB), which
+///   both sides derive from the size alone, so MPI's `int` counts never overflow and messages
+///   above 2^31 bytes work. Sizes are `std::size_t` throughout.
+/// - A recv must post exactly the size of the matching send; otherwise its `wait()`/`test()`
+///   throws `mismatch_error`. One case goes unseen: Open MPI 4.1 silently truncates a short
+///   (eager) message to self that is longer than a recv posted before it.
+/// - Every wait gives up after the deadline of the `options` the transport was built with and
+///   throws `timeout_error`. After a timeout, a mismatch or an MPI error the transport has
+///   *failed*: every later `send`, `recv`, `barrier`, `wait` and `test` throws at once.
+///
+/// Thread safety: like an MPI communicator, a transport and its completions are used by one
+/// thread at a time (from any thread only with `MPI_THREAD_MULTIPLE`).
+
+#include <squall/concepts.hpp>
+#include <squall/core/buffer.hpp>
+#include <squall/core/completion.hpp>
+#include <squall/core/error.hpp>
+#include <squall/core/options.hpp>
+#include <squall/detail/math.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>  // all_of, fill_n, min
+#include <array>
+#include <chrono>
+#include <cstddef>  // byte, size_t
+#include <memory>   // shared_ptr, unique_ptr
+#include <string>
+#include <string_view>
+#include <system_error>  // error_code
+#include <utility>       // exchange, move
+
+namespace squall {
+namespace detail {
+
+/// The text MPI gives for `code` ("MPI_ERR_TRUNCATE: message truncated").
+inline std::string mpi_error_text(int code) {
+  std::array<char, MPI_MAX_ERROR_STRING> text{};
+  int length = 0;
+  if (MPI_Error_string(code, text.data(), &length) != MPI_SUCCESS) {
+    return "unknown MPI error " + std::to_string(code);
+  }
+  return std::string(text.data(), static_cast<std::size_t>(length));
+}
+
+/// Throws `squall::error` in the mpi category, naming `where` and `expression`, unless `code`
+/// is `MPI_SUCCESS`.
+inline void mpi_check(int code, const error_context& where, const char* expression) {
+  if (code != MPI_SUCCESS) [[unlikely]] {
+    throw error(std::error_code(code, mpi_category()), where,
+                std::string(expression) + ": " + mpi_error_text(code));
+  }
+}
+
+}  // namespace detail
+
+/// Throws `squall::error` in the mpi category if `expr` does not return `MPI_SUCCESS`; its
+/// message names the `error_context` called `where` in the calling scope, the expression and
+/// MPI's text for the code.
+#define SQUALL_MPI_CHECK(expr) ::squall::detail::mpi_check((expr), where, #expr)
+
+namespace detail {
+
+/// The tag of every squall message. The communicator is squall's own duplicate, so no other
+/// code's message can match it.
+inline constexpr int mpi_tag = 0;
+
+/// The number of pieces a message of `bytes` travels as (a message of 0 bytes is one piece).
+constexpr std::size_t mpi_piece_count(std::size_t bytes, std::size_t piece_bytes) {
+  return bytes == 0 ? 1 : div_up(bytes, piece_bytes);
+}
+
+/// Piece `piece` of a message of `bytes`: whole pieces of `piece_bytes`, then the remainder.
+constexpr index_range mpi_piece(std::size_t bytes, std::size_t piece_bytes, std::size_t piece) {
+  const std::size_t begin = piece * piece_bytes;
+  return {begin, std::min(piece_bytes, bytes - begin)};
+}
+
+/// What an `mpi_transport` shares with the completions it returns: this rank, the deadline and
+/// whether the transport has failed. Shared ownership lets a completion outlive its transport,
+/// or a transport be moved while completions are in flight.
+class mpi_state {
+ public:
+  mpi_state(int rank, int size, std::chrono::nanoseconds deadline) noexcept
+      : rank_(rank), size_(size), deadline_(deadline) {}
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  std::chrono::nanoseconds deadline() const noexcept { return deadline_; }
+  bool failed() const noexcept { return failed_; }
+
+  /// Marks the transport failed by `cause`. Only the first cause is kept: later errors are
+  /// its consequences.
+  void fail(const error& cause) {
+    if (failed_) return;
+    failed_ = true;
+    cause_code_ = cause.code();
+    cause_ = cause.what();
+  }
+
+  /// Throws `squall::error` with the first failure's code and message if the transport failed.
+  void throw_if_failed(const error_context& where) const {
+    if (failed_) [[unlikely]] {
+      throw error(cause_code_, where, "the transport failed earlier: " + cause_);
+    }
+  }
+
+  /// Returns `f()`; a `squall::error` it throws marks the transport failed on its way out.
+  template <class F>
+  decltype(auto) fail_on_error(F&& f) {
+    try {
+      return f();
+    } catch (const error& cause) {
+      fail(cause);
+      throw;
+    }
+  }
+
+ private:
+  int rank_;
+  int size_;
+  std::chrono::nanoseconds deadline_;
+  bool failed_ = false;
+  std::error_code cause_code_;
+  std::string cause_;
+};
+
+/// The requests of one operation, one per piece. Up to `inline_capacity` pieces (4 GiB) are
+/// held inline, so an ordinary message allocates nothing.
+class mpi_request_list {
+ public:
+  static constexpr std::size_t inline_capacity = 4;
+
+  mpi_request_list() noexcept = default;
+  /// `count` requests, all `MPI_REQUEST_NULL`.
+  explicit mpi_request_list(std::size_t count) : count_(count) {
+    if (count > inline_capacity) heap_ = std::make_unique<MPI_Request[]>(count);
+    std::fill_n(begin(), count, MPI_REQUEST_NULL);
+  }
+  mpi_request_list(mpi_request_list&& other) noexcept
+      : count_(std::exchange(other.count_, 0)),
+        inline_(other.inline_),
+        heap_(std::move(other.heap_)) {}
+  mpi_request_list& operator=(mpi_request_list&& other) noexcept {
+    count_ = std::exchange(other.count_, 0);
+    inline_ = other.inline_;
+    heap_ = std::move(other.heap_);
+    return *this;
+  }
+  mpi_request_list(const mpi_request_list&) = delete;
+  mpi_request_list& operator=(const mpi_request_list&) = delete;
+  ~mpi_request_list() = default;
+
+  std::size_t size() const noexcept { return count_; }
+  MPI_Request& operator[](std::size_t i) noexcept { return begin()[i]; }
+  MPI_Request* begin() noexcept { return heap_ ? heap_.get() : inline_.data(); }
+  MPI_Request* end() noexcept { return begin() + count_; }
+  /// True when no request is in flight (each completed, freed or never posted).
+  bool all_null() noexcept {
+    return std::all_of(begin(), end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; });
+  }
+
+ private:
+  std::size_t count_ = 0;
+  std::array<MPI_Request, inline_capacity> inline_{};
+  std::unique_ptr<MPI_Request[]> heap_;
+};
+
+}  // namespace detail
+
+class mpi_transport;
+
+/// A send, recv or barrier of an `mpi_transport` in flight. Move-only.
+///
+/// `wait()` blocks until the operation is done and `test()` says whether it is; both throw
+/// `timeout_error`, `mismatch_error` or `squall::error` (mpi category) as described for
+/// `mpi_transport`. A completion that is done stays done: `wait()` returns and `test()` is true.
+/// The destructor of a completion still in flight waits for it and swallows any error (the
+/// error still marks the transport failed); on a failed transport it does not wait but
+/// abandons the operation (see `mpi_transport`), so no destructor blocks forever.
+class mpi_completion {
+ public:
+  /// A completion with nothing in flight: `test()` is true, `wait()` returns at once.
+  mpi_completion() noexcept = default;
+  mpi_completion(mpi_completion&& other) noexcept = default;
+  /// Finishes the operation this completion held (as the destructor does), then takes `other`'s.
+  mpi_completion& operator=(mpi_completion&& other) noexcept;
+  mpi_completion(const mpi_completion&) = delete;
+  mpi_completion& operator=(const mpi_completion&) = delete;
+  ~mpi_completion() { finish_quietly(); }
+
+  /// Blocks until the operation is done. Polls with `detail::backoff` (spin, yield, then sleep),
+  /// never a pure busy loop, and throws `timeout_error` once the transport's deadline has passed
+  /// since the call. Throws at once if the transport has failed and this operation is not done.
+  void wait();
+  /// True once the operation is done; never blocks. Throws as `wait()` does, except timeouts.
+  bool test();
+
+ private:
+  friend class mpi_transport;
+  enum class kind { send, recv, barrier };
+
+  mpi_completion(std::shared_ptr<detail::mpi_state> state, kind what, int peer, std::size_t bytes,
+                 std::size_t pieces)
+      : state_(std::move(state)), kind_(what), peer_(peer), bytes_(bytes), requests_(pieces) {}
+
+  error_context where() const noexcept;
+  /// "recv of 16 bytes", for messages.
+  std::string describe() const;
+  /// Tests each piece still in flight; true when none is left. Throws on an MPI error or a
+  /// received size other than the one posted.
+  bool poll();
+  [[noreturn]] void throw_failed_piece(int code, std::size_t piece) const;
+  void check_received(const MPI_Status& status, std::size_t piece) const;
+  void finish_quietly() noexcept;
+
+  std::shared_ptr<detail::mpi_state> state_;
+  kind kind_ = kind::send;
+  int peer_ = no_peer;
+  std::size_t bytes_ = 0;
+  detail::mpi_request_list requests_;
+};
+static_assert(completion<mpi_completion>);
+
+/// Moves bytes between the ranks of an MPI communicator with non-blocking point-to-point
+/// messages on `MPI_BYTE` (see the top of this file for the shared semantics).
+///
+/// Failure: after a timeout, a size mismatch or an MPI error the transport has failed, and
+/// every later call on it or on its completions throws at once a `squall::error` that carries
+/// the first failure's code and quotes its message. The failure is local to this rank: peers
+/// find out through their own deadlines. Completions still in flight on a failed transport are
+/// abandoned when destroyed: recvs and sends are `MPI_Cancel`ed and freed, a barrier's request
+/// is dropped (MPI forbids cancelling or freeing a nonblocking collective). MPI may not be able
+/// to cancel a send, and may then still read its buffer if the peer receives it later.
+class mpi_transport {
+ public:
+  using memory_space = host_memory;
+
+  /// The largest piece a message travels as: 1 GiB, so that counts fit MPI's `int`.
+  static constexpr std::size_t max_piece_bytes = std::size_t{1} << 30;
+
+  /// Duplicates `comm` (`MPI_Comm_dup`, collective over `comm`) so that squall's messages never
+  /// match the user's, and sets `MPI_ERRORS_RETURN` on the duplicate. The deadline of every
+  /// wait is `opts.resolved_deadline()`, resolved once here. Preconditions: MPI is initialized
+  /// and `comm` is an intracommunicator (else `invalid_argument`).
+  explicit mpi_transport(MPI_Comm comm = MPI_COMM_WORLD, const options& opts = {});
+  /// Frees the duplicate communicator (`MPI_Comm_free`) unless MPI is already finalized.
+  /// Completions still in flight remain valid.
+  ~mpi_transport() { release(); }
+  /// Takes `other`'s communicator; `other` may then only be destroyed or assigned to.
+  mpi_transport(mpi_transport&& other) noexcept
+      : comm_(std::exchange(other.comm_, MPI_COMM_NULL)), state_(std::move(other.state_)) {}
+  /// Frees this transport's communicator, then takes `other`'s.
+  mpi_transport& operator=(mpi_transport&& other) noexcept;
+  mpi_transport(const mpi_transport&) = delete;
+  mpi_transport& operator=(const mpi_transport&) = delete;
+
+  /// This process's rank in `[0, size())`.
+  int rank() const noexcept { return state_->rank(); }
+  /// The number of ranks of the communicator.
+  int size() const noexcept { return state_->size(); }
+  /// How long any single wait may last.
+  std::chrono::nanoseconds deadline() const noexcept { return state_->deadline(); }
+  /// The duplicate communicator squall's messages travel on.
+  MPI_Comm comm() const noexcept { return comm_; }
+
+  /// Starts sending `bytes` to `peer`; `bytes` must stay valid and unchanged until the
+  /// completion is done. Throws `invalid_argument` for a peer outside `[0, size())`.
+  [[nodiscard]] mpi_completion send(int peer, buffer_view<const std::byte> bytes);
+  /// Starts receiving exactly `bytes.size_bytes()` bytes from `peer` into `bytes`, which must
+  /// stay valid until the completion is done. The completion throws `mismatch_error` if the
+  /// matching send has another size. Throws `invalid_argument` for a peer outside `[0, size())`.
+  [[nodiscard]] mpi_completion recv(int peer, buffer_view<std::byte> bytes);
+  /// Starts a barrier (`MPI_Ibarrier`): the completion is done once every rank has entered it.
+  [[nodiscard]] mpi_completion barrier();
+
+ private:
+  /// The context of `operation` to `peer`; throws if the transport failed or `peer` is bad.
+  error_context start(std::string_view operation, int peer) const;
+  void release() noexcept;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::shared_ptr<detail::mpi_state> state_;
+};
+static_assert(transport<mpi_transport>);
+
+// ---- mpi_completion ------------------------------------------------------------------------
+
+inline mpi_completion& mpi_completion::operator=(mpi_completion&& other) noexcept {
+  if (this != &other) {
+    finish_quietly();
+    state_ = std::move(other.state_);
+    kind_ = other.kind_;
+    peer_ = other.peer_;
+    bytes_ = other.bytes_;
+    requests_ = std::move(other.requests_);
+  }
+  return *this;
+}
+
+inline void mpi_completion::wait() {
+  if (requests_.all_null()) return;
+  const error_context where = this->where();
+  state_->throw_if_failed(where);
+  state_->fail_on_error([&] {
+    detail::wait_until([this] { return poll(); }, detail::deadline(state_->deadline()), where,
+                       describe());
+  });
+}
+
+inline bool mpi_completion::test() {
+  if (requests_.all_null()) return true;
+  state_->throw_if_failed(where());
+  return state_->fail_on_error([this] { return poll(); });
+}
+
+inline error_context mpi_completion::where() const noexcept {
+  switch (kind_) {
+    case kind::send:
+      return {.operation = "send", .rank = state_->rank(), .peer = peer_};
+    case kind::recv:
+      return {.operation = "recv", .rank = state_->rank(), .peer = peer_};
+    case kind::barrier:
+      break;
+  }
+  return {.operation = "barrier", .rank = state_->rank()};
+}
+
+inline std::string mpi_completion::describe() const {
+  if (kind_ == kind::barrier) return "barrier";
+  return std::string(where().operation) + " of " + std::to_string(bytes_) + " bytes";
+}
+
+inline bool mpi_completion::poll() {
+  // One MPI_Test per piece rather than MPI_Testall: each piece's received size is checked as
+  // it completes, and no array of statuses is needed.
+  bool all_done = true;
+  for (std::size_t piece = 0; piece < requests_.size(); ++piece) {
+    MPI_Request& request = requests_[piece];
+    if (request == MPI_REQUEST_NULL) continue;
+    int flag = 0;
+    MPI_Status status;
+    const int code = MPI_Test(&request, &flag, &status);
+    if (code != MPI_SUCCESS) {
+      // Open MPI keeps a request that completed in error allocated; MPICH frees it.
+      if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
+      throw_failed_piece(code, piece);
+    }
+    if (flag == 0) {
+      all_done = false;
+    } else if (kind_ == kind::recv) {
+      check_received(status, piece);
+    }
+  }
+  return all_done;
+}
+
+inline void mpi_completion::throw_failed_piece(int code, std::size_t piece) const {
+  const error_context where = this->where();
+  int error_class = code;
+  MPI_Error_class(code, &error_class);
+  if (error_class == MPI_ERR_TRUNCATE) {
+    throw mismatch_error(where, "the matching send is larger than the " + std::to_string(bytes_) +
+                                    " bytes posted (piece " + std::to_string(piece) + ": " +
+                                    detail::mpi_error_text(code) + ")");
+  }
+  throw error(
+      std::error_code(code, mpi_category()), where,
+      describe() + ", piece " + std::to_string(piece) + ": " + detail::mpi_error_text(code));
+}
+
+inline void mpi_completion::check_received(const MPI_Status& status, std::size_t piece) const {
+  const error_context where = this->where();
+  int received = 0;
+  SQUALL_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &received));
+  const std::size_t expected =
+      detail::mpi_piece(bytes_, mpi_transport::max_piece_bytes, piece).count;
+  if (received == MPI_UNDEFINED || received < 0 || static_cast<std::size_t>(received) != expected) {
+    throw mismatch_error(
+        where, "piece " + std::to_string(piece) + " of a recv of " + std::to_string(bytes_) +
+                   " bytes holds " + std::to_string(received) + " bytes, not " +
+                   std::to_string(expected) + ": the matching send has another size");
+  }
+}
+
+inline void mpi_completion::finish_quietly() noexcept {
+  if (requests_.all_null()) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized != 0) return;  // MPI is gone, and its requests with it
+  if (!state_->failed()) {
+    try {
+      wait();
+      return;
+    } catch (...) {  // NOLINT(bugprone-empty-catch): recorded in the state; destructors don't throw
+    }
+  }
+  // The transport has failed, so the peer may never come: let go instead of waiting.
+  for (MPI_Request& request : requests_) {
+    if (request == MPI_REQUEST_NULL) continue;
+    if (kind_ != kind::barrier) {
+      MPI_Cancel(&request);
+      MPI_Request_free(&request);
+    }
+    request = MPI_REQUEST_NULL;  // a barrier's request is dropped: it cannot be cancelled
+  }
+}
+
+// ---- mpi_transport -------------------------------------------------------------------------
+
+inline mpi_transport::mpi_transport(MPI_Comm comm, const options& opts) {
+  const std::chrono::nanoseconds deadline = opts.resolved_deadline();
+  const error_context where{.operation = "mpi_transport"};
+  int initialized = 0;
+  int finalized = 0;
+  SQUALL_MPI_CHECK(MPI_Initialized(&initialized));
+  SQUALL_MPI_CHECK(MPI_Finalized(&finalized));
+  if (initialized == 0 || finalized != 0) {
+    throw invalid_argument(where, "MPI is not initialized, or already finalized");
+  }
+  if (comm == MPI_COMM_NULL) throw invalid_argument(where, "the communicator is MPI_COMM_NULL");
+  int inter = 0;
+  SQUALL_MPI_CHECK(MPI_Comm_test_inter(comm, &inter));
+  if (inter != 0) throw invalid_argument(where, "the communicator is an intercommunicator");
+  SQUALL_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  try {
+    SQUALL_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    int rank = 0;
+    int size = 0;
+    SQUALL_MPI_CHECK(MPI_Comm_rank(comm_, &rank));
+    SQUALL_MPI_CHECK(MPI_Comm_size(comm_, &size));
+    state_ = std::make_shared<detail::mpi_state>(rank, size, deadline);
+  } catch (...) {
+    MPI_Comm_free(&comm_);
+    throw;
+  }
+}
+
+inline mpi_transport& mpi_transport::operator=(mpi_transport&& other) noexcept {
+  if (this != &other) {
+    release();
+    comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+inline void mpi_transport::release() noexcept {
+  if (comm_ == MPI_COMM_NULL) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  // MPI_Comm_free only marks the communicator: operations in flight on it still complete.
+  if (finalized == 0) MPI_Comm_free(&comm_);
+  comm_ = MPI_COMM_NULL;
+}
+
+inline error_context mpi_transport::start(std::string_view operation, int peer) const {
+  const error_context where{.operation = operation, .rank = rank(), .peer = peer};
+  state_->throw_if_failed(where);
+  if (peer < 0 || peer >= size()) {
+    throw invalid_argument(
+        where, "peer " + std::to_string(peer) + " is outside [0, " + std::to_string(size()) + ")");
+  }
+  return where;
+}
+
+inline mpi_completion mpi_transport::send(int peer, buffer_view<const std::byte> bytes) {
+  const error_context where = start("send", peer);
+  const std::size_t total = bytes.size_bytes();
+  mpi_completion done(state_, mpi_completion::kind::send, peer, total,
+                      detail::mpi_piece_count(total, max_piece_bytes));
+  // If a post fails, `done` abandons the pieces already posted as it unwinds (failed state).
+  state_->fail_on_error([&] {
+    for (std::size_t i = 0; i < done.requests_.size(); ++i) {
+      const detail::index_range piece = detail::mpi_piece(total, max_piece_bytes, i);
+      SQUALL_MPI_CHECK(MPI_Isend(bytes.data() + piece.begin, static_cast<int>(piece.count),
+                                 MPI_BYTE, peer, detail::mpi_tag, comm_, &done.requests_[i]));
+    }
+  });
+  return done;
+}
+
+inline mpi_completion mpi_transport::recv(int peer, buffer_view<std::byte> bytes) {
+  const error_context where = start("recv", peer);
+  const std::size_t total = bytes.size_bytes();
+  mpi_completion done(state_, mpi_completion::kind::recv, peer, total,
+                      detail::mpi_piece_count(total, max_piece_bytes));
+  state_->fail_on_error([&] {
+    for (std::size_t i = 0; i < done.requests_.size(); ++i) {
+      const detail::index_range piece = detail::mpi_piece(total, max_piece_bytes, i);
+      SQUALL_MPI_CHECK(MPI_Irecv(bytes.data() + piece.begin, static_cast<int>(piece.count),
+                                 MPI_BYTE, peer, detail::mpi_tag, comm_, &done.requests_[i]));
+    }
+  });
+  return done;
+}
+
+inline mpi_completion mpi_transport::barrier() {
+  const error_context where{.operation = "barrier", .rank = rank()};
+  state_->throw_if_failed(where);
+  mpi_completion done(state_, mpi_completion::kind::barrier, no_peer, 0, 1);
+  state_->fail_on_error([&] { SQUALL_MPI_CHECK(MPI_Ibarrier(comm_, &done.requests_[0])); });
+  return done;
+}
+
+}  // namespace squall

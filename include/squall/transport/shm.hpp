@@ -1,0 +1,516 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// `shm_transport`: the processes of one host joined through POSIX shared memory, with no MPI
+/// and no launcher needed. The embedded default transport.
+///
+/// Data moves through one-way channels, one per ordered pair of ranks: a ring of `slots`
+/// slots of `slot_bytes`. A message is cut into slots; the sender copies into free slots while
+/// the receiver copies out of full ones, so copying and signalling overlap (a pipeline two
+/// copies deep). Every rank also exposes a window of `window_bytes` that all ranks map
+/// (`peer_view`), so a schedule can reduce straight out of a peer's memory.
+///
+/// Progress is made by whichever call waits: `wait()` or `test()` on any completion advances
+/// every pending send and receive of the transport, in posting order per peer (as MPI does),
+/// so posting a send and a receive and then waiting on either never deadlocks.
+///
+/// Waiting spins briefly, then sleeps on a futex in the segment (this rank's doorbell), so 4
+/// ranks on 2 cores do not starve each other. Every wait has the deadline of the options and
+/// checks, at least every 100 ms, that the peers are alive: when one dies, every survivor gets
+/// `peer_failure` naming it. A rank that gives up (timeout, mismatch) records it in the
+/// segment, so its peers stop waiting for it too. A failed transport stays failed: every later
+/// call throws at once.
+
+#include <squall/concepts.hpp>
+#include <squall/core/buffer.hpp>
+#include <squall/core/completion.hpp>
+#include <squall/core/error.hpp>
+#include <squall/core/options.hpp>
+#include <squall/detail/math.hpp>
+#include <squall/transport/detail/shm_segment.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdlib>  // getenv
+#include <cstring>  // memcpy
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <utility>  // exchange
+#include <vector>
+
+namespace squall {
+
+/// Who this process is in a shared-memory job: the job's name (shared by its ranks, unique
+/// on the host), its rank and the number of ranks.
+struct shm_job {
+  std::string name;
+  int rank = 0;
+  int size = 1;
+
+  /// From `SQUALL_JOB`, `SQUALL_RANK`, `SQUALL_WORLD_SIZE` (set by `squall-run` and
+  /// `squall::launch`); else from Open MPI's launcher (`OMPI_COMM_WORLD_LOCAL_RANK`,
+  /// `..._LOCAL_SIZE`, job id) or MPICH's Hydra (`MPI_LOCALRANKID`, `MPI_LOCALNRANKS`), so the
+  /// same binary runs under `mpiexec`. Throws `invalid_argument` naming the variables when
+  /// none are set or they are malformed.
+  static shm_job from_environment() {
+    const auto get = [](const char* name) -> const char* { return std::getenv(name); };
+    if (get("SQUALL_RANK") != nullptr || get("SQUALL_WORLD_SIZE") != nullptr) {
+      return make(get("SQUALL_JOB") != nullptr ? get("SQUALL_JOB") : "", get("SQUALL_RANK"),
+                  get("SQUALL_WORLD_SIZE"), "SQUALL_JOB/SQUALL_RANK/SQUALL_WORLD_SIZE");
+    }
+    if (get("OMPI_COMM_WORLD_LOCAL_RANK") != nullptr) {
+      const char* job = get("OMPI_MCA_ess_base_jobid");
+      if (job == nullptr) job = get("PMIX_NAMESPACE");
+      return make(std::string("ompi-") + (job != nullptr ? job : std::to_string(getppid())),
+                  get("OMPI_COMM_WORLD_LOCAL_RANK"), get("OMPI_COMM_WORLD_LOCAL_SIZE"),
+                  "OMPI_COMM_WORLD_LOCAL_RANK/OMPI_COMM_WORLD_LOCAL_SIZE");
+    }
+    if (get("MPI_LOCALRANKID") != nullptr) {
+      // Hydra starts the ranks of a host from one proxy: its pid names the job there.
+      return make("hydra-" + std::to_string(getppid()), get("MPI_LOCALRANKID"),
+                  get("MPI_LOCALNRANKS"), "MPI_LOCALRANKID/MPI_LOCALNRANKS");
+    }
+    throw invalid_argument({.operation = "shm_job"},
+                           "no job in the environment: set SQUALL_JOB, SQUALL_RANK and "
+                           "SQUALL_WORLD_SIZE, or start the program with squall-run or mpiexec");
+  }
+
+  /// Checks the fields: a job name of letters, digits, '-', '_', '.' (1 to 200 characters),
+  /// `0 <= rank < size`. Throws `invalid_argument`.
+  void validate() const {
+    const bool good_name =
+        !name.empty() && name.size() <= 200 && std::all_of(name.begin(), name.end(), [](char c) {
+          return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '-' || c == '_' || c == '.';
+        });
+    if (!good_name) {
+      throw invalid_argument({.operation = "shm_job", .rank = rank},
+                             "job name '" + name + "' must be 1-200 of [A-Za-z0-9._-]");
+    }
+    if (size < 1 || rank < 0 || rank >= size) {
+      throw invalid_argument(
+          {.operation = "shm_job", .rank = rank},
+          "rank " + std::to_string(rank) + " of " + std::to_string(size) + " ranks");
+    }
+  }
+
+ private:
+  static shm_job make(std::string name, const char* rank, const char* size, const char* source) {
+    const auto number = [&](const char* text) {
+      char* end = nullptr;
+      const long value = text != nullptr ? std::strtol(text, &end, 10) : -1;
+      if (text == nullptr || *text == '\0' || *end != '\0' || value < 0 || value > 1'000'000) {
+        throw invalid_argument({.operation = "shm_job"},
+                               std::string(source) + " must be set to non-negative integers");
+      }
+      return static_cast<int>(value);
+    };
+    if (name.empty()) name = "job";
+    shm_job job{std::move(name), number(rank), number(size)};
+    job.validate();
+    return job;
+  }
+};
+
+/// Sizes of the shared-memory segment; every rank of a job must use the same values.
+struct shm_config {
+  /// Bytes per channel slot (a 16-byte header included): the pipelining granularity.
+  std::size_t slot_bytes = std::size_t{256} << 10;
+  /// Slots per one-way channel; a sender runs at most this many slots ahead.
+  std::size_t slots = 8;
+  /// Bytes each rank exposes to all ranks for direct access (`peer_view`).
+  std::size_t window_bytes = std::size_t{4} << 20;
+};
+
+namespace detail::shm {
+
+/// One posted send or receive.
+struct operation {
+  bool is_send = false;
+  std::byte* recv_data = nullptr;
+  const std::byte* send_data = nullptr;
+  std::size_t bytes = 0;
+  std::size_t done = 0;  ///< bytes moved so far
+  bool started = false;  ///< a first slot has moved (zero-byte messages take one slot)
+  bool complete = false;
+  int peer = 0;
+};
+
+/// The transport's state, on the heap so that completions can point at it across moves.
+struct state {
+  state(const shm_job& job, const options& opts, const shm_config& config)
+      : budget(opts.resolved_deadline()),
+        rank(job.rank),
+        size(job.size),
+        seg(job.name, job.rank, shape_of(job, config), deadline(budget)),
+        sends(static_cast<std::size_t>(job.size)),
+        recvs(static_cast<std::size_t>(job.size)),
+        payload(config.slot_bytes - sizeof(slot_header)) {
+    last_liveness_check = std::chrono::steady_clock::now();
+  }
+
+  static geometry shape_of(const shm_job& job, const shm_config& config) {
+    job.validate();
+    if (config.slot_bytes <= sizeof(slot_header) || config.slot_bytes % 64 != 0 ||
+        config.slots == 0) {
+      throw invalid_argument({.operation = "shm_config", .rank = job.rank},
+                             "slot_bytes must be a multiple of 64 above 16 and slots positive");
+    }
+    return {job.size, config.slot_bytes, config.slots, align_up(config.window_bytes, 4096)};
+  }
+
+  std::chrono::nanoseconds budget;
+  int rank;
+  int size;
+  segment seg;
+  std::vector<std::deque<std::shared_ptr<operation>>> sends;
+  std::vector<std::deque<std::shared_ptr<operation>>> recvs;
+  std::size_t payload;
+  std::string failed;  ///< empty while healthy; else why this transport failed
+  std::uint32_t barrier_generation = 0;
+  std::chrono::steady_clock::time_point last_liveness_check;
+
+  header& head() const { return seg.head(); }
+
+  /// Wakes rank `r` if it may be asleep: bump its doorbell, and futex-wake only if it sleeps.
+  void ring(int r) const {
+    rank_words& w = seg.rank(r);
+    w.doorbell.fetch_add(1);
+    if (w.sleeping.load() != 0) futex_wake_all(w.doorbell);
+  }
+  void ring_all() const {
+    for (int r = 0; r < size; ++r) ring(r);
+  }
+
+  /// Marks this transport failed, records it in the segment for the peers, and throws `e`.
+  template <class Error>
+  [[noreturn]] void give_up(Error e, failure kind, int culprit) {
+    failed = e.what();
+    std::int32_t none = -1;
+    if (head().failed_rank.compare_exchange_strong(none, culprit)) {
+      head().failure_kind.store(static_cast<std::uint32_t>(kind));
+    }
+    ring_all();
+    throw e;
+  }
+
+  void check_healthy(const error_context& where) const {
+    if (!failed.empty()) throw peer_failure(where, "transport already failed: " + failed);
+  }
+
+  /// Throws `peer_failure` if a rank recorded a failure, or (at most every 100 ms, or when
+  /// `force`) if a peer process is gone.
+  void check_peers(const error_context& where, bool force) {
+    const std::int32_t culprit = head().failed_rank.load();
+    if (culprit >= 0) {
+      const auto kind = static_cast<failure>(head().failure_kind.load());
+      const std::string what = kind == failure::died
+                                   ? "rank " + std::to_string(culprit) + " died"
+                                   : "rank " + std::to_string(culprit) + " failed and left";
+      error_context at = where;
+      at.peer = culprit;
+      failed = what;
+      throw peer_failure(at, what);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!force && now - last_liveness_check < std::chrono::milliseconds(100)) return;
+    last_liveness_check = now;
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const std::int32_t pid = seg.rank(r).pid.load();
+      if (!process_alive(pid)) {
+        error_context at = where;
+        at.peer = r;
+        give_up(peer_failure(
+                    at, "rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") died"),
+                failure::died, r);
+      }
+    }
+  }
+
+  // step: move slots of the first pending send to each peer while its channel has room.
+  bool push_sends() {
+    bool moved = false;
+    for (int peer = 0; peer < size; ++peer) {
+      auto& queue = sends[static_cast<std::size_t>(peer)];
+      if (queue.empty()) continue;
+      channel_words& ch = seg.channel(rank, peer);
+      std::uint32_t head_seq = ch.head.load(std::memory_order_relaxed);
+      const std::uint32_t tail_seq = ch.tail.load(std::memory_order_acquire);
+      bool pushed = false;
+      while (!queue.empty() && head_seq - tail_seq < seg.shape().slots) {
+        operation& op = *queue.front();
+        const std::size_t chunk = std::min(payload, op.bytes - op.done);
+        std::byte* slot = seg.slot(rank, peer, head_seq);
+        const slot_header sh{op.bytes, head_seq};
+        std::memcpy(slot, &sh, sizeof(sh));
+        if (chunk != 0) std::memcpy(slot + sizeof(slot_header), op.send_data + op.done, chunk);
+        op.done += chunk;
+        op.started = true;
+        ++head_seq;
+        ch.head.store(head_seq, std::memory_order_release);
+        pushed = true;
+        if (op.done == op.bytes) {
+          op.complete = true;
+          queue.pop_front();
+        }
+      }
+      if (pushed) {
+        ring(peer);
+        moved = true;
+      }
+    }
+    return moved;
+  }
+
+  // step: copy full slots from each peer into the first pending receive from it.
+  bool pull_recvs() {
+    bool moved = false;
+    for (int peer = 0; peer < size; ++peer) {
+      auto& queue = recvs[static_cast<std::size_t>(peer)];
+      if (queue.empty()) continue;
+      channel_words& ch = seg.channel(peer, rank);
+      std::uint32_t tail_seq = ch.tail.load(std::memory_order_relaxed);
+      const std::uint32_t head_seq = ch.head.load(std::memory_order_acquire);
+      bool pulled = false;
+      while (!queue.empty() && tail_seq != head_seq) {
+        operation& op = *queue.front();
+        const std::byte* slot = seg.slot(peer, rank, tail_seq);
+        slot_header sh{};
+        std::memcpy(&sh, slot, sizeof(sh));
+        if (sh.message_bytes != op.bytes || sh.sequence != tail_seq) {
+          give_up(mismatch_error({.operation = "recv", .rank = rank, .peer = peer},
+                                 "expected a message of " + std::to_string(op.bytes) +
+                                     " bytes, the peer sent " + std::to_string(sh.message_bytes)),
+                  failure::gave_up, rank);
+        }
+        const std::size_t chunk = std::min(payload, op.bytes - op.done);
+        if (chunk != 0) std::memcpy(op.recv_data + op.done, slot + sizeof(slot_header), chunk);
+        op.done += chunk;
+        op.started = true;
+        ++tail_seq;
+        ch.tail.store(tail_seq, std::memory_order_release);
+        pulled = true;
+        if (op.done == op.bytes) {
+          op.complete = true;
+          queue.pop_front();
+        }
+      }
+      if (pulled) {
+        ring(peer);
+        moved = true;
+      }
+    }
+    return moved;
+  }
+
+  bool progress() {
+    const bool sent = push_sends();
+    const bool received = pull_recvs();
+    return sent || received;
+  }
+
+  /// Advances everything until `done()`; spins a little, then sleeps on this rank's doorbell.
+  template <class Done>
+  void wait(Done&& done, const error_context& where, std::string_view what) {
+    check_healthy(where);
+    const deadline limit(budget);
+    rank_words& me = seg.rank(rank);
+    int idle = 0;
+    for (;;) {
+      if (progress()) idle = 0;
+      if (done()) return;
+      check_peers(where, false);
+      if (++idle < 512) {
+        cpu_relax();
+        continue;
+      }
+      if (idle < 512 + 8) {
+        std::this_thread::yield();
+        continue;
+      }
+      const std::uint32_t bell = me.doorbell.load();
+      me.sleeping.store(1);
+      const bool moved = progress();
+      if (!moved && !done()) {
+        const auto left = limit.remaining();
+        if (left.count() == 0) {
+          me.sleeping.store(0);
+          check_peers(where, true);
+          give_up(timeout_error(where,
+                                std::string(what) + " did not complete within " + limit.describe()),
+                  failure::gave_up, rank);
+        }
+        futex_wait(me.doorbell, bell,
+                   std::min<std::chrono::nanoseconds>(left, std::chrono::milliseconds(100)));
+      }
+      me.sleeping.store(0);
+      idle = moved ? 0 : 512 + 8;
+    }
+  }
+};
+
+}  // namespace detail::shm
+
+/// The handle of a send, receive or barrier on `shm_transport`. Move-only. A pending
+/// completion's destructor waits for it (errors are not thrown from the destructor; they
+/// left the transport failed, and the next call reports them).
+class shm_completion {
+ public:
+  shm_completion(shm_completion&& other) noexcept
+      : state_(std::exchange(other.state_, nullptr)),
+        op_(std::move(other.op_)),
+        barrier_target_(other.barrier_target_),
+        what_(other.what_) {}
+  shm_completion& operator=(shm_completion&& other) noexcept {
+    if (this != &other) {
+      finish_quietly();
+      state_ = std::exchange(other.state_, nullptr);
+      op_ = std::move(other.op_);
+      barrier_target_ = other.barrier_target_;
+      what_ = other.what_;
+    }
+    return *this;
+  }
+  shm_completion(const shm_completion&) = delete;
+  shm_completion& operator=(const shm_completion&) = delete;
+  ~shm_completion() { finish_quietly(); }
+
+  /// Blocks until done; throws `timeout_error`, `peer_failure` or `mismatch_error`.
+  void wait() {
+    if (state_ == nullptr) return;
+    state_->wait([this] { return finished(); }, where(), what_);
+    state_ = nullptr;
+  }
+
+  /// Advances the transport once; true when done (then `wait()` returns at once).
+  bool test() {
+    if (state_ == nullptr) return true;
+    state_->check_healthy(where());
+    state_->progress();
+    state_->check_peers(where(), false);
+    if (!finished()) return false;
+    state_ = nullptr;
+    return true;
+  }
+
+ private:
+  friend class shm_transport;
+  shm_completion(detail::shm::state* state, std::shared_ptr<detail::shm::operation> op,
+                 const char* what)
+      : state_(state), op_(std::move(op)), what_(what) {}
+  shm_completion(detail::shm::state* state, std::uint32_t barrier_target)
+      : state_(state), barrier_target_(barrier_target), what_("barrier") {}
+
+  bool finished() const {
+    if (op_) return op_->complete;
+    return state_->head().barrier_generation.load(std::memory_order_acquire) == barrier_target_;
+  }
+  error_context where() const {
+    return {.operation = what_, .rank = state_->rank, .peer = op_ ? op_->peer : no_peer};
+  }
+  void finish_quietly() noexcept {
+    if (state_ == nullptr || !state_->failed.empty()) return;
+    try {
+      wait();
+    } catch (...) {  // recorded in the transport's failed state; reported by the next call
+    }
+  }
+
+  detail::shm::state* state_ = nullptr;
+  std::shared_ptr<detail::shm::operation> op_;
+  std::uint32_t barrier_target_ = 0;
+  const char* what_ = "";
+};
+
+/// Moves bytes between the processes of one host through POSIX shared memory. See the top
+/// of this file for how; `shm_job` for how a process finds its job.
+class shm_transport {
+ public:
+  using memory_space = host_memory;
+
+  /// Joins job `job`: rank 0 creates the segment, the others attach; returns once all
+  /// `job.size` ranks are in. Throws `timeout_error` naming the missing ranks at the deadline,
+  /// `squall::error` (shm category) if the name is taken by a live job or /dev/shm is full.
+  explicit shm_transport(const shm_job& job, const options& opts = {},
+                         const shm_config& config = {})
+      : state_(std::make_unique<detail::shm::state>(job, opts, config)) {}
+  /// Joins the job described by the environment (`shm_job::from_environment()`).
+  shm_transport() : shm_transport(shm_job::from_environment()) {}
+
+  int rank() const { return state_->rank; }
+  int size() const { return state_->size; }
+  std::chrono::nanoseconds deadline() const { return state_->budget; }
+
+  /// Starts sending `bytes` to `peer`. The data is copied out of `bytes` before the
+  /// completion is done; messages to one peer arrive in posting order.
+  [[nodiscard]] shm_completion send(int peer, buffer_view<const std::byte> bytes) {
+    check_peer("send", peer);
+    auto op = std::make_shared<detail::shm::operation>();
+    op->is_send = true;
+    op->send_data = bytes.data();
+    op->bytes = bytes.count();
+    op->peer = peer;
+    state_->sends[static_cast<std::size_t>(peer)].push_back(op);
+    state_->push_sends();
+    return {state_.get(), std::move(op), "send"};
+  }
+
+  /// Starts receiving exactly `bytes.count()` bytes from `peer`; a message of another size
+  /// gives `mismatch_error`.
+  [[nodiscard]] shm_completion recv(int peer, buffer_view<std::byte> bytes) {
+    check_peer("recv", peer);
+    auto op = std::make_shared<detail::shm::operation>();
+    op->recv_data = bytes.data();
+    op->bytes = bytes.count();
+    op->peer = peer;
+    state_->recvs[static_cast<std::size_t>(peer)].push_back(op);
+    state_->pull_recvs();
+    return {state_.get(), std::move(op), "recv"};
+  }
+
+  /// Completes once every rank has entered this barrier (one counter and generation in the
+  /// segment; reusable).
+  [[nodiscard]] shm_completion barrier() {
+    state_->check_healthy({.operation = "barrier", .rank = rank()});
+    auto& head = state_->head();
+    const std::uint32_t target = ++state_->barrier_generation;
+    if (head.barrier_arrived.fetch_add(1) + 1 == static_cast<std::uint32_t>(size())) {
+      head.barrier_arrived.store(0);
+      head.barrier_generation.store(target, std::memory_order_release);
+      state_->ring_all();
+    }
+    return {state_.get(), target};
+  }
+
+  /// The window of `peer`, which every rank maps: for schedules that read or reduce
+  /// straight out of a peer's memory. Synchronise around it with messages or `barrier()`.
+  buffer_view<std::byte> peer_view(int peer) {
+    check_peer("peer_view", peer);
+    return {state_->seg.window(peer), state_->seg.shape().window_bytes};
+  }
+  /// This rank's own window (what the peers see as `peer_view(rank())`).
+  buffer_view<std::byte> local_view() { return peer_view(rank()); }
+
+  /// The segment's shared-memory name (already unlinked once all ranks attached).
+  const std::string& segment_name() const { return state_->seg.name(); }
+
+ private:
+  void check_peer(const char* what, int peer) const {
+    state_->check_healthy({.operation = what, .rank = rank(), .peer = peer});
+    if (peer < 0 || peer >= size()) {
+      throw invalid_argument({.operation = what, .rank = rank(), .peer = peer},
+                             "peer outside [0, " + std::to_string(size()) + ")");
+    }
+  }
+
+  std::unique_ptr<detail::shm::state> state_;
+};
+static_assert(transport<shm_transport>);
+static_assert(direct_transport<shm_transport>);
+
+}  // namespace squall

@@ -1,0 +1,212 @@
+// SPDX-License-Identifier: Apache-2.0
+// Faults of real processes on shm_transport: a rank killed mid-transfer, a rank that never
+// arrives, a stopped rank, a stale segment from a killed job, a name held by a live job.
+// Nothing may hang, and nothing may stay in /dev/shm.
+
+#include <squall/transport/launch.hpp>
+#include <squall/transport/shm.hpp>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstring>
+#include <signal.h>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "../support/shm_ranks.hpp"
+
+using squall::buffer_view;
+using squall::shm_job;
+using squall::shm_transport;
+namespace test = squall::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+TEST_SUITE("shm_fault") {
+  TEST_CASE("a rank killed mid-transfer: every survivor gets peer_failure naming it") {
+    for (int ranks : {2, 3, 4}) {
+      CAPTURE(ranks);
+      const std::string job = squall::detail::unique_job_name();
+      const auto result = squall::launch(
+          ranks,
+          [](const shm_job& me) {
+            shm_transport t(me, squall::options{.deadline = 60s});
+            const std::size_t size = std::size_t{64} << 20;
+            std::vector<std::byte> buf(size);
+            t.barrier().wait();
+            if (me.rank == 1) {  // start a large send, move part of it, then die
+              auto s = t.send(0, buffer_view<const std::byte>(buf));
+              for (int i = 0; i < 50; ++i) (void)s.test();
+              std::this_thread::sleep_for(50ms);
+              raise(SIGKILL);
+            }
+            const auto start = std::chrono::steady_clock::now();
+            try {
+              if (me.rank == 0) {
+                t.recv(1, buf).wait();
+              } else {
+                t.barrier().wait();  // bystanders: wait on everybody, rank 1 included
+              }
+            } catch (const squall::peer_failure& e) {
+              const double waited = seconds_since(start);
+              std::fprintf(stderr, "rank %d: peer_failure after %.3f s: %s\n", me.rank, waited,
+                           e.what());
+              if (e.peer() != 1) return 41;
+              if (waited > 2.0) return 42;
+              // A failed transport stays failed.
+              try {
+                t.barrier().wait();
+              } catch (const squall::peer_failure&) {
+                return 0;
+              }
+              return 43;
+            }
+            return 44;
+          },
+          {.job = job, .kill_on_failure = false});
+      INFO(test::statuses(result));
+      CHECK(result.status[1] == 128 + SIGKILL);
+      for (int r = 0; r < ranks; ++r) {
+        if (r != 1) CHECK(result.status[static_cast<std::size_t>(r)] == 0);
+      }
+      CHECK_FALSE(test::segment_left(job));
+    }
+  }
+
+  TEST_CASE("a rank that never arrives: timeout_error naming it, no segment left") {
+    const std::string job = squall::detail::unique_job_name();
+    const auto result = squall::launch(
+        3,
+        [](const shm_job& me) {
+          if (me.rank == 2) return 0;  // never joins
+          const auto start = std::chrono::steady_clock::now();
+          try {
+            shm_transport t(me, squall::options{.deadline = 500ms});
+          } catch (const squall::timeout_error& e) {
+            const std::string what = e.what();
+            if (me.rank == 0 && what.find("rank(s) 2 did not attach") == std::string::npos)
+              return 51;
+            const double waited = seconds_since(start);
+            return waited >= 0.45 && waited < 3.0 ? 0 : 52;
+          }
+          return 53;
+        },
+        {.job = job, .kill_on_failure = false});
+    INFO(test::statuses(result));
+    CHECK(result.ok());
+    CHECK_FALSE(test::segment_left(job));
+  }
+
+  TEST_CASE("a stopped rank: timeout_error at the deadline, and the peer learns of it") {
+    const std::string job = squall::detail::unique_job_name();
+    const auto result =
+        squall::launch(2,
+                       [](const shm_job& me) {
+                         shm_transport t(me, squall::options{.deadline = 1s});
+                         if (me.rank == 1) {
+                           const pid_t pid = getpid();
+                           std::memcpy(t.local_view().data(), &pid, sizeof(pid));
+                           t.barrier().wait();
+                           raise(SIGSTOP);
+                           return 0;
+                         }
+                         t.barrier().wait();
+                         pid_t stopped = 0;
+                         std::memcpy(&stopped, t.peer_view(1).data(), sizeof(stopped));
+                         std::vector<std::byte> buf(100);
+                         const auto start = std::chrono::steady_clock::now();
+                         int code = 61;
+                         try {
+                           t.recv(1, buf).wait();
+                         } catch (const squall::timeout_error& e) {
+                           const double waited = seconds_since(start);
+                           const std::string what = e.what();
+                           code = waited >= 0.95 && waited < 3.0 &&
+                                          what.find("recv (rank 0, peer 1)") != std::string::npos
+                                      ? 0
+                                      : 62;
+                         }
+                         if (code == 0) {  // failed stays failed: the next call throws at once
+                           try {
+                             (void)t.send(1, buffer_view<const std::byte>(buf));
+                             code = 63;
+                           } catch (const squall::peer_failure&) {
+                           }
+                         }
+                         kill(stopped, SIGKILL);
+                         return code;
+                       },
+                       {.job = job, .kill_on_failure = false});
+    INFO(test::statuses(result));
+    CHECK(result.status[0] == 0);
+    CHECK(result.status[1] == 128 + SIGKILL);
+    CHECK_FALSE(test::segment_left(job));
+  }
+
+  TEST_CASE("a stale segment from a killed job is recognised and replaced") {
+    const std::string job = squall::detail::unique_job_name();
+    // Rank 0 of a 2-rank job creates the segment, then is killed before rank 1 arrives.
+    const auto crashed = squall::launch(1, [&](const shm_job&) {
+      std::thread killer([] {
+        std::this_thread::sleep_for(300ms);
+        raise(SIGKILL);
+      });
+      shm_transport t(shm_job{job, 0, 2}, squall::options{.deadline = 30s});
+      killer.join();
+    });
+    CHECK(crashed.status[0] == 128 + SIGKILL);
+    REQUIRE(test::segment_left(job));
+    test::expect_ranks_succeed(2,
+                               [](const shm_job& me) {
+                                 shm_transport t(me, squall::options{.deadline = 10s});
+                                 std::vector<std::byte> buf(1000);
+                                 if (me.rank == 0) {
+                                   const auto out = test::make_message(0, 1, buf.size());
+                                   t.send(1, buffer_view<const std::byte>(out)).wait();
+                                   return 0;
+                                 }
+                                 t.recv(0, buf).wait();
+                                 return test::is_message(buf, 0, 1) ? 0 : 71;
+                               },
+                               {.job = job});
+    CHECK_FALSE(test::segment_left(job));
+  }
+
+  TEST_CASE("a name held by a live job is a clear error, never a silent join") {
+    const std::string job = squall::detail::unique_job_name();
+    const auto result = squall::launch(
+        2,
+        [&](const shm_job& me) {
+          if (me.rank == 0) {  // holds the name: rank 0 of a job whose rank 1 comes late
+            try {
+              shm_transport t(shm_job{job, 0, 2}, squall::options{.deadline = 3s});
+            } catch (const squall::timeout_error&) {
+              return 0;
+            }
+            return 81;
+          }
+          std::this_thread::sleep_for(500ms);
+          try {  // another "rank 0" of the same name
+            shm_transport t(shm_job{job, 0, 2}, squall::options{.deadline = 1s});
+          } catch (const squall::error& e) {
+            const std::string what = e.what();
+            return what.find("in use by a live job") != std::string::npos ? 0 : 82;
+          }
+          return 83;
+        },
+        {.job = squall::detail::unique_job_name(), .kill_on_failure = false});
+    INFO(test::statuses(result));
+    CHECK(result.ok());
+    CHECK_FALSE(test::segment_left(job));
+  }
+}

@@ -1,0 +1,251 @@
+// SPDX-License-Identifier: Apache-2.0
+// shm_transport between real processes (squall::launch forks them): point-to-point patterns
+// at every size the issue names, on 1 to 4 ranks. A rank returns 0 when everything it
+// received equals the pattern its sender computed independently, or a code naming the check.
+
+#include <squall/transport/launch.hpp>
+#include <squall/transport/shm.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <vector>
+
+#include "../support/shm_ranks.hpp"
+
+using squall::buffer_view;
+using squall::shm_job;
+using squall::shm_transport;
+namespace test = squall::test;
+
+namespace {
+
+constexpr std::size_t mib = std::size_t{1} << 20;
+
+int ping_pong(shm_transport& t, std::size_t size) {
+  if (t.size() < 2 || t.rank() > 1) return 0;
+  const int peer = 1 - t.rank();
+  const auto out = test::make_message(t.rank(), peer, size);
+  std::vector<std::byte> in(size);
+  if (t.rank() == 0) {
+    t.send(peer, buffer_view<const std::byte>(out)).wait();
+    t.recv(peer, in).wait();
+  } else {
+    t.recv(peer, in).wait();
+    t.send(peer, buffer_view<const std::byte>(out)).wait();
+  }
+  return test::is_message(in, peer, t.rank()) ? 0 : 10;
+}
+
+int ring_shift(shm_transport& t, std::size_t size) {
+  const int next = (t.rank() + 1) % t.size();
+  const int prev = (t.rank() + t.size() - 1) % t.size();
+  const auto out = test::make_message(t.rank(), next, size);
+  std::vector<std::byte> in(size);
+  auto r = t.recv(prev, in);  // posted before waiting: progress must not depend on order
+  auto s = t.send(next, buffer_view<const std::byte>(out));
+  s.wait();
+  r.wait();
+  return test::is_message(in, prev, t.rank()) ? 0 : 11;
+}
+
+int all_pairs(shm_transport& t, std::size_t size) {
+  std::vector<std::vector<std::byte>> out;
+  std::vector<std::vector<std::byte>> in(static_cast<std::size_t>(t.size()),
+                                         std::vector<std::byte>(size));
+  std::vector<squall::shm_completion> pending;
+  for (int p = 0; p < t.size(); ++p) {
+    out.push_back(test::make_message(t.rank(), p, size));
+  }
+  for (int p = 0; p < t.size(); ++p) pending.push_back(t.recv(p, in[static_cast<std::size_t>(p)]));
+  for (int p = 0; p < t.size(); ++p) {
+    pending.push_back(t.send(p, buffer_view<const std::byte>(out[static_cast<std::size_t>(p)])));
+  }
+  for (auto& c : pending) c.wait();
+  for (int p = 0; p < t.size(); ++p) {
+    if (!test::is_message(in[static_cast<std::size_t>(p)], p, t.rank())) return 12;
+  }
+  return 0;
+}
+
+int fifo(shm_transport& t) {
+  const int next = (t.rank() + 1) % t.size();
+  const int prev = (t.rank() + t.size() - 1) % t.size();
+  const std::size_t sizes[] = {3, 0, 300000, 17, 4099};
+  std::vector<std::vector<std::byte>> out;
+  std::vector<std::vector<std::byte>> in;
+  std::vector<squall::shm_completion> pending;
+  for (std::size_t s : sizes) {
+    out.push_back(test::make_message(t.rank(), next, s));
+    in.emplace_back(s);
+  }
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    pending.push_back(t.send(next, buffer_view<const std::byte>(out[i])));
+  }
+  for (std::size_t i = 0; i < in.size(); ++i) pending.push_back(t.recv(prev, in[i]));
+  for (auto& c : pending) c.wait();
+  for (const auto& m : in) {
+    if (!test::is_message(m, prev, t.rank())) return 13;
+  }
+  return 0;
+}
+
+int windows(shm_transport& t) {
+  auto mine = t.local_view();
+  const std::size_t n = 1 << 16;
+  for (std::size_t i = 0; i < n; ++i) mine[i] = test::pattern(t.rank(), -1, n, i);
+  t.barrier().wait();
+  for (int p = 0; p < t.size(); ++p) {
+    auto theirs = t.peer_view(p);
+    for (std::size_t i = 0; i < n; i += 7) {
+      if (theirs[i] != test::pattern(p, -1, n, i)) return 14;
+    }
+  }
+  t.barrier().wait();
+  return 0;
+}
+
+}  // namespace
+
+TEST_SUITE("shm") {
+  TEST_CASE("point-to-point patterns between 1 to 4 processes") {
+    for (int ranks = 1; ranks <= 4; ++ranks) {
+      CAPTURE(ranks);
+      test::expect_ranks_succeed(ranks, [](const shm_job& job) {
+        shm_transport t(job);
+        for (std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4099},
+                                 mib, 3 * mib + 1}) {
+          if (const int code = ping_pong(t, size)) return code;
+          if (const int code = ring_shift(t, size)) return code;
+        }
+        if (const int code = all_pairs(t, 65537)) return code;
+        if (const int code = fifo(t)) return code;
+        if (const int code = windows(t)) return code;
+        for (int i = 0; i < 200; ++i) t.barrier().wait();
+        return 0;
+      });
+    }
+  }
+
+  TEST_CASE("256 MiB messages: ping-pong on 2 ranks, ring shift on 3") {
+    for (int ranks : {2, 3}) {
+      CAPTURE(ranks);
+      test::expect_ranks_succeed(ranks, [ranks](const shm_job& job) {
+        shm_transport t(job);
+        return ranks == 2 ? ping_pong(t, 256 * mib) : ring_shift(t, 256 * mib + 1);
+      });
+    }
+  }
+
+  TEST_CASE("a size mismatch is a mismatch_error on the receiver and fails the peer") {
+    const auto result = squall::launch(
+        2,
+        [](const shm_job& job) {
+          shm_transport t(job, squall::options{.deadline = std::chrono::seconds(5)});
+          std::vector<std::byte> buf(16);
+          if (t.rank() == 0) {
+            t.send(1, buffer_view<const std::byte>(buf).subview(0, 8)).wait();
+            try {
+              t.barrier().wait();
+            } catch (const squall::peer_failure& e) {
+              return e.peer() == 1 ? 0 : 21;
+            }
+            return 22;
+          }
+          try {
+            t.recv(0, buf).wait();
+          } catch (const squall::mismatch_error& e) {
+            const std::string what = e.what();
+            return what.find("16 bytes") != std::string::npos && e.peer() == 0 ? 0 : 23;
+          }
+          return 24;
+        },
+        {.kill_on_failure = false});
+    INFO(test::statuses(result));
+    CHECK(result.ok());
+  }
+
+  TEST_CASE("bad peers and jobs are invalid arguments") {
+    test::expect_ranks_succeed(2, [](const shm_job& job) {
+      shm_transport t(job);
+      std::vector<std::byte> buf(4);
+      try {
+        (void)t.send(2, buffer_view<const std::byte>(buf));
+        return 31;
+      } catch (const squall::invalid_argument&) {
+      }
+      try {
+        (void)t.recv(-1, buf);
+        return 32;
+      } catch (const squall::invalid_argument&) {
+      }
+      t.barrier().wait();
+      return 0;
+    });
+    CHECK_THROWS_AS(shm_job({"bad/name", 0, 2}).validate(), squall::invalid_argument);
+    CHECK_THROWS_AS(shm_job({"ok", 2, 2}).validate(), squall::invalid_argument);
+    CHECK_THROWS_AS(shm_transport(shm_job{"cfg", 0, 1}, {}, squall::shm_config{.slot_bytes = 100}),
+                    squall::invalid_argument);
+  }
+}
+
+TEST_SUITE("shm_env") {
+  TEST_CASE("the job comes from squall's, Open MPI's or MPICH's variables") {
+    for (const char* v :
+         {"SQUALL_JOB", "SQUALL_RANK", "SQUALL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+          "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE",
+          "MPI_LOCALRANKID", "MPI_LOCALNRANKS"}) {
+      unsetenv(v);
+    }
+    CHECK_THROWS_WITH_AS(shm_job::from_environment(), doctest::Contains("SQUALL_WORLD_SIZE"),
+                         squall::invalid_argument);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3", 1);
+    setenv("OMPI_MCA_ess_base_jobid", "4242", 1);
+    auto job = shm_job::from_environment();
+    CHECK(job.name == "ompi-4242");
+    CHECK(job.rank == 1);
+    CHECK(job.size == 3);
+    unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    setenv("MPI_LOCALRANKID", "0", 1);
+    setenv("MPI_LOCALNRANKS", "2", 1);
+    job = shm_job::from_environment();
+    CHECK(job.name.rfind("hydra-", 0) == 0);
+    CHECK(job.size == 2);
+    setenv("SQUALL_JOB", "mine", 1);
+    setenv("SQUALL_RANK", "2", 1);
+    setenv("SQUALL_WORLD_SIZE", "4", 1);
+    job = shm_job::from_environment();
+    CHECK(job.name == "mine");
+    CHECK(job.rank == 2);
+    CHECK(job.size == 4);
+    setenv("SQUALL_RANK", "4", 1);
+    CHECK_THROWS_AS(shm_job::from_environment(), squall::invalid_argument);
+    setenv("SQUALL_RANK", "x", 1);
+    CHECK_THROWS_AS(shm_job::from_environment(), squall::invalid_argument);
+    for (const char* v :
+         {"SQUALL_JOB", "SQUALL_RANK", "SQUALL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+          "OMPI_MCA_ess_base_jobid", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"}) {
+      unsetenv(v);
+    }
+  }
+
+  TEST_CASE("launch reports the failing rank and ends the others") {
+    const auto start = std::chrono::steady_clock::now();
+    const auto result = squall::launch(3, [](const shm_job& job) {
+      if (job.rank == 1) return 7;
+      std::this_thread::sleep_for(std::chrono::seconds(20));
+      return 0;
+    });
+    CHECK(result.failed_rank == 1);
+    CHECK(result.exit_code() == 7);
+    CHECK(result.status[0] == 128 + SIGTERM);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+    const auto thrown = squall::launch(2, [](const shm_job& job) {
+      if (job.rank == 0) throw std::runtime_error("boom");
+    });
+    CHECK(thrown.failed_rank == 0);
+    CHECK(thrown.exit_code() == 1);
+  }
+}
