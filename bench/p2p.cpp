@@ -142,7 +142,8 @@ int main(int argc, char** argv) {
                   "lat_x", "shm_bw_GBs", "mpi_bw_GBs", "bw_x");
     }
     for (const std::size_t bytes : sizes) {
-      const int iters = bytes >= (std::size_t{1} << 20) ? std::max(10, iterations / 100) : iterations;
+      const int iters =
+          bytes >= (std::size_t{1} << 20) ? std::max(10, iterations / 100) : iterations;
       const int rounds = bytes >= (std::size_t{16} << 20) ? 3 : 10;
       MPI_Barrier(MPI_COMM_WORLD);
       const double mpi_lat = latency_us(mpi, rank, buf, bytes, iters);

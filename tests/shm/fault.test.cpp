@@ -34,52 +34,58 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 TEST_SUITE("shm_fault") {
   TEST_CASE("a rank killed mid-transfer: every survivor gets peer_failure naming it") {
-    for (int ranks : {2, 3, 4}) {
-      CAPTURE(ranks);
-      const std::string job = squall::detail::unique_job_name();
-      const auto result = squall::launch(
-          ranks,
-          [](const shm_job& me) {
-            shm_transport t(me, squall::options{.deadline = 60s});
-            const std::size_t size = std::size_t{64} << 20;
-            std::vector<std::byte> buf(size);
-            t.barrier().wait();
-            if (me.rank == 1) {  // start a large send, move part of it, then die
-              auto s = t.send(0, buffer_view<const std::byte>(buf));
-              for (int i = 0; i < 50; ++i) (void)s.test();
-              std::this_thread::sleep_for(50ms);
-              raise(SIGKILL);
-            }
-            const auto start = std::chrono::steady_clock::now();
-            try {
-              if (me.rank == 0) {
-                t.recv(1, buf).wait();
-              } else {
-                t.barrier().wait();  // bystanders: wait on everybody, rank 1 included
+    // Both protocols: through slots (the sender dies with part of the message in the ring),
+    // and single copy (it dies after publishing where its data is, before the receiver reads).
+    for (const std::size_t single_copy_bytes : {std::size_t{0}, std::size_t{64} << 10}) {
+      for (int ranks : {2, 3, 4}) {
+        CAPTURE(ranks);
+        CAPTURE(single_copy_bytes);
+        const std::string job = squall::detail::unique_job_name();
+        const auto result = squall::launch(
+            ranks,
+            [single_copy_bytes](const shm_job& me) {
+              shm_transport t(me, squall::options{.deadline = 60s},
+                              squall::shm_config{.single_copy_bytes = single_copy_bytes});
+              const std::size_t size = std::size_t{64} << 20;
+              std::vector<std::byte> buf(size);
+              t.barrier().wait();
+              if (me.rank == 1) {  // start a large send, move part of it, then die
+                auto s = t.send(0, buffer_view<const std::byte>(buf));
+                for (int i = 0; i < 50; ++i) (void)s.test();
+                raise(SIGKILL);
               }
-            } catch (const squall::peer_failure& e) {
-              const double waited = seconds_since(start);
-              std::fprintf(stderr, "rank %d: peer_failure after %.3f s: %s\n", me.rank, waited,
-                           e.what());
-              if (e.peer() != 1) return 41;
-              if (waited > 2.0) return 42;
-              // A failed transport stays failed.
+              if (me.rank == 0) std::this_thread::sleep_for(100ms);
+              const auto start = std::chrono::steady_clock::now();
               try {
-                t.barrier().wait();
-              } catch (const squall::peer_failure&) {
-                return 0;
+                if (me.rank == 0) {
+                  t.recv(1, buf).wait();
+                } else {
+                  t.barrier().wait();  // bystanders: wait on everybody, rank 1 included
+                }
+              } catch (const squall::peer_failure& e) {
+                const double waited = seconds_since(start);
+                std::fprintf(stderr, "rank %d: peer_failure after %.3f s: %s\n", me.rank, waited,
+                             e.what());
+                if (e.peer() != 1) return 41;
+                if (waited > 2.0) return 42;
+                // A failed transport stays failed.
+                try {
+                  t.barrier().wait();
+                } catch (const squall::peer_failure&) {
+                  return 0;
+                }
+                return 43;
               }
-              return 43;
-            }
-            return 44;
-          },
-          {.job = job, .kill_on_failure = false});
-      INFO(test::statuses(result));
-      CHECK(result.status[1] == 128 + SIGKILL);
-      for (int r = 0; r < ranks; ++r) {
-        if (r != 1) CHECK(result.status[static_cast<std::size_t>(r)] == 0);
+              return 44;
+            },
+            {.job = job, .kill_on_failure = false});
+        INFO(test::statuses(result));
+        CHECK(result.status[1] == 128 + SIGKILL);
+        for (int r = 0; r < ranks; ++r) {
+          if (r != 1) CHECK(result.status[static_cast<std::size_t>(r)] == 0);
+        }
+        CHECK_FALSE(test::segment_left(job));
       }
-      CHECK_FALSE(test::segment_left(job));
     }
   }
 

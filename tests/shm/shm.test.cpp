@@ -249,3 +249,29 @@ TEST_SUITE("shm_env") {
     CHECK(thrown.exit_code() == 1);
   }
 }
+
+TEST_SUITE("shm_large") {
+  TEST_CASE("one message of 2^31 + 11 bytes between two processes") {
+    test::expect_ranks_succeed(2, [](const shm_job& job) {
+      shm_transport t(job);
+      const std::size_t size = (std::size_t{1} << 31) + 11;
+      std::vector<std::byte> buf(size);
+      // Sampled pattern: every 4 KiB page and the last bytes, past the 2^31 boundary.
+      const auto mark = [&](std::size_t i) { return test::pattern(0, 1, size, i); };
+      if (t.rank() == 0) {
+        for (std::size_t i = 0; i < size; i += 4093) buf[i] = mark(i);
+        for (std::size_t i = size - 64; i < size; ++i) buf[i] = mark(i);
+        t.send(1, buffer_view<const std::byte>(buf)).wait();
+        return 0;
+      }
+      t.recv(0, buf).wait();
+      for (std::size_t i = 0; i < size; i += 4093) {
+        if (buf[i] != mark(i)) return 91;
+      }
+      for (std::size_t i = size - 64; i < size; ++i) {
+        if (buf[i] != mark(i)) return 92;
+      }
+      return 0;
+    });
+  }
+}

@@ -74,6 +74,16 @@ namespace detail {
 /// code's message can match it.
 inline constexpr int mpi_tag = 0;
 
+/// How many idle polls `mpi_completion::wait()` makes after each sleep of its backoff, and how
+/// long a poll must take to count as busy (it moved data). Measured on 2 ranks of a 2-core VM,
+/// 1 GiB from rank 0 to rank 1: with one poll per wake-up, MPICH 4.0.2 took 3.7 s and Open MPI
+/// 4.1.4 without single-copy (`btl_vader_single_copy_mechanism=none`) 19 s; with these values
+/// 0.21 s and 0.42 s, as fast as polling without sleeping. An idle poll costs about 0.1 us, so
+/// 64 of them per sleep (50 us to 1 ms) keep an idle wait under a few percent of a core.
+inline constexpr int mpi_idle_polls = 64;
+/// See `mpi_idle_polls`.
+inline constexpr std::chrono::nanoseconds mpi_busy_poll{2000};
+
 /// The number of pieces a message of `bytes` travels as (a message of 0 bytes is one piece).
 constexpr std::size_t mpi_piece_count(std::size_t bytes, std::size_t piece_bytes) {
   return bytes == 0 ? 1 : div_up(bytes, piece_bytes);
@@ -199,8 +209,9 @@ class mpi_completion {
   ~mpi_completion() { finish_quietly(); }
 
   /// Blocks until the operation is done. Polls with `detail::backoff` (spin, yield, then sleep),
-  /// never a pure busy loop, and throws `timeout_error` once the transport's deadline has passed
-  /// since the call. Throws at once if the transport has failed and this operation is not done.
+  /// never a pure busy loop; after each sleep it polls on while MPI is moving data (see
+  /// `detail::mpi_idle_polls`). Throws `timeout_error` once the transport's deadline has passed
+  /// since the call, and at once if the transport has failed and this operation is not done.
   void wait();
   /// True once the operation is done; never blocks. Throws as `wait()` does, except timeouts.
   bool test();
@@ -312,8 +323,29 @@ inline void mpi_completion::wait() {
   const error_context where = this->where();
   state_->throw_if_failed(where);
   state_->fail_on_error([&] {
-    detail::wait_until([this] { return poll(); }, detail::deadline(state_->deadline()), where,
-                       describe());
+    const detail::deadline limit(state_->deadline());
+    detail::backoff pause;
+    while (!poll()) {
+      if (limit.expired()) {
+        throw timeout_error(where, describe() + " did not complete within " + limit.describe());
+      }
+      pause.pause();
+      if (!pause.sleeping()) continue;
+      // A large transfer through MPI's shared-memory fragments (MPICH; Open MPI without
+      // single-copy) moves only inside MPI calls, on both sides. One poll per wake-up would
+      // move one batch of fragments per sleep, so after each sleep poll on while polls do work
+      // (take long), and back to spinning when one did; give up after a run of idle polls.
+      for (int idle = 0; idle < detail::mpi_idle_polls;) {
+        const auto begin = std::chrono::steady_clock::now();
+        if (poll()) return;
+        if (std::chrono::steady_clock::now() - begin > detail::mpi_busy_poll) {
+          idle = 0;
+          pause.reset();
+        } else {
+          ++idle;
+        }
+      }
+    }
   });
 }
 

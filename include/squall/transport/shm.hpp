@@ -28,6 +28,8 @@
 #include <squall/detail/math.hpp>
 #include <squall/transport/detail/shm_segment.hpp>
 
+#include <sys/uio.h>  // process_vm_readv
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -119,11 +121,16 @@ struct shm_job {
 /// Sizes of the shared-memory segment; every rank of a job must use the same values.
 struct shm_config {
   /// Bytes per channel slot (a 16-byte header included): the pipelining granularity.
-  std::size_t slot_bytes = std::size_t{256} << 10;
-  /// Slots per one-way channel; a sender runs at most this many slots ahead.
-  std::size_t slots = 8;
+  std::size_t slot_bytes = std::size_t{64} << 10;
+  /// Slots per one-way channel; a sender runs at most this many slots (or single-copy
+  /// messages) ahead.
+  std::size_t slots = 32;
   /// Bytes each rank exposes to all ranks for direct access (`peer_view`).
   std::size_t window_bytes = std::size_t{4} << 20;
+  /// Messages of at least this many bytes move in one copy: the receiver reads them straight
+  /// from the sender's memory (Linux cross-memory attach, `process_vm_readv`), when every
+  /// pair of ranks may do so (checked when the job forms). 0 turns it off.
+  std::size_t single_copy_bytes = std::size_t{64} << 10;
 };
 
 namespace detail::shm {
@@ -138,6 +145,7 @@ struct operation {
   bool started = false;  ///< a first slot has moved (zero-byte messages take one slot)
   bool complete = false;
   int peer = 0;
+  std::uint32_t ticket = 0;  ///< single-copy sends: complete once the peer acked this many
 };
 
 /// The transport's state, on the heap so that completions can point at it across moves.
@@ -149,8 +157,12 @@ struct state {
         seg(job.name, job.rank, shape_of(job, config), deadline(budget)),
         sends(static_cast<std::size_t>(job.size)),
         recvs(static_cast<std::size_t>(job.size)),
-        payload(config.slot_bytes - sizeof(slot_header)) {
+        payload(config.slot_bytes - sizeof(slot_header)),
+        single_copy_bytes(config.single_copy_bytes),
+        awaiting_ack(static_cast<std::size_t>(job.size)),
+        tickets(static_cast<std::size_t>(job.size), 0) {
     last_liveness_check = std::chrono::steady_clock::now();
+    if (single_copy_bytes != 0) single_copy = probe_single_copy(deadline(budget));
   }
 
   static geometry shape_of(const shm_job& job, const shm_config& config) {
@@ -173,14 +185,72 @@ struct state {
   std::string failed;  ///< empty while healthy; else why this transport failed
   std::uint32_t barrier_generation = 0;
   std::chrono::steady_clock::time_point last_liveness_check;
+  std::size_t single_copy_bytes;
+  bool single_copy = false;
+  /// Single-copy sends published to each peer, waiting for its acknowledgement.
+  std::vector<std::deque<std::shared_ptr<operation>>> awaiting_ack;
+  std::vector<std::uint32_t> tickets;
+  /// The word every peer reads once, at setup, to learn whether it may read our memory.
+  std::uint64_t probe = probe_value;
+
+  /// Every rank tries to read every peer's probe word with process_vm_readv (ptrace rules
+  /// may forbid it), publishes its verdict, and all use single-copy only if all succeeded.
+  bool probe_single_copy(const deadline& limit) {
+    const error_context where{.operation = "shm attach", .rank = rank};
+    rank_words& me = seg.rank(rank);
+    me.probe_address.store(reinterpret_cast<std::uint64_t>(&probe), std::memory_order_release);
+    const auto wait_all = [&](auto ready) {
+      backoff pause;
+      for (int r = 0; r < size; ++r) {
+        while (!ready(seg.rank(r))) {
+          if (limit.expired()) {
+            throw timeout_error(where, "rank " + std::to_string(r) +
+                                           " did not finish setup within " + limit.describe());
+          }
+          pause.pause();
+        }
+      }
+    };
+    wait_all(
+        [](const rank_words& w) { return w.probe_address.load(std::memory_order_acquire) != 0; });
+    std::uint32_t verdict = 1;
+    for (int r = 0; r < size; ++r) {
+      std::uint64_t value = 0;
+      const rank_words& peer = seg.rank(r);
+      if (read_peer(peer.pid.load(), &value, peer.probe_address.load(), sizeof(value)) !=
+              static_cast<long>(sizeof(value)) ||
+          value != probe_value) {
+        verdict = 2;
+      }
+    }
+    me.single_copy.store(verdict, std::memory_order_release);
+    wait_all(
+        [](const rank_words& w) { return w.single_copy.load(std::memory_order_acquire) != 0; });
+    bool all = true;
+    for (int r = 0; r < size; ++r) all = all && seg.rank(r).single_copy.load() == 1;
+    return all;
+  }
+
+  static long read_peer(std::int32_t pid, void* into, std::uint64_t from, std::size_t bytes) {
+    iovec local{into, bytes};
+    iovec remote{reinterpret_cast<void*>(from), bytes};
+    return static_cast<long>(process_vm_readv(pid, &local, 1, &remote, 1, 0));
+  }
 
   header& head() const { return seg.head(); }
 
-  /// Wakes rank `r` if it may be asleep: bump its doorbell, and futex-wake only if it sleeps.
+  /// Wakes rank `r` if it sleeps. The caller has just published something (a slot, a tail,
+  /// a barrier generation, a failure). Dekker-style with `wait`: the sleeper stores
+  /// `sleeping = 1`, then re-checks for work; we publish, fence, then read `sleeping`. One of
+  /// the two sees the other, so either the sleeper finds the work or we bump its doorbell
+  /// (which its FUTEX_WAIT compares against) and wake it. No read-modify-write otherwise.
   void ring(int r) const {
     rank_words& w = seg.rank(r);
-    w.doorbell.fetch_add(1);
-    if (w.sleeping.load() != 0) futex_wake_all(w.doorbell);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (w.sleeping.load(std::memory_order_relaxed) != 0) {
+      w.doorbell.fetch_add(1);
+      futex_wake_all(w.doorbell);
+    }
   }
   void ring_all() const {
     for (int r = 0; r < size; ++r) ring(r);
@@ -244,9 +314,24 @@ struct state {
       bool pushed = false;
       while (!queue.empty() && head_seq - tail_seq < seg.shape().slots) {
         operation& op = *queue.front();
-        const std::size_t chunk = std::min(payload, op.bytes - op.done);
         std::byte* slot = seg.slot(rank, peer, head_seq);
-        const slot_header sh{op.bytes, head_seq};
+        if (single_copy && !op.started && op.bytes >= single_copy_bytes) {
+          // One slot carries where the data is; the receiver copies it and acknowledges.
+          const slot_header sh{op.bytes, head_seq, reinterpret_cast<std::uint64_t>(op.send_data),
+                               0};
+          std::memcpy(slot, &sh, sizeof(sh));
+          op.started = true;
+          op.done = op.bytes;
+          op.ticket = ++tickets[static_cast<std::size_t>(peer)];
+          ++head_seq;
+          ch.head.store(head_seq, std::memory_order_release);
+          pushed = true;
+          awaiting_ack[static_cast<std::size_t>(peer)].push_back(std::move(queue.front()));
+          queue.pop_front();
+          continue;
+        }
+        const std::size_t chunk = std::min(payload, op.bytes - op.done);
+        const slot_header sh{op.bytes, head_seq, 0, 0};
         std::memcpy(slot, &sh, sizeof(sh));
         if (chunk != 0) std::memcpy(slot + sizeof(slot_header), op.send_data + op.done, chunk);
         op.done += chunk;
@@ -288,6 +373,16 @@ struct state {
                                      " bytes, the peer sent " + std::to_string(sh.message_bytes)),
                   failure::gave_up, rank);
         }
+        if (sh.source_address != 0) {
+          if (!read_single_copy(peer, op, sh.source_address)) break;  // more next time
+          ++tail_seq;
+          ch.tail.store(tail_seq, std::memory_order_release);
+          ch.acked.fetch_add(1, std::memory_order_release);
+          op.complete = true;
+          queue.pop_front();
+          pulled = true;
+          continue;
+        }
         const std::size_t chunk = std::min(payload, op.bytes - op.done);
         if (chunk != 0) std::memcpy(op.recv_data + op.done, slot + sizeof(slot_header), chunk);
         op.done += chunk;
@@ -308,35 +403,93 @@ struct state {
     return moved;
   }
 
+  /// Reads up to 64 MiB of a single-copy message from `peer`'s memory into `op`; true when
+  /// all of it is in. Bounded per call so that waits keep checking deadlines and failures.
+  bool read_single_copy(int peer, operation& op, std::uint64_t source) {
+    constexpr std::size_t step = std::size_t{64} << 20;
+    const std::size_t bytes = std::min(step, op.bytes - op.done);
+    const long got =
+        read_peer(seg.rank(peer).pid.load(), op.recv_data + op.done, source + op.done, bytes);
+    if (got <= 0) {
+      const int err = errno;
+      const error_context where{.operation = "recv", .rank = rank, .peer = peer};
+      if (err == ESRCH) {
+        give_up(peer_failure(where, "rank " + std::to_string(peer) + " died"), failure::died, peer);
+      }
+      give_up(error(std::error_code(err, shm_category()), where, "process_vm_readv"),
+              failure::gave_up, rank);
+    }
+    op.done += static_cast<std::size_t>(got);
+    op.started = true;
+    return op.done == op.bytes;
+  }
+
+  // step: complete the single-copy sends each peer has acknowledged.
+  bool collect_acks() {
+    bool moved = false;
+    for (int peer = 0; peer < size; ++peer) {
+      auto& queue = awaiting_ack[static_cast<std::size_t>(peer)];
+      if (queue.empty()) continue;
+      const std::uint32_t acked = seg.channel(rank, peer).acked.load(std::memory_order_acquire);
+      while (!queue.empty() && static_cast<std::int32_t>(acked - queue.front()->ticket) >= 0) {
+        queue.front()->complete = true;
+        queue.pop_front();
+        moved = true;
+      }
+    }
+    return moved;
+  }
+
   bool progress() {
     const bool sent = push_sends();
     const bool received = pull_recvs();
-    return sent || received;
+    const bool acked = single_copy && collect_acks();
+    return sent || received || acked;
   }
 
-  /// Advances everything until `done()`; spins a little, then sleeps on this rank's doorbell.
+  /// Advances everything until `done()`: spins a little, then sleeps on this rank's doorbell,
+  /// checking the failure word at every turn and the peers' liveness at every wake-up.
   template <class Done>
   void wait(Done&& done, const error_context& where, std::string_view what) {
     check_healthy(where);
     const deadline limit(budget);
     rank_words& me = seg.rank(rank);
-    int idle = 0;
+    // Spin 512 pauses, then yield for up to 200 us (an oversubscribed peer gets the core;
+    // on an idle machine we stay awake for the next message), then sleep on the futex until
+    // the doorbell rings. Any progress starts the sequence again.
+    enum class phase { spinning, yielding, sleeping };
+    constexpr int spins = 512;
+    constexpr auto yield_time = std::chrono::microseconds(200);
+    phase now = phase::spinning;
+    int spun = 0;
+    std::chrono::steady_clock::time_point yielding_since{};
     for (;;) {
-      if (progress()) idle = 0;
-      if (done()) return;
-      check_peers(where, false);
-      if (++idle < 512) {
-        cpu_relax();
-        continue;
+      if (progress()) {
+        now = phase::spinning;
+        spun = 0;
       }
-      if (idle < 512 + 8) {
-        std::this_thread::yield();
-        continue;
+      if (done()) return;
+      if (head().failed_rank.load(std::memory_order_relaxed) >= 0) check_peers(where, true);
+      if (now == phase::spinning) {
+        if (++spun < spins) {
+          cpu_relax();
+          continue;
+        }
+        now = phase::yielding;
+        yielding_since = std::chrono::steady_clock::now();
+      }
+      if (now == phase::yielding) {
+        if (std::chrono::steady_clock::now() - yielding_since < yield_time) {
+          std::this_thread::yield();
+          continue;
+        }
+        now = phase::sleeping;
       }
       const std::uint32_t bell = me.doorbell.load();
       me.sleeping.store(1);
-      const bool moved = progress();
-      if (!moved && !done()) {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (!progress() && !done()) {
+        check_peers(where, false);
         const auto left = limit.remaining();
         if (left.count() == 0) {
           me.sleeping.store(0);
@@ -349,7 +502,6 @@ struct state {
                    std::min<std::chrono::nanoseconds>(left, std::chrono::milliseconds(100)));
       }
       me.sleeping.store(0);
-      idle = moved ? 0 : 512 + 8;
     }
   }
 };

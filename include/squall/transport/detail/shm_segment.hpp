@@ -33,7 +33,7 @@
 namespace squall::detail::shm {
 
 inline constexpr std::uint64_t segment_magic = 0x31304c4c41555153ull;  // "SQUALL01"
-inline constexpr std::uint32_t layout_version = 1;
+inline constexpr std::uint32_t layout_version = 2;
 inline constexpr std::size_t cache_line = 64;
 
 /// Per-rank words: the process id, and the doorbell this rank sleeps on. Any event that may
@@ -42,13 +42,22 @@ struct alignas(cache_line) rank_words {
   std::atomic<std::int32_t> pid;
   std::atomic<std::uint32_t> doorbell;
   std::atomic<std::uint32_t> sleeping;
+  /// Single-copy probe: the address of a word in this process holding `probe_value`, and
+  /// this rank's verdict on reading every peer's (0 unknown, 1 all readable, 2 not).
+  std::atomic<std::uint64_t> probe_address;
+  std::atomic<std::uint32_t> single_copy;
 };
+
+/// What `rank_words::probe_address` points at in every process.
+inline constexpr std::uint64_t probe_value = 0x5351554c4c50524full;
 
 /// The two ends of a one-way channel, on separate cache lines: `head` counts slots published
 /// by the sender, `tail` slots released by the receiver (both wrap modulo 2^32).
 struct channel_words {
   alignas(cache_line) std::atomic<std::uint32_t> head;
   alignas(cache_line) std::atomic<std::uint32_t> tail;
+  /// Single-copy messages the receiver has finished reading from the sender's memory.
+  std::atomic<std::uint32_t> acked;
 };
 
 /// Every slot starts with this: the size of the whole message the slot belongs to, so a
@@ -56,6 +65,10 @@ struct channel_words {
 struct alignas(16) slot_header {
   std::uint64_t message_bytes;
   std::uint64_t sequence;
+  /// Non-zero for a single-copy message: the address of the data in the sender's memory;
+  /// the receiver reads it with process_vm_readv and acknowledges through `acked`.
+  std::uint64_t source_address;
+  std::uint64_t reserved;
 };
 
 /// How failures are recorded in the header, for every rank to see.
