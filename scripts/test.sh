@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The test command: installs what is missing, builds everything (preset "default"), runs every
-# test with ctest, then builds and runs the unit tests under AddressSanitizer and
-# UndefinedBehaviorSanitizer (preset "asan"). .ci/run calls exactly this.
+# test with ctest, then builds and runs the unit tests and the shared-memory transport's
+# multi-process tests under AddressSanitizer and UndefinedBehaviorSanitizer (preset "asan").
+# .ci/run calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -15,9 +16,9 @@ cmake --build --preset default -j "$jobs"
 echo "== tests (preset default)"
 ctest --preset default -j "$jobs"
 
-echo "== unit tests under ASan + UBSan (preset asan)"
+echo "== unit and shared-memory tests under ASan + UBSan (preset asan)"
 cmake --preset asan >/dev/null
-cmake --build --preset asan -j "$jobs" --target squall_unit_tests
+cmake --build --preset asan -j "$jobs" --target squall_unit_tests squall_shm_tests
 ctest --preset asan -j "$jobs"
 
 # doctest's own counts, summed over every doctest run of both presets.
