@@ -11,6 +11,7 @@
 
 #include <squall/core/buffer.hpp>
 #include <squall/core/types.hpp>
+#include <squall/topology/schedule.hpp>
 
 #include <concepts>  // same_as, convertible_to, movable
 #include <cstddef>   // byte, size_t
@@ -106,9 +107,9 @@ concept topology_has_name = requires {
   { T::name } -> std::convertible_to<std::string_view>;
 };
 template <class T>
-concept topology_has_schedule = requires(const T& t, int rank, int size) {
-  /// the steps `rank` of `size` runs for an allreduce; pure: no I/O, no buffers
-  t.allreduce_schedule(rank, size);
+concept topology_has_schedule = requires(const T& t, int rank, int size, std::size_t bytes) {
+  /// the steps `rank` of `size` runs for an allreduce of `bytes`; pure: no I/O, no buffers
+  { t.allreduce_schedule(rank, size, bytes) } -> std::same_as<schedule>;
 };
 /// A schedule: for each (rank, size) the list of steps the executor walks. Pure and
 /// constexpr-friendly, so it can be checked exhaustively on the host.
@@ -196,7 +197,8 @@ consteval bool check_topology() {
   static_assert(topology_has_name<T>,
                 "squall: the Topology policy has no 'static constexpr name'; see concepts.hpp");
   static_assert(topology_has_schedule<T>,
-                "squall: the Topology policy has no 'allreduce_schedule(rank, size) const'");
+                "squall: the Topology policy has no 'allreduce_schedule(rank, size, bytes) "
+                "const' returning squall::schedule");
   static_assert(std::default_initializable<T> && std::copyable<T>,
                 "squall: the Topology policy must be default-constructible and copyable");
   return true;

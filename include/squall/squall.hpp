@@ -3,6 +3,8 @@
 /// Everything a host-only user needs; compiles with g++ on a machine without MPI or CUDA.
 /// MPI users add <squall/transport/mpi.hpp>; nvcc users include <squall/cuda.cuh> instead.
 
+#include <squall/algorithm/communicator.hpp>
+#include <squall/algorithm/detail/executor.hpp>
 #include <squall/backend/host.hpp>
 #include <squall/compress/none.hpp>
 #include <squall/compress/traits.hpp>
@@ -15,6 +17,13 @@
 #include <squall/core/options.hpp>
 #include <squall/core/types.hpp>
 #include <squall/kernels/host/reduce.hpp>
+#include <squall/topology/automatic.hpp>
+#include <squall/topology/direct.hpp>
+#include <squall/topology/halving_doubling.hpp>
+#include <squall/topology/hierarchical.hpp>
+#include <squall/topology/ring.hpp>
+#include <squall/topology/schedule.hpp>
+#include <squall/topology/tree.hpp>
 #include <squall/transport/inproc.hpp>
 #include <squall/transport/launch.hpp>
 #include <squall/transport/shm.hpp>

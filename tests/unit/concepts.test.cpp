@@ -6,6 +6,8 @@
 #include <squall/compress/none.hpp>
 #include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
+#include <squall/topology/automatic.hpp>
+#include <squall/topology/hierarchical.hpp>
 
 #include <doctest/doctest.h>
 
@@ -48,10 +50,9 @@ struct transport_with_bool_send : shaped_transport {
   bool send(int, squall::buffer_view<const std::byte>) { return true; }
 };
 
-struct one_step {};
 struct shaped_topology {
   static constexpr std::string_view name = "shaped";
-  one_step allreduce_schedule(int, int) const { return {}; }
+  squall::schedule allreduce_schedule(int, int, std::size_t) const { return {}; }
 };
 
 struct shaped_compressor {
@@ -74,6 +75,12 @@ TEST_SUITE("concepts") {
     static_assert(!squall::direct_transport<shaped_transport>);
     static_assert(squall::direct_transport<shaped_direct_transport>);
     static_assert(squall::topology<shaped_topology>);
+    static_assert(squall::topology<squall::ring_topology>);
+    static_assert(squall::topology<squall::tree_topology>);
+    static_assert(squall::topology<squall::direct_topology>);
+    static_assert(squall::topology<squall::halving_doubling_topology>);
+    static_assert(squall::topology<squall::hierarchical_topology<>>);
+    static_assert(squall::topology<squall::automatic_topology>);
     static_assert(squall::compressor<shaped_compressor>);
     static_assert(squall::compressor<squall::identity_compressor>);
     static_assert(squall::backend<squall::host_backend>);

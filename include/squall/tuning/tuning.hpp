@@ -19,4 +19,13 @@ struct kernel_tuning {
 /// (no device was lent to the session that chose it); docs/performance.md tracks this.
 inline constexpr kernel_tuning elementwise_tuning{.threads_per_block = 256, .items_per_thread = 4};
 
+/// How the executor cuts a collective: each block of a schedule moves in pieces of at most
+/// `chunk_bytes`, and at most `pipeline_depth` sends stay in flight before the oldest is
+/// waited for. `max_chunk_bytes`-style small values force many pieces in tests.
+struct collective_tuning {
+  std::size_t chunk_bytes = std::size_t{256} << 10;
+  std::size_t pipeline_depth = 8;
+  friend constexpr bool operator==(const collective_tuning&, const collective_tuning&) = default;
+};
+
 }  // namespace squall

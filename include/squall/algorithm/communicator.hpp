@@ -1,0 +1,509 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// `communicator<Transport, Topology, Compressor, Backend>`: the dense collectives.
+///
+///   squall::communicator<squall::shm_transport, squall::automatic_topology> comm{
+///       squall::shm_transport{}};
+///   comm.allreduce(squall::host_view<float>(grad), squall::avg_op{});
+///
+/// Contracts:
+/// - Every collective is blocking: it returns once this rank's result is complete and every
+///   buffer it was given may be reused. All ranks must call the same collectives in the same
+///   order with the same count, element type, op and root. With `options::check_mismatch`
+///   (the default) a cheap exchange of a 24-byte call signature before each collective
+///   catches a difference and throws `mismatch_error` on every rank, naming the ranks; without
+///   it a mismatch is caught by the transport (size mismatch) or the deadline.
+/// - Every rank holds bitwise the same result: each element is reduced by one rank in one
+///   fixed order and then copied, whatever the schedule.
+/// - Any count, 0 and above 2^31 elements included; any rank count; in place (one view) or
+///   out of place (two views, which must not partially overlap).
+/// - Errors: `invalid_argument` for bad sizes or roots, and the transport's `timeout_error`,
+///   `peer_failure`, `mismatch_error`; after one, the transport has failed and so has the
+///   communicator.
+
+#include <squall/algorithm/detail/executor.hpp>
+#include <squall/backend/host.hpp>
+#include <squall/compress/none.hpp>
+#include <squall/concepts.hpp>
+#include <squall/core/buffer.hpp>
+#include <squall/core/error.hpp>
+#include <squall/core/ops.hpp>
+#include <squall/core/options.hpp>
+#include <squall/core/types.hpp>
+#include <squall/detail/math.hpp>
+#include <squall/kernels/host/reduce.hpp>
+#include <squall/topology/automatic.hpp>
+#include <squall/topology/ring.hpp>
+#include <squall/topology/schedule.hpp>
+#include <squall/topology/tree.hpp>
+#include <squall/tuning/tuning.hpp>
+
+#include <algorithm>  // min, max
+#include <array>
+#include <chrono>
+#include <cstddef>  // byte, size_t
+#include <cstdint>
+#include <cstdlib>  // getenv, strtol
+#include <cstring>  // memcpy, memcmp
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unistd.h>  // gethostname
+#include <utility>   // move
+#include <vector>
+
+namespace squall {
+
+/// The collectives, as the mismatch check and squall-bench name them.
+enum class collective : std::uint8_t { allreduce = 1, allgather, reduce_scatter, broadcast, barrier };
+
+constexpr std::string_view to_string(collective c) noexcept {
+  switch (c) {
+    case collective::allreduce: return "allreduce";
+    case collective::allgather: return "allgather";
+    case collective::reduce_scatter: return "reduce_scatter";
+    case collective::broadcast: return "broadcast";
+    case collective::barrier: return "barrier";
+  }
+  return "?";
+}
+
+namespace detail {
+
+/// What each rank says about a call before running it (`options::check_mismatch`).
+struct call_signature {
+  std::uint64_t sequence = 0;
+  std::uint64_t count = 0;
+  std::int32_t root = -1;
+  std::uint8_t kind = 0;
+  std::uint8_t type = 0;
+  std::uint8_t op = 0;
+  std::uint8_t unused = 0;
+};
+static_assert(sizeof(call_signature) == 24);
+
+constexpr std::uint8_t op_code(std::string_view name) {
+  if (name == "sum") return 1;
+  if (name == "avg") return 2;
+  if (name == "min") return 3;
+  if (name == "max") return 4;
+  return 0;
+}
+
+inline std::string describe(const call_signature& s) {
+  static constexpr std::array<std::string_view, 5> ops = {"?", "sum", "avg", "min", "max"};
+  std::string text = "call #" + std::to_string(s.sequence) + " " +
+                     std::string(to_string(static_cast<collective>(s.kind)));
+  if (static_cast<collective>(s.kind) == collective::barrier) return text;
+  text += " of " + std::to_string(s.count) + " " +
+          std::string(to_string(static_cast<dtype>(s.type)));
+  if (s.op != 0) text += " " + std::string(ops[std::min<std::size_t>(s.op, 4)]);
+  if (s.root >= 0) text += " from root " + std::to_string(s.root);
+  return text;
+}
+
+template <class T>
+concept has_node_map = requires(T& t) {
+  { t.node_of } -> std::same_as<std::vector<int>&>;
+};
+template <class T>
+concept has_cost_model = requires(T& t) {
+  { t.model } -> std::same_as<cost_model&>;
+};
+template <class T>
+concept has_reduce_scatter = requires(const T& t, int r) {
+  { t.reduce_scatter_schedule(r, r) } -> std::same_as<schedule>;
+};
+template <class T>
+concept has_allgather = requires(const T& t, int r) {
+  { t.allgather_schedule(r, r) } -> std::same_as<schedule>;
+};
+template <class T>
+concept has_broadcast = requires(const T& t, int r) {
+  { t.broadcast_schedule(r, r, r) } -> std::same_as<schedule>;
+};
+
+}  // namespace detail
+
+/// The environment variable that sets how many consecutive ranks form one node for
+/// `hierarchical_topology` (so that "nodes" can be tested on one host).
+inline constexpr const char* ranks_per_node_env_var = "SQUALL_RANKS_PER_NODE";
+
+/// The dense collectives over `Transport`, scheduled by `Topology`. Owns the transport.
+/// Compressed collectives (`Compressor` other than `identity_compressor`) and the CUDA
+/// backend come with their own issues; this class states so at compile time.
+template <transport Transport, topology Topology = automatic_topology,
+          compressor Compressor = identity_compressor, backend Backend = host_backend>
+class communicator {
+  static_assert(check_transport<Transport>());
+  static_assert(check_topology<Topology>());
+  static_assert(check_compressor<Compressor>());
+  static_assert(check_backend<Backend>());
+  static_assert(std::same_as<Compressor, identity_compressor>,
+                "squall: communicator runs dense collectives (identity_compressor) so far");
+  static_assert(std::same_as<Backend, host_backend>,
+                "squall: communicator runs on host_backend so far");
+
+ public:
+  using transport_type = Transport;
+  using topology_type = Topology;
+
+  /// Builds a communicator over `transport`, a collective call on every rank. With
+  /// `automatic_topology` and an uncalibrated model, it measures every candidate schedule
+  /// (allreduce of float sums, 4 KiB to `calibrate_up_to` bytes); with
+  /// `hierarchical_topology` and an empty `node_of`, it finds the nodes.
+  explicit communicator(Transport transport, Topology topology = {}, const options& opts = {},
+                        const collective_tuning& tuning = {})
+      : transport_(std::move(transport)),
+        topology_(std::move(topology)),
+        check_(opts.check_mismatch),
+        tuning_(tuning) {
+    if (tuning_.chunk_bytes == 0) {
+      throw invalid_argument({.operation = "communicator", .rank = rank()},
+                             "collective_tuning::chunk_bytes must be positive");
+    }
+    if constexpr (detail::has_node_map<Topology>) {
+      if (topology_.node_of.empty()) topology_.node_of = find_nodes();
+    }
+    if constexpr (detail::has_cost_model<Topology>) {
+      if (!topology_.model.calibrated()) calibrate();
+    }
+  }
+
+  int rank() const { return transport_.rank(); }
+  int size() const { return transport_.size(); }
+  Transport& transport() { return transport_; }
+  const Topology& topology() const { return topology_; }
+
+  /// The schedule an allreduce of `bytes` runs: the topology's name, or
+  /// "automatic:<chosen>" for `automatic_topology`.
+  std::string schedule_for(std::size_t bytes) const {
+    const schedule s = topology_.allreduce_schedule(rank(), size(), bytes);
+    if (s.name == Topology::name) return std::string(Topology::name);
+    return std::string(Topology::name) + ":" + std::string(s.name);
+  }
+
+  // ---- allreduce ------------------------------------------------------------------------------
+
+  /// `data[i] = op over ranks of data[i]`, in place.
+  template <element T, reduction_op<T> Op = sum_op>
+  void allreduce(host_view<T> data, Op op = {}) {
+    signature(collective::allreduce, dtype_of<T>, Op::name, data.count());
+    reduce_all(data, op);
+  }
+  /// `out[i] = op over ranks of in[i]`; `in` and `out` have the same count and do not
+  /// partially overlap (`invalid_argument` otherwise).
+  template <element T, reduction_op<T> Op = sum_op>
+  void allreduce(host_view<const T> in, host_view<T> out, Op op = {}) {
+    require_count("allreduce", "out", out.count(), in.count());
+    signature(collective::allreduce, dtype_of<T>, Op::name, in.count());
+    place(in, out);
+    reduce_all(out, op);
+  }
+
+  // ---- reduce_scatter ---------------------------------------------------------------------
+
+  /// The part of `count` elements this rank gets from `reduce_scatter`: block `rank()` of
+  /// `size()` near-equal blocks (the first `count % size()` one element longer).
+  std::size_t block_count(std::size_t count) const {
+    return detail::split_range(count, static_cast<std::size_t>(size()),
+                               static_cast<std::size_t>(rank()))
+        .count;
+  }
+  /// Where this rank's block starts in a buffer of `count` elements.
+  std::size_t block_offset(std::size_t count) const {
+    return detail::split_range(count, static_cast<std::size_t>(size()),
+                               static_cast<std::size_t>(rank()))
+        .begin;
+  }
+
+  /// Reduces `data` over ranks; this rank's block (`block_offset`, `block_count`) of `data`
+  /// holds the result, the other blocks hold partial sums.
+  template <element T, reduction_op<T> Op = sum_op>
+  void reduce_scatter(host_view<T> data, Op op = {}) {
+    signature(collective::reduce_scatter, dtype_of<T>, Op::name, data.count());
+    reduce_scatter_in_place(data, op);
+  }
+  /// `out` = this rank's block of `in` reduced over ranks; `out.count()` must be
+  /// `block_count(in.count())`.
+  template <element T, reduction_op<T> Op = sum_op>
+  void reduce_scatter(host_view<const T> in, host_view<T> out, Op op = {}) {
+    require_count("reduce_scatter", "out", out.count(), block_count(in.count()));
+    signature(collective::reduce_scatter, dtype_of<T>, Op::name, in.count());
+    if (work_.size() < in.size_bytes()) work_.resize(in.size_bytes());
+    host_view<T> work(reinterpret_cast<T*>(work_.data()), in.count());
+    if (!in.empty()) std::memcpy(work.data(), in.data(), in.size_bytes());
+    reduce_scatter_in_place(work, op);
+    const std::size_t at = block_offset(in.count());
+    if (!out.empty()) std::memcpy(out.data(), work.data() + at, out.size_bytes());
+  }
+
+  // ---- allgather ----------------------------------------------------------------------------
+
+  /// `out` = the `in` of rank 0, then of rank 1, ...; `out.count()` must be
+  /// `size() * in.count()`. `in` may be this rank's block of `out` (in place).
+  template <element T>
+  void allgather(host_view<const T> in, host_view<T> out) {
+    const std::size_t count = in.count();
+    const auto p = static_cast<std::size_t>(size());
+    require_count("allgather", "out", out.count(), count * p);
+    signature(collective::allgather, dtype_of<T>, "", count);
+    T* mine = out.data() + static_cast<std::size_t>(rank()) * count;
+    if (in.data() != mine) place(in, host_view<T>(mine, count));
+    const schedule s = gather_schedule();
+    run(s, out.data(), out.count(), detail::make_reducer<T, sum_op>());
+  }
+
+  // ---- broadcast ----------------------------------------------------------------------------
+
+  /// `data` on every rank = `data` on `root`.
+  template <element T>
+  void broadcast(host_view<T> data, int root) {
+    if (root < 0 || root >= size()) {
+      throw invalid_argument({.operation = "broadcast", .rank = rank()},
+                             "root " + std::to_string(root) + " outside [0, " +
+                                 std::to_string(size()) + ")");
+    }
+    signature(collective::broadcast, dtype_of<T>, "", data.count(), root);
+    schedule s;
+    if constexpr (detail::has_broadcast<Topology>) {
+      s = topology_.broadcast_schedule(rank(), size(), root);
+    } else {
+      s = tree_topology{}.broadcast_schedule(rank(), size(), root);
+    }
+    run(s, data.data(), data.count(), detail::make_reducer<T, sum_op>());
+  }
+
+  // ---- barrier ------------------------------------------------------------------------------
+
+  /// Returns once every rank has entered the barrier.
+  void barrier() {
+    signature(collective::barrier, dtype::float32, "", 0);
+    transport_.barrier().wait();
+  }
+
+ private:
+  static void require_count(std::string_view operation, std::string_view what, std::size_t got,
+                            std::size_t want) {
+    if (got != want) {
+      throw invalid_argument({.operation = operation},
+                             std::string(what) + " has " + std::to_string(got) +
+                                 " elements where " + std::to_string(want) + " are needed");
+    }
+  }
+
+  // Copies `in` to `out` (same count), unless they are the same memory.
+  template <element T>
+  void place(host_view<const T> in, host_view<T> out) {
+    if (in.data() == out.data() || in.empty()) return;
+    const auto* a = reinterpret_cast<const std::byte*>(in.data());
+    const auto* b = reinterpret_cast<const std::byte*>(out.data());
+    if (a < b + out.size_bytes() && b < a + in.size_bytes()) {
+      throw invalid_argument({.operation = "collective", .rank = rank()},
+                             "input and output partially overlap");
+    }
+    std::memcpy(out.data(), in.data(), in.size_bytes());
+  }
+
+  template <element T, reduction_op<T> Op>
+  void reduce_all(host_view<T> data, Op op) {
+    if (data.empty()) return;
+    run_allreduce(topology_.allreduce_schedule(rank(), size(), data.size_bytes()), data.data(),
+                  data.count(), detail::make_reducer<T, Op>());
+    kernels::finalize(host_backend{}, op, data, static_cast<std::size_t>(size()));
+  }
+
+  template <element T, reduction_op<T> Op>
+  void reduce_scatter_in_place(host_view<T> data, Op op) {
+    schedule s;
+    if constexpr (detail::has_reduce_scatter<Topology>) {
+      s = topology_.reduce_scatter_schedule(rank(), size());
+    } else {
+      s = ring_topology{}.reduce_scatter_schedule(rank(), size());
+    }
+    run(s, data.data(), data.count(), detail::make_reducer<T, Op>());
+    const std::size_t at = block_offset(data.count());
+    kernels::finalize(host_backend{}, op, data.subview(at, block_count(data.count())),
+                      static_cast<std::size_t>(size()));
+  }
+
+  schedule gather_schedule() const {
+    if constexpr (detail::has_allgather<Topology>) {
+      return topology_.allgather_schedule(rank(), size());
+    } else {
+      return ring_topology{}.allgather_schedule(rank(), size());
+    }
+  }
+
+  template <class T>
+  void run(const schedule& s, T* data, std::size_t count, const detail::reducer& r) {
+    detail::executor<Transport>(transport_, scratch_, tuning_)
+        .run(s, reinterpret_cast<std::byte*>(data), count, r);
+  }
+
+  // Room for the one-shot schedule: each half of the window holds a round of at least 64
+  // elements per rank.
+  bool windows_fit(const detail::reducer& r) {
+    return transport_.local_view().count() / 2 >=
+           64 * r.element_bytes * static_cast<std::size_t>(size());
+  }
+
+  // Every rank sends `mine` (`bytes` long) to every other; `all` gets rank q's at q * bytes.
+  void exchange(const void* mine, std::size_t bytes, void* all) {
+    auto* out = static_cast<std::byte*>(all);
+    const int me = rank();
+    std::memcpy(out + static_cast<std::size_t>(me) * bytes, mine, bytes);
+    using completion_type = typename detail::executor<Transport>::completion_type;
+    std::vector<completion_type> pending;
+    pending.reserve(2 * static_cast<std::size_t>(size()));
+    for (int k = 1; k < size(); ++k) {
+      const int from = detail::wrap(me - k, size());
+      pending.push_back(transport_.recv(
+          from, {out + static_cast<std::size_t>(from) * bytes, bytes}));
+    }
+    for (int k = 1; k < size(); ++k) {
+      pending.push_back(transport_.send(detail::wrap(me + k, size()),
+                                        {static_cast<const std::byte*>(mine), bytes}));
+    }
+    for (auto& c : pending) c.wait();
+  }
+
+  // The mismatch check: every rank learns every rank's signature and compares them all, so
+  // every rank throws the same `mismatch_error`.
+  void signature(collective kind, dtype type, std::string_view op, std::size_t count,
+                 int root = -1) {
+    ++sequence_;
+    if (!check_ || size() == 1) return;
+    const detail::call_signature mine{.sequence = sequence_,
+                                      .count = count,
+                                      .root = root,
+                                      .kind = static_cast<std::uint8_t>(kind),
+                                      .type = static_cast<std::uint8_t>(type),
+                                      .op = detail::op_code(op)};
+    signatures_.resize(static_cast<std::size_t>(size()));
+    exchange(&mine, sizeof mine, signatures_.data());
+    for (int q = 0; q < size(); ++q) {
+      const detail::call_signature& theirs = signatures_[static_cast<std::size_t>(q)];
+      if (std::memcmp(&theirs, &signatures_[0], sizeof theirs) != 0) {
+        throw mismatch_error({.operation = to_string(kind), .rank = rank(), .peer = q},
+                             "rank " + std::to_string(q) + " made " + detail::describe(theirs) +
+                                 ", rank 0 made " + detail::describe(signatures_[0]));
+      }
+    }
+  }
+
+  // The node of every rank: SQUALL_RANKS_PER_NODE consecutive ranks per node if set, else
+  // ranks with the same host name share a node.
+  std::vector<int> find_nodes() {
+    std::vector<int> node_of(static_cast<std::size_t>(size()));
+    if (const char* text = std::getenv(ranks_per_node_env_var); text != nullptr && *text) {
+      char* end = nullptr;
+      const long per = std::strtol(text, &end, 10);
+      if (*end != '\0' || per <= 0) {
+        throw invalid_argument({.operation = "hierarchical_topology", .rank = rank()},
+                               std::string(ranks_per_node_env_var) + "='" + text +
+                                   "' is not a positive whole number");
+      }
+      for (int q = 0; q < size(); ++q) node_of[static_cast<std::size_t>(q)] = q / static_cast<int>(per);
+      return node_of;
+    }
+    std::array<char, 256> host{};
+    gethostname(host.data(), host.size() - 1);
+    std::vector<std::array<char, 256>> hosts(static_cast<std::size_t>(size()));
+    exchange(host.data(), host.size(), hosts.data());
+    for (int q = 0; q < size(); ++q) {
+      int first = q;
+      for (int e = 0; e < q; ++e) {
+        if (hosts[static_cast<std::size_t>(e)] == hosts[static_cast<std::size_t>(q)]) {
+          first = e;
+          break;
+        }
+      }
+      node_of[static_cast<std::size_t>(q)] = first;
+    }
+    return node_of;
+  }
+
+  // Measures every candidate of the cost model on these ranks: float sums of 4 KiB to
+  // `calibrate_up_to` bytes in steps of 4, best of a few runs, the slowest rank's time.
+  void calibrate() {
+    const std::size_t top = std::max<std::size_t>(topology_.calibrate_up_to, std::size_t{16} << 10);
+    std::vector<std::size_t> sizes;
+    for (std::size_t b = std::size_t{4} << 10; b <= top; b *= 4) sizes.push_back(b);
+    std::vector<float> buffer(top / sizeof(float));
+    const auto candidates = cost_model::candidates;
+    std::vector<double> mine(candidates * sizes.size());
+    for (std::size_t c = 0; c < candidates; ++c) {
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        const std::size_t count = sizes[i] / sizeof(float);
+        const int runs = sizes[i] <= (std::size_t{1} << 20) ? 6 : 3;
+        double best = 1e30;
+        for (int run = 0; run < runs; ++run) {
+          transport_.barrier().wait();
+          const auto start = std::chrono::steady_clock::now();
+          run_candidate(c, host_view<float>(buffer.data(), count));
+          best = std::min(best, std::chrono::duration<double>(
+                                    std::chrono::steady_clock::now() - start)
+                                    .count());
+        }
+        mine[c * sizes.size() + i] = best;
+      }
+    }
+    std::vector<double> all(mine.size() * static_cast<std::size_t>(size()));
+    exchange(mine.data(), mine.size() * sizeof(double), all.data());
+    for (std::size_t c = 0; c < candidates; ++c) {
+      auto& points = topology_.model.measured[c];
+      points.clear();
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        double slowest = 0;
+        for (int q = 0; q < size(); ++q) {
+          slowest = std::max(slowest, all[static_cast<std::size_t>(q) * mine.size() +
+                                          c * sizes.size() + i]);
+        }
+        points.push_back({sizes[i], slowest});
+      }
+    }
+  }
+
+  void run_candidate(std::size_t c, host_view<float> data) {
+    const int r = rank();
+    const int p = size();
+    const std::size_t bytes = data.size_bytes();
+    switch (c) {
+      case 0: run_fixed(ring_topology{}.allreduce_schedule(r, p, bytes), data); break;
+      case 1: run_fixed(tree_topology{}.allreduce_schedule(r, p, bytes), data); break;
+      case 2: run_fixed(direct_topology{}.allreduce_schedule(r, p, bytes), data); break;
+      default: run_fixed(halving_doubling_topology{}.allreduce_schedule(r, p, bytes), data);
+    }
+  }
+
+  void run_fixed(const schedule& s, host_view<float> data) {
+    run_allreduce(s, data.data(), data.count(), detail::make_reducer<float, sum_op>());
+  }
+
+  // An allreduce schedule: the one-shot one through the windows where the transport has
+  // them, else as messages.
+  template <class T>
+  void run_allreduce(const schedule& s, T* data, std::size_t count, const detail::reducer& r) {
+    if constexpr (direct_transport<Transport>) {
+      if (s.one_shot && windows_fit(r)) {
+        detail::executor<Transport>(transport_, scratch_, tuning_)
+            .run_one_shot(reinterpret_cast<std::byte*>(data), count, r, window_round_);
+        return;
+      }
+    }
+    run(s, data, count, r);
+  }
+
+  Transport transport_;
+  Topology topology_;
+  bool check_ = true;
+  collective_tuning tuning_;
+  std::uint64_t sequence_ = 0;
+  std::size_t window_round_ = 0;
+  std::vector<std::byte> scratch_;
+  std::vector<std::byte> work_;
+  std::vector<detail::call_signature> signatures_;
+};
+
+}  // namespace squall

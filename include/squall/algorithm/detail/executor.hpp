@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// The one executor: walks a schedule over a transport, in pieces, pipelined. The only loop
+/// over steps in squall. It moves bytes and calls a type-erased `reducer`, so one
+/// instantiation per transport serves every element type and op (STYLE P3).
+
+#include <squall/concepts.hpp>
+#include <squall/core/error.hpp>
+#include <squall/detail/math.hpp>
+#include <squall/kernels/host/reduce.hpp>
+#include <squall/backend/host.hpp>
+#include <squall/topology/schedule.hpp>
+#include <squall/tuning/tuning.hpp>
+
+#include <algorithm>  // min
+#include <cstddef>    // byte, size_t
+#include <cstring>    // memcpy
+#include <deque>
+#include <string>
+#include <utility>  // move
+#include <vector>
+
+namespace squall::detail {
+
+/// Elementwise combination of raw bytes as elements of one type with one op.
+struct reducer {
+  std::size_t element_bytes = 1;
+  /// dst[i] = dst[i] op src[i] for `count` elements
+  void (*reduce_into)(std::byte* dst, const std::byte* src, std::size_t count) = nullptr;
+};
+
+/// The reducer of elements `T` under `Op`, through the host kernels.
+template <element T, reduction_op<T> Op>
+reducer make_reducer() {
+  return {.element_bytes = sizeof(T),
+          .reduce_into = [](std::byte* dst, const std::byte* src, std::size_t count) {
+            kernels::reduce_into(host_backend{}, Op{},
+                                 host_view<T>(reinterpret_cast<T*>(dst), count),
+                                 host_view<const T>(reinterpret_cast<const T*>(src), count));
+          }};
+}
+
+/// Runs schedules for one communicator. Holds references to its transport and scratch space
+/// (owned by the communicator, grown on demand and reused: no allocation per call once warm).
+template <transport Transport>
+class executor {
+ public:
+  using completion_type = decltype(std::declval<Transport&>().send(0, buffer_view<const std::byte>{}));
+
+  executor(Transport& transport, std::vector<std::byte>& scratch, const collective_tuning& tuning)
+      : transport_(transport), scratch_(scratch), tuning_(tuning) {}
+
+  /// Runs `s` in place on `count` elements at `data`: every step's blocks move in pieces, and
+  /// `r` reduces received pieces into place.
+  void run(const schedule& s, std::byte* data, std::size_t count, const reducer& r) {
+    const std::size_t piece = piece_elements(r);
+    std::size_t begin = 0;
+    while (begin < s.steps.size()) {
+      std::size_t end = begin + 1;
+      while (end < s.steps.size() && !s.steps[end].new_phase &&
+             parts_of(s.steps[end]) == parts_of(s.steps[begin])) {
+        ++end;
+      }
+      run_phase(s, begin, end, data, count, r, piece);
+      begin = end;
+    }
+    wait_sends(0);
+  }
+
+  /// The one-shot allreduce through the peers' windows (direct transports): per round of half
+  /// a window, publish this rank's data, reduce this rank's slice straight out of every
+  /// window, then copy every reduced slice back. Two barriers a round; the window's halves
+  /// alternate across rounds and calls (`round` is the communicator's counter), so the next
+  /// round's publish never overwrites a half a slower rank still reads.
+  void run_one_shot(std::byte* data, std::size_t count, const reducer& r, std::size_t& round)
+    requires direct_transport<Transport>
+  {
+    const int size = transport_.size();
+    const int me = transport_.rank();
+    const std::size_t half = transport_.local_view().count() / 2;
+    const std::size_t per_round = half / r.element_bytes;
+    const std::size_t sub = std::max<std::size_t>(1, (std::size_t{32} << 10) / r.element_bytes);
+    for (std::size_t offset = 0; offset < count; offset += per_round, ++round) {
+      const std::size_t m = std::min(per_round, count - offset);
+      const std::size_t at = (round % 2) * half;
+      auto window = [&](int q) { return transport_.peer_view(q).data() + at; };
+      std::byte* chunk = data + offset * r.element_bytes;
+      // step 0: publish this rank's data.
+      std::memcpy(window(me), chunk, m * r.element_bytes);
+      transport_.barrier().wait();
+      // step 1: reduce slice `me` out of every window into this rank's own window, in
+      // cache-sized pieces so the destination stays in cache across the P-1 sources.
+      const index_range mine = split_range(m, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
+      for (std::size_t i = 0; i < mine.count; i += sub) {
+        const std::size_t n = std::min(sub, mine.count - i);
+        std::byte* dst = window(me) + (mine.begin + i) * r.element_bytes;
+        for (int k = 1; k < size; ++k) {
+          const int q = wrap(me + k, size);
+          r.reduce_into(dst, window(q) + (mine.begin + i) * r.element_bytes, n);
+        }
+      }
+      transport_.barrier().wait();
+      // step 2: copy every reduced slice back.
+      for (int q = 0; q < size; ++q) {
+        const index_range slice =
+            split_range(m, static_cast<std::size_t>(size), static_cast<std::size_t>(q));
+        std::memcpy(chunk + slice.begin * r.element_bytes,
+                    window(q) + slice.begin * r.element_bytes, slice.count * r.element_bytes);
+      }
+    }
+  }
+
+ private:
+  static std::size_t parts_of(const step& s) {
+    return s.recv_from != nobody ? s.recv.parts : s.send.parts;
+  }
+
+  std::size_t piece_elements(const reducer& r) const {
+    return std::max<std::size_t>(1, tuning_.chunk_bytes / r.element_bytes);
+  }
+
+  // One phase, chunk-major: for piece j, every step of the phase on piece j of its blocks.
+  void run_phase(const schedule& s, std::size_t begin, std::size_t end, std::byte* data,
+                 std::size_t count, const reducer& r, std::size_t piece) {
+    const std::size_t parts = parts_of(s.steps[begin]);
+    const std::size_t largest = split_range(count, parts, 0).count;
+    const std::size_t pieces = div_up(largest, piece);
+    std::size_t widest = 1;
+    for (std::size_t i = begin; i < end; ++i) {
+      if (s.steps[i].action == step_action::reduce) widest = std::max(widest, s.steps[i].recv.count);
+    }
+    const std::size_t slot_bytes = piece * r.element_bytes;
+    if (scratch_.size() < widest * slot_bytes) scratch_.resize(widest * slot_bytes);
+    std::vector<completion_type> recvs;
+    for (std::size_t j = 0; j < pieces; ++j) {
+      for (std::size_t i = begin; i < end; ++i) {
+        const step& st = s.steps[i];
+        // Post the receives first, so a message finds its buffer waiting.
+        recvs.clear();
+        if (st.recv_from != nobody) {
+          for (std::size_t b = 0; b < st.recv.count; ++b) {
+            const index_range p = piece_of(count, st.recv, b, j, piece);
+            if (p.count == 0) continue;
+            std::byte* into = st.action == step_action::reduce
+                                  ? scratch_.data() + b * slot_bytes
+                                  : data + p.begin * r.element_bytes;
+            recvs.push_back(transport_.recv(st.recv_from, {into, p.count * r.element_bytes}));
+          }
+        }
+        if (st.send_to != nobody) {
+          for (std::size_t b = 0; b < st.send.count; ++b) {
+            const index_range p = piece_of(count, st.send, b, j, piece);
+            if (p.count == 0) continue;
+            sends_.push_back(transport_.send(
+                st.send_to, {data + p.begin * r.element_bytes, p.count * r.element_bytes}));
+          }
+        }
+        std::size_t k = 0;
+        for (std::size_t b = 0; b < st.recv.count && st.recv_from != nobody; ++b) {
+          const index_range p = piece_of(count, st.recv, b, j, piece);
+          if (p.count == 0) continue;
+          recvs[k++].wait();
+          if (st.action == step_action::reduce) {
+            r.reduce_into(data + p.begin * r.element_bytes, scratch_.data() + b * slot_bytes,
+                          p.count);
+          }
+        }
+        wait_sends(tuning_.pipeline_depth);
+      }
+    }
+  }
+
+  // Piece j of block `first + b` of `blocks`, as elements of the whole buffer.
+  static index_range piece_of(std::size_t count, const block_range& blocks, std::size_t b,
+                              std::size_t j, std::size_t piece) {
+    const index_range block = split_range(count, blocks.parts, blocks.first + b);
+    const std::size_t from = std::min(block.count, j * piece);
+    return {block.begin + from, std::min(piece, block.count - from)};
+  }
+
+  // Waits for the oldest sends until at most `keep` are in flight.
+  void wait_sends(std::size_t keep) {
+    while (sends_.size() > keep) {
+      sends_.front().wait();
+      sends_.pop_front();
+    }
+  }
+
+  Transport& transport_;
+  std::vector<std::byte>& scratch_;
+  collective_tuning tuning_;
+  std::deque<completion_type> sends_;
+};
+
+}  // namespace squall::detail
