@@ -15,6 +15,7 @@
 
 #include <concepts>  // same_as, convertible_to, movable
 #include <cstddef>   // byte, size_t
+#include <cstdint>   // uint64_t
 #include <string_view>
 
 namespace squall {
@@ -97,6 +98,18 @@ template <class T>
 concept direct_transport = transport<T> && requires(T& t, int peer) {
   /// the bytes `peer` has exposed to this rank
   { t.peer_view(peer) } -> std::same_as<buffer_view<std::byte, typename T::memory_space>>;
+};
+
+/// A transport that can copy straight out of a peer's own memory (shared memory with
+/// cross-memory attach), so a schedule needs no staging copy at all for large messages.
+template <class T>
+concept peer_readable_transport = transport<T> &&
+    requires(T& t, const T& ct, int peer, std::uint64_t address,
+             buffer_view<std::byte, typename T::memory_space> into) {
+  /// whether `read_peer` is allowed between these processes
+  { ct.can_read_peers() } -> std::same_as<bool>;
+  /// copies `into.count()` bytes at `address` of `peer`'s memory into `into`
+  t.read_peer(peer, address, into);
 };
 
 // ---- topology: who talks to whom, as a pure schedule -----------------------------------------

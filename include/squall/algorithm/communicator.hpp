@@ -197,6 +197,18 @@ class communicator {
   void allreduce(host_view<const T> in, host_view<T> out, Op op = {}) {
     require_count("allreduce", "out", out.count(), in.count());
     signature(collective::allreduce, dtype_of<T>, Op::name, in.count());
+    if constexpr (peer_readable_transport<Transport>) {
+      const schedule s = topology_.allreduce_schedule(rank(), size(), in.size_bytes());
+      if (s.one_shot && reads_peers(in.size_bytes())) {
+        place_check(in, out);
+        detail::executor<Transport>(transport_, scratch_, tuning_)
+            .run_one_shot_read(reinterpret_cast<const std::byte*>(in.data()),
+                               reinterpret_cast<std::byte*>(out.data()), in.count(),
+                               detail::make_reducer<T, Op>());
+        kernels::finalize(host_backend{}, op, out, static_cast<std::size_t>(size()));
+        return;
+      }
+    }
     place(in, out);
     reduce_all(out, op);
   }
@@ -292,9 +304,9 @@ class communicator {
     }
   }
 
-  // Copies `in` to `out` (same count), unless they are the same memory.
+  // Throws if `in` and `out` overlap without being the same memory.
   template <element T>
-  void place(host_view<const T> in, host_view<T> out) {
+  void place_check(host_view<const T> in, host_view<T> out) {
     if (in.data() == out.data() || in.empty()) return;
     const auto* a = reinterpret_cast<const std::byte*>(in.data());
     const auto* b = reinterpret_cast<const std::byte*>(out.data());
@@ -302,7 +314,23 @@ class communicator {
       throw invalid_argument({.operation = "collective", .rank = rank()},
                              "input and output partially overlap");
     }
-    std::memcpy(out.data(), in.data(), in.size_bytes());
+  }
+
+  // Copies `in` to `out` (same count), unless they are the same memory.
+  template <element T>
+  void place(host_view<const T> in, host_view<T> out) {
+    place_check(in, out);
+    if (in.data() != out.data() && !in.empty()) std::memcpy(out.data(), in.data(), in.size_bytes());
+  }
+
+  // Whether an allreduce of `bytes` takes the one-shot path that reads the peers' buffers.
+  bool reads_peers(std::size_t bytes) const {
+    if constexpr (peer_readable_transport<Transport>) {
+      return size() > 1 && bytes >= tuning_.read_peers_bytes && transport_.can_read_peers();
+    } else {
+      (void)bytes;
+      return false;
+    }
   }
 
   template <element T, reduction_op<T> Op>
@@ -348,24 +376,8 @@ class communicator {
            64 * r.element_bytes * static_cast<std::size_t>(size());
   }
 
-  // Every rank sends `mine` (`bytes` long) to every other; `all` gets rank q's at q * bytes.
   void exchange(const void* mine, std::size_t bytes, void* all) {
-    auto* out = static_cast<std::byte*>(all);
-    const int me = rank();
-    std::memcpy(out + static_cast<std::size_t>(me) * bytes, mine, bytes);
-    using completion_type = typename detail::executor<Transport>::completion_type;
-    std::vector<completion_type> pending;
-    pending.reserve(2 * static_cast<std::size_t>(size()));
-    for (int k = 1; k < size(); ++k) {
-      const int from = detail::wrap(me - k, size());
-      pending.push_back(transport_.recv(
-          from, {out + static_cast<std::size_t>(from) * bytes, bytes}));
-    }
-    for (int k = 1; k < size(); ++k) {
-      pending.push_back(transport_.send(detail::wrap(me + k, size()),
-                                        {static_cast<const std::byte*>(mine), bytes}));
-    }
-    for (auto& c : pending) c.wait();
+    detail::executor<Transport>(transport_, scratch_, tuning_).exchange(mine, bytes, all);
   }
 
   // The mismatch check: every rank learns every rank's signature and compares them all, so
@@ -485,6 +497,14 @@ class communicator {
   // them, else as messages.
   template <class T>
   void run_allreduce(const schedule& s, T* data, std::size_t count, const detail::reducer& r) {
+    if constexpr (peer_readable_transport<Transport>) {
+      if (s.one_shot && reads_peers(count * r.element_bytes)) {
+        auto* bytes = reinterpret_cast<std::byte*>(data);
+        detail::executor<Transport>(transport_, scratch_, tuning_)
+            .run_one_shot_read(bytes, bytes, count, r);
+        return;
+      }
+    }
     if constexpr (direct_transport<Transport>) {
       if (s.one_shot && windows_fit(r)) {
         detail::executor<Transport>(transport_, scratch_, tuning_)

@@ -142,6 +142,11 @@ class inproc_transport {
   buffer_view<std::byte> peer_view(int peer);
   /// This rank's own window: `peer_view(rank())`.
   buffer_view<std::byte> local_view();
+  /// Ranks are threads of one process: every peer's memory is readable.
+  bool can_read_peers() const noexcept { return true; }
+  /// Copies `into.count()` bytes at address `from` (in `peer`'s buffers, which here share
+  /// this process) into `into`; the caller synchronises, as with `shm_transport::read_peer`.
+  void read_peer(int peer, std::uint64_t from, buffer_view<std::byte> into);
 
  private:
   friend class inproc_world;
@@ -668,6 +673,11 @@ inline buffer_view<std::byte> inproc_transport::peer_view(int peer) {
 
 inline buffer_view<std::byte> inproc_transport::local_view() { return state_->window(rank_); }
 
+inline void inproc_transport::read_peer(int peer, std::uint64_t from, buffer_view<std::byte> into) {
+  check_peer("read_peer", peer);
+  if (!into.empty()) std::memcpy(into.data(), reinterpret_cast<const std::byte*>(from), into.count());
+}
+
 // ---- inproc_world
 // --------------------------------------------------------------------------------
 
@@ -694,5 +704,6 @@ inline inproc_transport inproc_world::transport(int rank) {
 static_assert(completion<inproc_completion>);
 static_assert(transport<inproc_transport>);
 static_assert(direct_transport<inproc_transport>);
+static_assert(peer_readable_transport<inproc_transport>);
 
 }  // namespace squall

@@ -648,6 +648,36 @@ class shm_transport {
   /// This rank's own window (what the peers see as `peer_view(rank())`).
   buffer_view<std::byte> local_view() { return peer_view(rank()); }
 
+  /// Whether `read_peer` works: cross-memory attach was allowed between every pair of ranks
+  /// at setup (ptrace rules; off in some containers).
+  bool can_read_peers() const { return state_->single_copy; }
+
+  /// Copies `into.count()` bytes at address `from` of `peer`'s memory into `into`
+  /// (`process_vm_readv`): for schedules that reduce straight out of a peer's own buffers.
+  /// The caller synchronises: the peer keeps that memory valid and unchanged meanwhile.
+  /// Throws `peer_failure` if the peer died, `squall::error` (shm) for any other failure or
+  /// if `can_read_peers()` is false.
+  void read_peer(int peer, std::uint64_t from, buffer_view<std::byte> into) {
+    check_peer("read_peer", peer);
+    const error_context where{.operation = "read_peer", .rank = rank(), .peer = peer};
+    if (!state_->single_copy) {
+      throw error(std::error_code(EPERM, shm_category()), where,
+                  "cross-memory attach is not allowed between these processes");
+    }
+    std::size_t done = 0;
+    while (done < into.count()) {
+      const long got = detail::shm::state::read_peer(state_->seg.rank(peer).pid.load(),
+                                                     into.data() + done, from + done,
+                                                     into.count() - done);
+      if (got <= 0) {
+        const int err = errno;
+        if (err == ESRCH) throw peer_failure(where, "rank " + std::to_string(peer) + " died");
+        throw error(std::error_code(err, shm_category()), where, "process_vm_readv");
+      }
+      done += static_cast<std::size_t>(got);
+    }
+  }
+
   /// The segment's shared-memory name (already unlinked once all ranks attached).
   const std::string& segment_name() const { return state_->seg.name(); }
 
@@ -664,5 +694,6 @@ class shm_transport {
 };
 static_assert(transport<shm_transport>);
 static_assert(direct_transport<shm_transport>);
+static_assert(peer_readable_transport<shm_transport>);
 
 }  // namespace squall

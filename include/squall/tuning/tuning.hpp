@@ -25,6 +25,10 @@ inline constexpr kernel_tuning elementwise_tuning{.threads_per_block = 256, .ite
 struct collective_tuning {
   std::size_t chunk_bytes = std::size_t{256} << 10;
   std::size_t pipeline_depth = 8;
+  /// From this many bytes up, the one-shot allreduce on a `peer_readable_transport` reads the
+  /// peers' own buffers (no staging copy, one more barrier); below, it stages through the
+  /// windows (two barriers, lower latency).
+  std::size_t read_peers_bytes = std::size_t{1} << 20;
   friend constexpr bool operator==(const collective_tuning&, const collective_tuning&) = default;
 };
 

@@ -13,6 +13,8 @@
 #include <squall/tuning/tuning.hpp>
 
 #include <algorithm>  // min
+#include <array>
+#include <cstdint>    // uint64_t
 #include <cstddef>    // byte, size_t
 #include <cstring>    // memcpy
 #include <deque>
@@ -27,6 +29,8 @@ struct reducer {
   std::size_t element_bytes = 1;
   /// dst[i] = dst[i] op src[i] for `count` elements
   void (*reduce_into)(std::byte* dst, const std::byte* src, std::size_t count) = nullptr;
+  /// dst[i] = a[i] op b[i] for `count` elements
+  void (*reduce)(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count) = nullptr;
 };
 
 /// The reducer of elements `T` under `Op`, through the host kernels.
@@ -37,6 +41,11 @@ reducer make_reducer() {
             kernels::reduce_into(host_backend{}, Op{},
                                  host_view<T>(reinterpret_cast<T*>(dst), count),
                                  host_view<const T>(reinterpret_cast<const T*>(src), count));
+          },
+          .reduce = [](std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count) {
+            kernels::reduce(host_backend{}, Op{}, host_view<T>(reinterpret_cast<T*>(dst), count),
+                            host_view<const T>(reinterpret_cast<const T*>(a), count),
+                            host_view<const T>(reinterpret_cast<const T*>(b), count));
           }};
 }
 
@@ -108,6 +117,69 @@ class executor {
                     window(q) + slice.begin * r.element_bytes, slice.count * r.element_bytes);
       }
     }
+  }
+
+  /// The one-shot allreduce straight out of the peers' own buffers (peer-readable
+  /// transports), with no staging copy: the ranks swap the addresses of their input and
+  /// output; rank r reduces block r of every input into block r of its output, reading each
+  /// peer's block in cache-sized pieces; after a barrier every rank reads every other's
+  /// reduced block into its output; a last barrier keeps every buffer valid until no peer
+  /// reads it. `in` may be `out` (in place).
+  void run_one_shot_read(const std::byte* in, std::byte* out, std::size_t count, const reducer& r)
+    requires peer_readable_transport<Transport>
+  {
+    const int size = transport_.size();
+    const int me = transport_.rank();
+    const std::array<std::uint64_t, 2> mine = {reinterpret_cast<std::uint64_t>(in),
+                                               reinterpret_cast<std::uint64_t>(out)};
+    addresses_.resize(2 * static_cast<std::size_t>(size));
+    exchange(mine.data(), sizeof mine, addresses_.data());
+    const std::size_t e = r.element_bytes;
+    const std::size_t piece = std::max<std::size_t>(1, (std::size_t{256} << 10) / e);
+    if (scratch_.size() < piece * e) scratch_.resize(piece * e);
+    const auto parts = static_cast<std::size_t>(size);
+    // step 0: reduce block `me` of every input into block `me` of the output.
+    const index_range block = split_range(count, parts, static_cast<std::size_t>(me));
+    for (std::size_t i = 0; i < block.count; i += piece) {
+      const std::size_t n = std::min(piece, block.count - i);
+      const std::size_t at = (block.begin + i) * e;
+      for (int k = 1; k < size; ++k) {
+        const int q = wrap(me + k, size);
+        transport_.read_peer(q, addresses_[2 * static_cast<std::size_t>(q)] + at, {scratch_.data(), n * e});
+        if (k == 1 && in != out) {
+          r.reduce(out + at, in + at, scratch_.data(), n);
+        } else {
+          r.reduce_into(out + at, scratch_.data(), n);
+        }
+      }
+    }
+    transport_.barrier().wait();
+    // step 1: read every other rank's reduced block into this rank's output.
+    for (int k = 1; k < size; ++k) {
+      const int q = wrap(me + k, size);
+      const index_range theirs = split_range(count, parts, static_cast<std::size_t>(q));
+      transport_.read_peer(q, addresses_[2 * static_cast<std::size_t>(q) + 1] + theirs.begin * e,
+                           {out + theirs.begin * e, theirs.count * e});
+    }
+    transport_.barrier().wait();
+  }
+
+  /// Every rank sends `mine` (`bytes` long) to every other; `all` gets rank q's at q * bytes.
+  void exchange(const void* mine, std::size_t bytes, void* all) {
+    auto* into = static_cast<std::byte*>(all);
+    const int me = transport_.rank();
+    const int size = transport_.size();
+    std::memcpy(into + static_cast<std::size_t>(me) * bytes, mine, bytes);
+    std::vector<completion_type> pending;
+    pending.reserve(2 * static_cast<std::size_t>(size));
+    for (int k = 1; k < size; ++k) {
+      const int from = wrap(me - k, size);
+      pending.push_back(transport_.recv(from, {into + static_cast<std::size_t>(from) * bytes, bytes}));
+    }
+    for (int k = 1; k < size; ++k) {
+      pending.push_back(transport_.send(wrap(me + k, size), {static_cast<const std::byte*>(mine), bytes}));
+    }
+    for (auto& c : pending) c.wait();
   }
 
  private:
@@ -190,6 +262,7 @@ class executor {
   std::vector<std::byte>& scratch_;
   collective_tuning tuning_;
   std::deque<completion_type> sends_;
+  std::vector<std::uint64_t> addresses_;
 };
 
 }  // namespace squall::detail

@@ -1,0 +1,33 @@
+# SPDX-License-Identifier: Apache-2.0
+# Runs squall-bench on 3 ranks for one op and checks its exit code (non-zero when any row has
+# #wrong > 0) and the CSV header.
+set(csv "${WORK_DIR}/bench_${OP}.csv")
+file(REMOVE "${csv}")
+execute_process(COMMAND "${BENCH}" -n 3 --op ${OP} -b 1K -e 1M -f 32 --iters 3 --warmup 1 --csv "${csv}"
+                RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 240)
+message("${out}${err}")
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "squall-bench --op ${OP} exited with ${status}")
+endif()
+file(STRINGS "${csv}" lines)
+list(GET lines 0 header)
+set(want "op,transport,topology,compressor,dtype,ranks,size_bytes,count,time_us,algbw_gbs,busbw_gbs,wrong,mpi_time_us,mpi_busbw_gbs,speedup_vs_mpi")
+if(NOT header STREQUAL want)
+  message(FATAL_ERROR "CSV header is '${header}', want '${want}'")
+endif()
+list(LENGTH lines rows)
+# 6 topologies x sizes 1K, 32K, 1M, plus the header
+if(NOT rows EQUAL 19)
+  message(FATAL_ERROR "CSV has ${rows} lines, want 19")
+endif()
+foreach(line IN LISTS lines)
+  if(line MATCHES "^${OP},shm,")
+    string(REPLACE "," ";" fields "${line}")
+    list(GET fields 11 wrong)
+    if(NOT wrong EQUAL 0)
+      message(FATAL_ERROR "row with #wrong ${wrong}: ${line}")
+    endif()
+  elseif(NOT line STREQUAL header)
+    message(FATAL_ERROR "unexpected CSV line: ${line}")
+  endif()
+endforeach()

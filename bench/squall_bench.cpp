@@ -1,0 +1,564 @@
+// SPDX-License-Identifier: Apache-2.0
+// squall-bench: collectives in the manner of nccl-tests, squall's schedules beside the MPI
+// library's own collective on the same data in the same run.
+//
+//   squall-bench [-n P] [--op allreduce|allgather|reduce_scatter|broadcast]
+//                [--topology all|ring|tree|direct|halving_doubling|hierarchical|automatic[,..]]
+//                [--transport shm|mpi] [--dtype float|double|int32|int64|float16|bfloat16]
+//                [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] [--chunk BYTES]
+//                [--no-check] [--csv FILE] [--json FILE]
+//
+// It starts its own P ranks: when MPI is built it re-runs itself under mpiexec (so the same
+// processes can time MPI's collective), else it forks them (squall::launch) and the MPI
+// columns stay empty. Under mpiexec already (`mpiexec -n 4 squall-bench --transport mpi`) it
+// uses the ranks it was given. Each row: size, count, type, topology, time, algbw = size /
+// time, busbw = algbw x 2(P-1)/P (allreduce), (P-1)/P (allgather, reduce_scatter), 1
+// (broadcast), #wrong against the exact reference, and MPI's time and busbw with the speedup
+// (MPI time / squall time). Times are the slowest rank's mean over the iterations.
+#include <squall/algorithm/communicator.hpp>
+#include <squall/topology/automatic.hpp>
+#include <squall/topology/direct.hpp>
+#include <squall/topology/halving_doubling.hpp>
+#include <squall/topology/hierarchical.hpp>
+#include <squall/topology/ring.hpp>
+#include <squall/topology/tree.hpp>
+#include <squall/transport/launch.hpp>
+#include <squall/transport/shm.hpp>
+#include <squall/version.hpp>
+#if SQUALL_BENCH_WITH_MPI
+#include <squall/transport/mpi.hpp>
+
+#include <mpi.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <tuple>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+struct settings {
+  int ranks = 0;
+  std::string op = "allreduce";
+  std::vector<std::string> topologies;
+  std::string transport = "shm";
+  std::string dtype = "float";
+  std::size_t min_bytes = std::size_t{4} << 10;
+  std::size_t max_bytes = std::size_t{256} << 20;
+  std::size_t factor = 4;
+  int iters = 0;  // 0: from the size
+  int warmup = 2;
+  std::size_t chunk = 0;  // 0: the default collective_tuning
+  bool check = true;
+  std::string csv;
+  std::string json;
+};
+
+const std::vector<std::string> all_topologies = {"ring",         "tree",        "direct",
+                                                 "halving_doubling", "hierarchical", "automatic"};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "squall-bench: %s\nusage: squall-bench [-n P] [--op allreduce|allgather|"
+               "reduce_scatter|broadcast] [--topology all|ring|tree|direct|halving_doubling|"
+               "hierarchical|automatic[,...]] [--transport shm|mpi] [--dtype float|double|int32|"
+               "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
+               "[--chunk BYTES] [--no-check] [--csv FILE] [--json FILE]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+std::size_t parse_size(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  std::size_t scale = 1;
+  const std::string unit(end);
+  if (unit == "K" || unit == "k") scale = std::size_t{1} << 10;
+  else if (unit == "M" || unit == "m") scale = std::size_t{1} << 20;
+  else if (unit == "G" || unit == "g") scale = std::size_t{1} << 30;
+  else if (!unit.empty()) usage("bad size '" + text + "'");
+  if (end == text.c_str() || !(v >= 0)) usage("bad size '" + text + "'");
+  return static_cast<std::size_t>(v * static_cast<double>(scale));
+}
+
+settings parse(int argc, char** argv) {
+  settings s;
+  std::string topology = "all";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "-n" || a == "--ranks") s.ranks = std::atoi(value().c_str());
+    else if (a == "--op") s.op = value();
+    else if (a == "--topology" || a == "-t") topology = value();
+    else if (a == "--transport") s.transport = value();
+    else if (a == "--dtype" || a == "-d") s.dtype = value();
+    else if (a == "-b" || a == "--minbytes") s.min_bytes = parse_size(value());
+    else if (a == "-e" || a == "--maxbytes") s.max_bytes = parse_size(value());
+    else if (a == "-f" || a == "--stepfactor") s.factor = parse_size(value());
+    else if (a == "--iters") s.iters = std::atoi(value().c_str());
+    else if (a == "--warmup") s.warmup = std::atoi(value().c_str());
+    else if (a == "--chunk") s.chunk = parse_size(value());
+    else if (a == "--no-check") s.check = false;
+    else if (a == "--csv") s.csv = value();
+    else if (a == "--json") s.json = value();
+    else if (a == "-h" || a == "--help") usage("help");
+    else usage("unknown argument '" + a + "'");
+  }
+  if (topology == "all") {
+    s.topologies = all_topologies;
+  } else {
+    std::size_t at = 0;
+    while (at <= topology.size()) {
+      const std::size_t comma = std::min(topology.find(',', at), topology.size());
+      const std::string name = topology.substr(at, comma - at);
+      if (std::find(all_topologies.begin(), all_topologies.end(), name) == all_topologies.end()) {
+        usage("unknown topology '" + name + "'");
+      }
+      s.topologies.push_back(name);
+      at = comma + 1;
+    }
+  }
+  if (s.op != "allreduce" && s.op != "allgather" && s.op != "reduce_scatter" && s.op != "broadcast") {
+    usage("unknown op '" + s.op + "'");
+  }
+  if (s.transport != "shm" && s.transport != "mpi") usage("unknown transport '" + s.transport + "'");
+  if (s.factor < 2) usage("-f must be at least 2");
+  if (s.min_bytes == 0 || s.min_bytes > s.max_bytes) usage("need 0 < -b <= -e");
+#if !SQUALL_BENCH_WITH_MPI
+  if (s.transport == "mpi") usage("--transport mpi needs squall built with MPI");
+#endif
+  return s;
+}
+
+// ---- what one rank sees of the job -------------------------------------------------------------
+
+struct job {
+  int rank = 0;
+  int size = 1;
+  bool mpi = false;          // MPI is initialised: time MPI's collective, reduce times with it
+  std::string shm_name;      // the base name of the shm jobs
+};
+
+// Inputs: small integers, so every summation order is exact (nccl-tests' trick) and #wrong
+// counts real errors.
+template <class T>
+T input_value(int rank, std::size_t i) {
+  const int v = static_cast<int>((static_cast<std::size_t>(rank) * 31u + i * 7u) % 9u) - 4;
+  return static_cast<T>(static_cast<float>(v));
+}
+template <class T>
+double as_double(T v) {
+  return static_cast<double>(static_cast<float>(v));
+}
+
+#if SQUALL_BENCH_WITH_MPI
+template <class T>
+MPI_Datatype mpi_type() {
+  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
+  else if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return MPI_INT32_T;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
+  else return MPI_DATATYPE_NULL;  // 16-bit types: MPI has none; no comparison
+}
+#endif
+
+struct row {
+  std::string topology;
+  std::size_t bytes = 0;
+  std::size_t count = 0;
+  double time_us = 0;
+  double algbw = 0;
+  double busbw = 0;
+  long wrong = 0;
+  double mpi_us = -1;  // < 0: none
+  double mpi_busbw = 0;
+};
+
+template <class Transport>
+class bench {
+ public:
+  bench(const settings& s, const job& j) : s_(s), j_(j) {}
+
+  template <class T>
+  std::vector<row> run();
+
+ private:
+  Transport make_transport(const std::string& topology) {
+#if SQUALL_BENCH_WITH_MPI
+    if constexpr (std::is_same_v<Transport, squall::mpi_transport>) {
+      (void)topology;
+      return squall::mpi_transport(MPI_COMM_WORLD);
+    } else
+#endif
+    {
+      return squall::shm_transport(squall::shm_job{j_.shm_name + "-" + topology, j_.rank, j_.size});
+    }
+  }
+
+  // The slowest rank's value (max) or the sum over ranks, through MPI or a communicator.
+  template <class Comm>
+  double across(Comm& comm, double v, bool sum) {
+#if SQUALL_BENCH_WITH_MPI
+    if (j_.mpi) {
+      double out = 0;
+      MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, sum ? MPI_SUM : MPI_MAX, MPI_COMM_WORLD);
+      return out;
+    }
+#endif
+    if (sum) comm.allreduce(squall::host_view<double>(&v, 1), squall::sum_op{});
+    else comm.allreduce(squall::host_view<double>(&v, 1), squall::max_op{});
+    return v;
+  }
+
+  int iterations(std::size_t bytes) const {
+    if (s_.iters > 0) return s_.iters;
+    const double target = 256.0 * (1 << 20);  // about 256 MiB moved per measurement
+    return static_cast<int>(std::clamp(target / static_cast<double>(bytes), 5.0, 1000.0));
+  }
+
+  template <class Comm, class T>
+  void call(Comm& comm, std::vector<T>& in, std::vector<T>& out, std::size_t count) {
+    const int p = j_.size;
+    if (s_.op == "allreduce") {
+      comm.allreduce(squall::host_view<const T>(in.data(), count), squall::host_view<T>(out.data(), count));
+    } else if (s_.op == "allgather") {
+      comm.allgather(squall::host_view<const T>(in.data(), count),
+                     squall::host_view<T>(out.data(), count * static_cast<std::size_t>(p)));
+    } else if (s_.op == "reduce_scatter") {
+      comm.reduce_scatter(squall::host_view<const T>(in.data(), count),
+                          squall::host_view<T>(out.data(), comm.block_count(count)));
+    } else {
+      comm.broadcast(squall::host_view<T>(in.data(), count), 0);
+    }
+  }
+
+  template <class T>
+  long count_wrong(const std::vector<T>& in, const std::vector<T>& out, std::size_t count,
+                   std::size_t offset) {
+    const int p = j_.size;
+    long wrong = 0;
+    if (s_.op == "allreduce" || s_.op == "reduce_scatter") {
+      const std::size_t n = s_.op == "allreduce" ? count
+                                                  : squall::detail::split_range(count, static_cast<std::size_t>(p),
+                                                                                static_cast<std::size_t>(j_.rank)).count;
+      for (std::size_t i = 0; i < n; ++i) {
+        double want = 0;
+        for (int r = 0; r < p; ++r) want += as_double(input_value<T>(r, i + offset));
+        wrong += as_double(out[i]) != want ? 1 : 0;
+      }
+    } else if (s_.op == "allgather") {
+      for (int r = 0; r < p; ++r) {
+        for (std::size_t i = 0; i < count; ++i) {
+          wrong += as_double(out[static_cast<std::size_t>(r) * count + i]) != as_double(input_value<T>(r, i)) ? 1 : 0;
+        }
+      }
+    } else {
+      for (std::size_t i = 0; i < count; ++i) wrong += as_double(in[i]) != as_double(input_value<T>(0, i)) ? 1 : 0;
+    }
+    return wrong;
+  }
+
+  template <class T>
+  double time_mpi(std::vector<T>& in, std::vector<T>& out, std::size_t count, int iters) {
+#if SQUALL_BENCH_WITH_MPI
+    const MPI_Datatype type = mpi_type<T>();
+    const int p = j_.size;
+    if (!j_.mpi || type == MPI_DATATYPE_NULL || count * static_cast<std::size_t>(p) > INT_MAX) return -1;
+    const int n = static_cast<int>(count);
+    std::vector<int> counts(static_cast<std::size_t>(p));
+    for (int r = 0; r < p; ++r) {
+      counts[static_cast<std::size_t>(r)] = static_cast<int>(
+          squall::detail::split_range(count, static_cast<std::size_t>(p), static_cast<std::size_t>(r)).count);
+    }
+    auto once = [&] {
+      if (s_.op == "allreduce") MPI_Allreduce(in.data(), out.data(), n, type, MPI_SUM, MPI_COMM_WORLD);
+      else if (s_.op == "allgather") MPI_Allgather(in.data(), n, type, out.data(), n, type, MPI_COMM_WORLD);
+      else if (s_.op == "reduce_scatter") MPI_Reduce_scatter(in.data(), out.data(), counts.data(), type, MPI_SUM, MPI_COMM_WORLD);
+      else MPI_Bcast(in.data(), n, type, 0, MPI_COMM_WORLD);
+    };
+    for (int w = 0; w < s_.warmup; ++w) once();
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto start = clock_type::now();
+    for (int it = 0; it < iters; ++it) once();
+    double t = std::chrono::duration<double>(clock_type::now() - start).count() / iters;
+    double slowest = 0;
+    MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return slowest * 1e6;
+#else
+    (void)in, (void)out, (void)count, (void)iters;
+    return -1;
+#endif
+  }
+
+  template <class Topology, class T>
+  void measure(const std::string& name, std::vector<row>& rows, const std::vector<std::size_t>& sizes,
+               std::vector<T>& in, std::vector<T>& out, const std::vector<double>& mpi_us);
+
+  const settings& s_;
+  const job& j_;
+};
+
+double bus_factor(const std::string& op, int p) {
+  if (op == "allreduce") return 2.0 * (p - 1) / p;
+  if (op == "broadcast") return 1.0;
+  return static_cast<double>(p - 1) / p;
+}
+
+std::size_t count_for(const settings& s, std::size_t bytes, std::size_t element, int p) {
+  return s.op == "allgather" ? bytes / element / static_cast<std::size_t>(p) : bytes / element;
+}
+
+template <class Transport>
+template <class Topology, class T>
+void bench<Transport>::measure(const std::string& name, std::vector<row>& rows,
+                               const std::vector<std::size_t>& sizes, std::vector<T>& in,
+                               std::vector<T>& out, const std::vector<double>& mpi_us) {
+  squall::options opts;
+  opts.check_mismatch = s_.check;
+  squall::collective_tuning tuning;
+  if (s_.chunk != 0) tuning.chunk_bytes = s_.chunk;
+  squall::communicator<Transport, Topology> comm(make_transport(name), Topology{}, opts, tuning);
+  const int p = j_.size;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    const std::size_t bytes = sizes[k];
+    const std::size_t count = count_for(s_, bytes, sizeof(T), p);
+    if (count == 0) continue;
+    const int iters = iterations(bytes);
+    for (std::size_t i = 0; i < count; ++i) in[i] = input_value<T>(j_.rank, i);
+    for (int w = 0; w < s_.warmup; ++w) call(comm, in, out, count);
+    comm.transport().barrier().wait();
+    const auto start = clock_type::now();
+    for (int it = 0; it < iters; ++it) call(comm, in, out, count);
+    const double mine = std::chrono::duration<double>(clock_type::now() - start).count() / iters;
+    const double t = across(comm, mine, false);
+    const std::size_t offset = s_.op == "reduce_scatter" ? comm.block_offset(count) : 0;
+    const long wrong = static_cast<long>(across(comm, static_cast<double>(count_wrong(in, out, count, offset)), true));
+    row r;
+    r.topology = name;
+    if constexpr (std::is_same_v<Topology, squall::automatic_topology>) r.topology = comm.schedule_for(count * sizeof(T));
+    r.bytes = bytes;
+    r.count = count;
+    r.time_us = t * 1e6;
+    r.algbw = static_cast<double>(bytes) / t / 1e9;
+    r.busbw = r.algbw * bus_factor(s_.op, p);
+    r.wrong = wrong;
+    r.mpi_us = mpi_us[k];
+    if (r.mpi_us > 0) r.mpi_busbw = static_cast<double>(bytes) / (r.mpi_us * 1e-6) / 1e9 * bus_factor(s_.op, p);
+    if (j_.rank == 0) {
+      std::printf("%12zu %12zu %9s %28s %11.1f %8.2f %8.2f %7ld", r.bytes, r.count, s_.dtype.c_str(),
+                  r.topology.c_str(), r.time_us, r.algbw, r.busbw, r.wrong);
+      if (r.mpi_us > 0) std::printf(" %11.1f %9.2f %8.2f\n", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
+      else std::printf(" %11s %9s %8s\n", "-", "-", "-");
+      std::fflush(stdout);
+    }
+    rows.push_back(r);
+  }
+}
+
+template <class Transport>
+template <class T>
+std::vector<row> bench<Transport>::run() {
+  const int p = j_.size;
+  std::vector<std::size_t> sizes;
+  for (std::size_t b = s_.min_bytes; b <= s_.max_bytes; b *= s_.factor) sizes.push_back(b);
+  const std::size_t most = count_for(s_, s_.max_bytes, sizeof(T), p);
+  std::vector<T> in(std::max<std::size_t>(most, 1));
+  std::vector<T> out(std::max<std::size_t>(s_.op == "allgather" ? most * static_cast<std::size_t>(p) : most, 1));
+  // MPI first, once per size, on the same inputs.
+  std::vector<double> mpi_us(sizes.size(), -1);
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    const std::size_t count = count_for(s_, sizes[k], sizeof(T), p);
+    if (count == 0) continue;
+    for (std::size_t i = 0; i < count; ++i) in[i] = input_value<T>(j_.rank, i);
+    mpi_us[k] = time_mpi(in, out, count, iterations(sizes[k]));
+  }
+  std::vector<row> rows;
+  for (const std::string& name : s_.topologies) {
+    if (name == "ring") measure<squall::ring_topology>(name, rows, sizes, in, out, mpi_us);
+    else if (name == "tree") measure<squall::tree_topology>(name, rows, sizes, in, out, mpi_us);
+    else if (name == "direct") measure<squall::direct_topology>(name, rows, sizes, in, out, mpi_us);
+    else if (name == "halving_doubling") measure<squall::halving_doubling_topology>(name, rows, sizes, in, out, mpi_us);
+    else if (name == "hierarchical") measure<squall::hierarchical_topology<>>(name, rows, sizes, in, out, mpi_us);
+    else measure<squall::automatic_topology>(name, rows, sizes, in, out, mpi_us);
+  }
+  return rows;
+}
+
+// Memory bandwidth as the same processes see it: every rank copies a buffer at once.
+double memcpy_gbs(const job& j, std::size_t bytes) {
+  std::vector<char> a(bytes, 1);
+  std::vector<char> b(bytes, 2);
+  double best = 1e30;
+  for (int i = 0; i < 4; ++i) {
+#if SQUALL_BENCH_WITH_MPI
+    if (j.mpi) MPI_Barrier(MPI_COMM_WORLD);
+#endif
+    const auto start = clock_type::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    best = std::min(best, std::chrono::duration<double>(clock_type::now() - start).count());
+  }
+  double gbs = static_cast<double>(bytes) / best / 1e9;
+#if SQUALL_BENCH_WITH_MPI
+  if (j.mpi) {
+    double least = 0;
+    MPI_Allreduce(&gbs, &least, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+    gbs = least;
+  }
+#else
+  (void)j;
+#endif
+  return gbs;
+}
+
+void write_files(const settings& s, const job& j, const std::vector<row>& rows) {
+  const std::string compressor = "none";
+  if (!s.csv.empty()) {
+    std::FILE* f = std::fopen(s.csv.c_str(), "w");
+    if (f == nullptr) throw std::runtime_error("cannot write " + s.csv);
+    std::fprintf(f, "op,transport,topology,compressor,dtype,ranks,size_bytes,count,time_us,algbw_gbs,"
+                    "busbw_gbs,wrong,mpi_time_us,mpi_busbw_gbs,speedup_vs_mpi\n");
+    for (const row& r : rows) {
+      std::fprintf(f, "%s,%s,%s,%s,%s,%d,%zu,%zu,%.3f,%.4f,%.4f,%ld,", s.op.c_str(), s.transport.c_str(),
+                   r.topology.c_str(), compressor.c_str(), s.dtype.c_str(), j.size, r.bytes, r.count,
+                   r.time_us, r.algbw, r.busbw, r.wrong);
+      if (r.mpi_us > 0) std::fprintf(f, "%.3f,%.4f,%.4f\n", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
+      else std::fprintf(f, ",,\n");
+    }
+    std::fclose(f);
+  }
+  if (!s.json.empty()) {
+    std::FILE* f = std::fopen(s.json.c_str(), "w");
+    if (f == nullptr) throw std::runtime_error("cannot write " + s.json);
+    std::fprintf(f, "{\"op\": \"%s\", \"transport\": \"%s\", \"compressor\": \"%s\", \"dtype\": \"%s\", "
+                    "\"ranks\": %d, \"results\": [",
+                 s.op.c_str(), s.transport.c_str(), compressor.c_str(), s.dtype.c_str(), j.size);
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const row& r = rows[i];
+      std::fprintf(f, "%s\n  {\"topology\": \"%s\", \"size_bytes\": %zu, \"count\": %zu, \"time_us\": %.3f, "
+                      "\"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, \"wrong\": %ld, ",
+                   i == 0 ? "" : ",", r.topology.c_str(), r.bytes, r.count, r.time_us, r.algbw, r.busbw, r.wrong);
+      if (r.mpi_us > 0) {
+        std::fprintf(f, "\"mpi_time_us\": %.3f, \"mpi_busbw_gbs\": %.4f, \"speedup_vs_mpi\": %.4f}", r.mpi_us,
+                     r.mpi_busbw, r.mpi_us / r.time_us);
+      } else {
+        std::fprintf(f, "\"mpi_time_us\": null, \"mpi_busbw_gbs\": null, \"speedup_vs_mpi\": null}");
+      }
+    }
+    std::fprintf(f, "\n]}\n");
+    std::fclose(f);
+  }
+}
+
+template <class Transport>
+int run_rank(const settings& s, const job& j) {
+  bench<Transport> b(s, j);
+  const double membw = memcpy_gbs(j, std::min<std::size_t>(s.max_bytes, std::size_t{256} << 20));
+  if (j.rank == 0) {
+    std::printf("# squall-bench %d.%d.%d: op %s, transport %s, %d ranks, dtype %s, MPI comparison %s\n",
+                SQUALL_VERSION_MAJOR, SQUALL_VERSION_MINOR, SQUALL_VERSION_PATCH, s.op.c_str(),
+                s.transport.c_str(), j.size, s.dtype.c_str(), j.mpi ? "on" : "off (MPI not built)");
+    std::printf("# memcpy bandwidth, every rank copying at once: %.2f GB/s per rank\n", membw);
+    std::printf("# %10s %12s %9s %28s %11s %8s %8s %7s %11s %9s %8s\n", "size", "count", "type", "topology",
+                "time_us", "algbw", "busbw", "#wrong", "mpi_us", "mpi_busbw", "speedup");
+    std::fflush(stdout);
+  }
+  std::vector<row> rows;
+  if (s.dtype == "float") rows = b.template run<float>();
+  else if (s.dtype == "double") rows = b.template run<double>();
+  else if (s.dtype == "int32") rows = b.template run<std::int32_t>();
+  else if (s.dtype == "int64") rows = b.template run<std::int64_t>();
+  else if (s.dtype == "float16") rows = b.template run<squall::float16>();
+  else if (s.dtype == "bfloat16") rows = b.template run<squall::bfloat16>();
+  else usage("unknown dtype '" + s.dtype + "'");
+  long wrong = 0;
+  for (const row& r : rows) wrong += r.wrong;
+  if (j.rank == 0) write_files(s, j, rows);
+  return wrong == 0 ? 0 : 1;
+}
+
+bool under_launcher() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr ||
+         std::getenv("SQUALL_BENCH_CHILD") != nullptr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const settings s = parse(argc, argv);
+  const int ranks = s.ranks > 0 ? s.ranks : static_cast<int>(std::clamp(sysconf(_SC_NPROCESSORS_ONLN), 2L, 8L));
+#if SQUALL_BENCH_WITH_MPI
+  if (!under_launcher()) {
+    // Re-run under mpiexec, so the same processes time MPI's collective too.
+    const char* env = std::getenv("SQUALL_MPIEXEC");
+    const std::string mpiexec = env != nullptr && *env ? env : SQUALL_BENCH_MPIEXEC;
+    std::vector<std::string> args = {mpiexec, "-n", std::to_string(ranks)};
+    if (SQUALL_BENCH_OPEN_MPI) args.emplace_back("--oversubscribe");
+    char self[4096] = {};
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    args.emplace_back(n > 0 ? std::string(self, static_cast<std::size_t>(n)) : std::string(argv[0]));
+    for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+    std::vector<char*> cargs;
+    for (auto& a : args) cargs.push_back(a.data());
+    cargs.push_back(nullptr);
+    setenv("SQUALL_BENCH_CHILD", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    std::fflush(nullptr);
+    execvp(cargs[0], cargs.data());
+    std::fprintf(stderr, "squall-bench: cannot run %s (%s); set SQUALL_MPIEXEC\n", mpiexec.c_str(),
+                 std::strerror(errno));
+    return 2;
+  }
+  MPI_Init(&argc, &argv);
+  job j;
+  MPI_Comm_rank(MPI_COMM_WORLD, &j.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &j.size);
+  j.mpi = true;
+  int status = 0;
+  try {
+    if (s.transport == "mpi") {
+      status = run_rank<squall::mpi_transport>(s, j);
+    } else {
+      // One job name for all ranks: rank 0's pid and time, broadcast.
+      long long id[2] = {static_cast<long long>(getpid()),
+                         static_cast<long long>(clock_type::now().time_since_epoch().count() % 1000000007)};
+      MPI_Bcast(id, 2, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+      j.shm_name = "bench-" + std::to_string(id[0]) + "-" + std::to_string(id[1]);
+      status = run_rank<squall::shm_transport>(s, j);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "squall-bench rank %d: %s\n", j.rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  int worst = 0;
+  MPI_Allreduce(&status, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+#else
+  (void)under_launcher;
+  const squall::launch_result result = squall::launch(ranks, [&](const squall::shm_job& me) {
+    job j{.rank = me.rank, .size = me.size, .mpi = false, .shm_name = me.name};
+    try {
+      return run_rank<squall::shm_transport>(s, j);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "squall-bench rank %d: %s\n", j.rank, e.what());
+      return 3;
+    }
+  });
+  return result.ok() ? 0 : 1;
+#endif
+}
