@@ -200,6 +200,7 @@ class communicator {
     if constexpr (peer_readable_transport<Transport>) {
       const schedule s = topology_.allreduce_schedule(rank(), size(), in.size_bytes());
       if (s.one_shot && reads_peers(in.size_bytes())) {
+        settle();
         place_check(in, out);
         detail::executor<Transport>(transport_, scratch_, tuning_)
             .run_one_shot_read(reinterpret_cast<const std::byte*>(in.data()),
@@ -291,7 +292,11 @@ class communicator {
   /// Returns once every rank has entered the barrier.
   void barrier() {
     signature(collective::barrier, dtype::float32, "", 0);
-    transport_.barrier().wait();
+    if (pending_) {
+      settle();  // that barrier is the barrier
+    } else {
+      transport_.barrier().wait();
+    }
   }
 
  private:
@@ -335,7 +340,10 @@ class communicator {
 
   template <element T, reduction_op<T> Op>
   void reduce_all(host_view<T> data, Op op) {
-    if (data.empty()) return;
+    if (data.empty()) {
+      settle();
+      return;
+    }
     run_allreduce(topology_.allreduce_schedule(rank(), size(), data.size_bytes()), data.data(),
                   data.count(), detail::make_reducer<T, Op>());
     kernels::finalize(host_backend{}, op, data, static_cast<std::size_t>(size()));
@@ -365,6 +373,7 @@ class communicator {
 
   template <class T>
   void run(const schedule& s, T* data, std::size_t count, const detail::reducer& r) {
+    settle();
     detail::executor<Transport>(transport_, scratch_, tuning_)
         .run(s, reinterpret_cast<std::byte*>(data), count, r);
   }
@@ -372,7 +381,7 @@ class communicator {
   // Room for the one-shot schedule: each half of the window holds a round of at least 64
   // elements per rank.
   bool windows_fit(const detail::reducer& r) {
-    return transport_.local_view().count() / 2 >=
+    return detail::window_data_bytes(transport_) / 2 >=
            64 * r.element_bytes * static_cast<std::size_t>(size());
   }
 
@@ -381,10 +390,15 @@ class communicator {
   }
 
   // The mismatch check: every rank learns every rank's signature and compares them all, so
-  // every rank throws the same `mismatch_error`.
+  // every rank throws the same `mismatch_error`. On a direct transport the signatures go
+  // through a slot at the end of each window (alternating by call, so a rank one call ahead
+  // never overwrites one still read) and one barrier; `settle()` is that barrier and the
+  // comparison, and the one-shot allreduce fuses it with its own first barrier. Elsewhere
+  // they are swapped by messages.
   void signature(collective kind, dtype type, std::string_view op, std::size_t count,
                  int root = -1) {
     ++sequence_;
+    pending_ = false;
     if (!check_ || size() == 1) return;
     const detail::call_signature mine{.sequence = sequence_,
                                       .count = count,
@@ -393,10 +407,45 @@ class communicator {
                                       .type = static_cast<std::uint8_t>(type),
                                       .op = detail::op_code(op)};
     signatures_.resize(static_cast<std::size_t>(size()));
+    if constexpr (direct_transport<Transport>) {
+      if (transport_.local_view().count() >= detail::signature_area) {
+        std::memcpy(signature_slot(rank()), &mine, sizeof mine);
+        pending_ = true;
+        return;
+      }
+    }
     exchange(&mine, sizeof mine, signatures_.data());
+    compare_signatures();
+  }
+
+  // Completes a pending window signature check: barrier, then compare.
+  void settle() {
+    if (!pending_) return;
+    transport_.barrier().wait();
+    read_signatures();
+  }
+
+  void read_signatures() {
+    pending_ = false;
+    if constexpr (direct_transport<Transport>) {
+      for (int q = 0; q < size(); ++q) {
+        std::memcpy(&signatures_[static_cast<std::size_t>(q)], signature_slot(q),
+                    sizeof(detail::call_signature));
+      }
+    }
+    compare_signatures();
+  }
+
+  std::byte* signature_slot(int q) {
+    const std::size_t at = detail::window_data_bytes(transport_) + (sequence_ % 2) * 128;
+    return transport_.peer_view(q).data() + at;
+  }
+
+  void compare_signatures() {
     for (int q = 0; q < size(); ++q) {
       const detail::call_signature& theirs = signatures_[static_cast<std::size_t>(q)];
       if (std::memcmp(&theirs, &signatures_[0], sizeof theirs) != 0) {
+        const auto kind = static_cast<collective>(signatures_[static_cast<std::size_t>(rank())].kind);
         throw mismatch_error({.operation = to_string(kind), .rank = rank(), .peer = q},
                              "rank " + std::to_string(q) + " made " + detail::describe(theirs) +
                                  ", rank 0 made " + detail::describe(signatures_[0]));
@@ -500,6 +549,7 @@ class communicator {
     if constexpr (peer_readable_transport<Transport>) {
       if (s.one_shot && reads_peers(count * r.element_bytes)) {
         auto* bytes = reinterpret_cast<std::byte*>(data);
+        settle();
         detail::executor<Transport>(transport_, scratch_, tuning_)
             .run_one_shot_read(bytes, bytes, count, r);
         return;
@@ -508,10 +558,13 @@ class communicator {
     if constexpr (direct_transport<Transport>) {
       if (s.one_shot && windows_fit(r)) {
         detail::executor<Transport>(transport_, scratch_, tuning_)
-            .run_one_shot(reinterpret_cast<std::byte*>(data), count, r, window_round_);
+            .run_one_shot(reinterpret_cast<std::byte*>(data), count, r, window_round_, [this] {
+              if (pending_) read_signatures();
+            });
         return;
       }
     }
+    settle();
     run(s, data, count, r);
   }
 
@@ -520,6 +573,7 @@ class communicator {
   bool check_ = true;
   collective_tuning tuning_;
   std::uint64_t sequence_ = 0;
+  bool pending_ = false;  // a window signature check waits for its barrier (`settle`)
   std::size_t window_round_ = 0;
   std::vector<std::byte> scratch_;
   std::vector<std::byte> work_;

@@ -49,6 +49,16 @@ reducer make_reducer() {
           }};
 }
 
+/// The tail of every rank's window the communicator keeps for call signatures (two slots,
+/// alternating by call); the one-shot schedule uses the bytes before it.
+inline constexpr std::size_t signature_area = 256;
+
+template <class Transport>
+std::size_t window_data_bytes(Transport& t) {
+  const std::size_t window = t.local_view().count();
+  return window > signature_area ? window - signature_area : 0;
+}
+
 /// Runs schedules for one communicator. Holds references to its transport and scratch space
 /// (owned by the communicator, grown on demand and reused: no allocation per call once warm).
 template <transport Transport>
@@ -81,12 +91,17 @@ class executor {
   /// window, then copy every reduced slice back. Two barriers a round; the window's halves
   /// alternate across rounds and calls (`round` is the communicator's counter), so the next
   /// round's publish never overwrites a half a slower rank still reads.
-  void run_one_shot(std::byte* data, std::size_t count, const reducer& r, std::size_t& round)
+  ///
+  /// `after_first_barrier()` runs once, after the first barrier (the communicator's mismatch
+  /// check, fused with the publish so that it costs no barrier of its own).
+  template <class Check>
+  void run_one_shot(std::byte* data, std::size_t count, const reducer& r, std::size_t& round,
+                    Check&& after_first_barrier)
     requires direct_transport<Transport>
   {
     const int size = transport_.size();
     const int me = transport_.rank();
-    const std::size_t half = transport_.local_view().count() / 2;
+    const std::size_t half = window_data_bytes(transport_) / 2;
     const std::size_t per_round = half / r.element_bytes;
     const std::size_t sub = std::max<std::size_t>(1, (std::size_t{32} << 10) / r.element_bytes);
     for (std::size_t offset = 0; offset < count; offset += per_round, ++round) {
@@ -97,6 +112,7 @@ class executor {
       // step 0: publish this rank's data.
       std::memcpy(window(me), chunk, m * r.element_bytes);
       transport_.barrier().wait();
+      if (offset == 0) after_first_barrier();
       // step 1: reduce slice `me` out of every window into this rank's own window, in
       // cache-sized pieces so the destination stays in cache across the P-1 sources.
       const index_range mine = split_range(m, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
