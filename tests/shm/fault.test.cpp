@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // Faults of real processes on shm_transport: a rank killed mid-transfer, a rank that never
-// arrives, a stopped rank, a stale segment from a killed job, a name held by a live job.
-// Nothing may hang, and nothing may stay in /dev/shm.
+// arrives, a stopped rank, a stale segment from a killed job, a name held by a live job, a
+// rank killed between two allreduces of a communicator. Nothing may hang, and nothing may
+// stay in /dev/shm.
 
+#include <squall/algorithm/communicator.hpp>
+#include <squall/topology/direct.hpp>
+#include <squall/topology/ring.hpp>
 #include <squall/transport/launch.hpp>
 #include <squall/transport/shm.hpp>
 
@@ -214,5 +218,66 @@ TEST_SUITE("shm_fault") {
     INFO(test::statuses(result));
     CHECK(result.ok());
     CHECK_FALSE(test::segment_left(job));
+  }
+  TEST_CASE("fault: a rank killed between allreduces of 64 Mi floats, ring and direct") {
+    // Rank 2 of 3 dies after the first allreduce; the survivors are in the second (the mismatch
+    // check, then the schedule or the windows' barriers) and must get peer_failure
+    // naming rank 2 within a few seconds (liveness is checked every 100 ms), never hang until
+    // the deadline, and the communicator stays failed.
+    const auto run = [](auto topology) {
+      using Topology = decltype(topology);
+      CAPTURE(Topology::name);
+      const std::string job = squall::detail::unique_job_name();
+      const auto result = squall::launch(
+          3,
+          [](const shm_job& me) {
+            squall::communicator<shm_transport, Topology> comm(
+                shm_transport(me, squall::options{.deadline = 20s}));
+            const std::size_t count = std::size_t{64} << 20;
+            std::vector<float> data(count);
+            for (std::size_t i = 0; i < count; ++i) {
+              data[i] = static_cast<float>(static_cast<int>((i + static_cast<std::size_t>(me.rank)) % 5) - 2);
+            }
+            comm.allreduce(squall::host_view<float>(data));
+            for (std::size_t i = 0; i < count; i += 4099) {  // the first call is whole
+              float want = 0;
+              for (int q = 0; q < 3; ++q) {
+                want += static_cast<float>(static_cast<int>((i + static_cast<std::size_t>(q)) % 5) - 2);
+              }
+              if (data[i] != want) return 45;
+            }
+            if (me.rank == 2) raise(SIGKILL);
+            const auto start = std::chrono::steady_clock::now();
+            try {
+              for (int call = 0; call < 100; ++call) comm.allreduce(squall::host_view<float>(data));
+            } catch (const squall::peer_failure& e) {
+              const double waited = seconds_since(start);
+              std::fprintf(stderr, "rank %d (%s): peer_failure after %.3f s: %s\n", me.rank,
+                           std::string(Topology::name).c_str(), waited, e.what());
+              if (e.peer() != 2) return 41;
+              if (waited > 5.0) return 42;
+              const auto again = std::chrono::steady_clock::now();
+              try {  // a failed communicator stays failed, and says so at once
+                comm.allreduce(squall::host_view<float>(data));
+                return 43;
+              } catch (const squall::peer_failure&) {
+              }
+              return seconds_since(again) < 1.0 ? 0 : 47;
+            } catch (const squall::error& e) {
+              std::fprintf(stderr, "rank %d (%s): after %.3f s: %s\n", me.rank,
+                           std::string(Topology::name).c_str(), seconds_since(start), e.what());
+              return 44;
+            }
+            return 46;  // 100 allreduces without rank 2
+          },
+          {.job = job, .kill_on_failure = false});
+      INFO(test::statuses(result));
+      CHECK(result.status[2] == 128 + SIGKILL);
+      CHECK(result.status[0] == 0);
+      CHECK(result.status[1] == 0);
+      CHECK_FALSE(test::segment_left(job));
+    };
+    run(squall::ring_topology{});
+    run(squall::direct_topology{});
   }
 }
