@@ -6,7 +6,9 @@
 //                [--topology all|ring|tree|direct|halving_doubling|hierarchical|automatic[,..]]
 //                [--transport shm|mpi] [--dtype float|double|int32|int64|float16|bfloat16]
 //                [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] [--chunk BYTES]
-//                [--no-check] [--csv FILE] [--json FILE]
+//                [--read-peers BYTES] [--no-check] [--csv FILE] [--json FILE]
+//
+// --chunk and --read-peers override collective_tuning's chunk_bytes and read_peers_bytes.
 //
 // It starts its own P ranks: when MPI is built it re-runs itself under mpiexec (so the same
 // processes can time MPI's collective), else it forks them (squall::launch) and the MPI
@@ -39,6 +41,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <unistd.h>
@@ -59,7 +62,8 @@ struct settings {
   std::size_t factor = 4;
   int iters = 0;  // 0: from the size
   int warmup = 2;
-  std::size_t chunk = 0;  // 0: the default collective_tuning
+  std::size_t chunk = 0;       // 0: the default collective_tuning
+  std::size_t read_peers = 0;  // 0: the default collective_tuning
   bool check = true;
   std::string csv;
   std::string json;
@@ -74,7 +78,7 @@ const std::vector<std::string> all_topologies = {"ring",         "tree",        
                "reduce_scatter|broadcast] [--topology all|ring|tree|direct|halving_doubling|"
                "hierarchical|automatic[,...]] [--transport shm|mpi] [--dtype float|double|int32|"
                "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
-               "[--chunk BYTES] [--no-check] [--csv FILE] [--json FILE]\n",
+               "[--chunk BYTES] [--read-peers BYTES] [--no-check] [--csv FILE] [--json FILE]\n",
                why.c_str());
   std::exit(2);
 }
@@ -112,6 +116,7 @@ settings parse(int argc, char** argv) {
     else if (a == "--iters") s.iters = std::atoi(value().c_str());
     else if (a == "--warmup") s.warmup = std::atoi(value().c_str());
     else if (a == "--chunk") s.chunk = parse_size(value());
+    else if (a == "--read-peers") s.read_peers = parse_size(value());
     else if (a == "--no-check") s.check = false;
     else if (a == "--csv") s.csv = value();
     else if (a == "--json") s.json = value();
@@ -188,6 +193,67 @@ struct row {
   double mpi_busbw = 0;
 };
 
+// One communicator per topology, all built up front, so that each size measures every
+// topology back to back (the machine's noise then hits them alike).
+template <class T>
+struct runner_base {
+  std::string name;
+  virtual ~runner_base() = default;
+  virtual void call(std::vector<T>& in, std::vector<T>& out, std::size_t count) = 0;
+  /// "ring", or "automatic:<chosen>"
+  virtual std::string label(std::size_t bytes) const = 0;
+  /// The slowest rank's value (max) or the sum over ranks.
+  virtual double across(double v, bool sum) = 0;
+  virtual void barrier() = 0;
+  virtual std::size_t block_offset(std::size_t count) const = 0;
+};
+
+template <class Transport, class Topology, class T>
+struct runner final : runner_base<T> {
+  runner(std::string topology, Transport transport, const settings& s, const job& j,
+         const squall::options& opts, const squall::collective_tuning& tuning)
+      : comm(std::move(transport), Topology{}, opts, tuning), s_(s), j_(j) {
+    this->name = std::move(topology);
+  }
+
+  void call(std::vector<T>& in, std::vector<T>& out, std::size_t count) override {
+    const int p = j_.size;
+    if (s_.op == "allreduce") {
+      comm.allreduce(squall::host_view<const T>(in.data(), count), squall::host_view<T>(out.data(), count));
+    } else if (s_.op == "allgather") {
+      comm.allgather(squall::host_view<const T>(in.data(), count),
+                     squall::host_view<T>(out.data(), count * static_cast<std::size_t>(p)));
+    } else if (s_.op == "reduce_scatter") {
+      comm.reduce_scatter(squall::host_view<const T>(in.data(), count),
+                          squall::host_view<T>(out.data(), comm.block_count(count)));
+    } else {
+      comm.broadcast(squall::host_view<T>(in.data(), count), 0);
+    }
+  }
+  std::string label(std::size_t bytes) const override {
+    if (s_.op == "allreduce") return comm.schedule_for(bytes);
+    return this->name;
+  }
+  double across(double v, bool sum) override {
+#if SQUALL_BENCH_WITH_MPI
+    if (j_.mpi) {
+      double out = 0;
+      MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, sum ? MPI_SUM : MPI_MAX, MPI_COMM_WORLD);
+      return out;
+    }
+#endif
+    if (sum) comm.allreduce(squall::host_view<double>(&v, 1), squall::sum_op{});
+    else comm.allreduce(squall::host_view<double>(&v, 1), squall::max_op{});
+    return v;
+  }
+  void barrier() override { comm.transport().barrier().wait(); }
+  std::size_t block_offset(std::size_t count) const override { return comm.block_offset(count); }
+
+  squall::communicator<Transport, Topology> comm;
+  const settings& s_;
+  const job& j_;
+};
+
 template <class Transport>
 class bench {
  public:
@@ -209,41 +275,10 @@ class bench {
     }
   }
 
-  // The slowest rank's value (max) or the sum over ranks, through MPI or a communicator.
-  template <class Comm>
-  double across(Comm& comm, double v, bool sum) {
-#if SQUALL_BENCH_WITH_MPI
-    if (j_.mpi) {
-      double out = 0;
-      MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, sum ? MPI_SUM : MPI_MAX, MPI_COMM_WORLD);
-      return out;
-    }
-#endif
-    if (sum) comm.allreduce(squall::host_view<double>(&v, 1), squall::sum_op{});
-    else comm.allreduce(squall::host_view<double>(&v, 1), squall::max_op{});
-    return v;
-  }
-
   int iterations(std::size_t bytes) const {
     if (s_.iters > 0) return s_.iters;
     const double target = 256.0 * (1 << 20);  // about 256 MiB moved per measurement
     return static_cast<int>(std::clamp(target / static_cast<double>(bytes), 5.0, 1000.0));
-  }
-
-  template <class Comm, class T>
-  void call(Comm& comm, std::vector<T>& in, std::vector<T>& out, std::size_t count) {
-    const int p = j_.size;
-    if (s_.op == "allreduce") {
-      comm.allreduce(squall::host_view<const T>(in.data(), count), squall::host_view<T>(out.data(), count));
-    } else if (s_.op == "allgather") {
-      comm.allgather(squall::host_view<const T>(in.data(), count),
-                     squall::host_view<T>(out.data(), count * static_cast<std::size_t>(p)));
-    } else if (s_.op == "reduce_scatter") {
-      comm.reduce_scatter(squall::host_view<const T>(in.data(), count),
-                          squall::host_view<T>(out.data(), comm.block_count(count)));
-    } else {
-      comm.broadcast(squall::host_view<T>(in.data(), count), 0);
-    }
   }
 
   template <class T>
@@ -305,8 +340,11 @@ class bench {
   }
 
   template <class Topology, class T>
-  void measure(const std::string& name, std::vector<row>& rows, const std::vector<std::size_t>& sizes,
-               std::vector<T>& in, std::vector<T>& out, const std::vector<double>& mpi_us);
+  std::unique_ptr<runner_base<T>> make_runner(const std::string& name);
+
+  template <class T>
+  row measure(runner_base<T>& r, std::size_t bytes, std::vector<T>& in, std::vector<T>& out,
+              double mpi_us);
 
   const settings& s_;
   const job& j_;
@@ -324,49 +362,60 @@ std::size_t count_for(const settings& s, std::size_t bytes, std::size_t element,
 
 template <class Transport>
 template <class Topology, class T>
-void bench<Transport>::measure(const std::string& name, std::vector<row>& rows,
-                               const std::vector<std::size_t>& sizes, std::vector<T>& in,
-                               std::vector<T>& out, const std::vector<double>& mpi_us) {
+std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string& name) {
   squall::options opts;
   opts.check_mismatch = s_.check;
   squall::collective_tuning tuning;
   if (s_.chunk != 0) tuning.chunk_bytes = s_.chunk;
-  squall::communicator<Transport, Topology> comm(make_transport(name), Topology{}, opts, tuning);
-  const int p = j_.size;
-  for (std::size_t k = 0; k < sizes.size(); ++k) {
-    const std::size_t bytes = sizes[k];
-    const std::size_t count = count_for(s_, bytes, sizeof(T), p);
-    if (count == 0) continue;
-    const int iters = iterations(bytes);
-    for (std::size_t i = 0; i < count; ++i) in[i] = input_value<T>(j_.rank, i);
-    for (int w = 0; w < s_.warmup; ++w) call(comm, in, out, count);
-    comm.transport().barrier().wait();
-    const auto start = clock_type::now();
-    for (int it = 0; it < iters; ++it) call(comm, in, out, count);
-    const double mine = std::chrono::duration<double>(clock_type::now() - start).count() / iters;
-    const double t = across(comm, mine, false);
-    const std::size_t offset = s_.op == "reduce_scatter" ? comm.block_offset(count) : 0;
-    const long wrong = static_cast<long>(across(comm, static_cast<double>(count_wrong(in, out, count, offset)), true));
-    row r;
-    r.topology = name;
-    if constexpr (std::is_same_v<Topology, squall::automatic_topology>) r.topology = comm.schedule_for(count * sizeof(T));
-    r.bytes = bytes;
-    r.count = count;
-    r.time_us = t * 1e6;
-    r.algbw = static_cast<double>(bytes) / t / 1e9;
-    r.busbw = r.algbw * bus_factor(s_.op, p);
-    r.wrong = wrong;
-    r.mpi_us = mpi_us[k];
-    if (r.mpi_us > 0) r.mpi_busbw = static_cast<double>(bytes) / (r.mpi_us * 1e-6) / 1e9 * bus_factor(s_.op, p);
+  if (s_.read_peers != 0) tuning.read_peers_bytes = s_.read_peers;
+  auto r = std::make_unique<runner<Transport, Topology, T>>(name, make_transport(name), s_, j_, opts, tuning);
+  if constexpr (std::is_same_v<Topology, squall::automatic_topology>) {
+    // The model automatic chooses from: each candidate's measured time per size.
     if (j_.rank == 0) {
-      std::printf("%12zu %12zu %9s %28s %11.1f %8.2f %8.2f %7ld", r.bytes, r.count, s_.dtype.c_str(),
-                  r.topology.c_str(), r.time_us, r.algbw, r.busbw, r.wrong);
-      if (r.mpi_us > 0) std::printf(" %11.1f %9.2f %8.2f\n", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
-      else std::printf(" %11s %9s %8s\n", "-", "-", "-");
-      std::fflush(stdout);
+      const squall::cost_model& m = r->comm.topology().model;
+      for (std::size_t c = 0; c < squall::cost_model::candidates; ++c) {
+        std::printf("# automatic model, %-16s", std::string(squall::cost_model::names[c]).c_str());
+        for (const auto& point : m.measured[c]) std::printf(" %zu:%.1fus", point.bytes, point.seconds * 1e6);
+        std::printf("\n");
+      }
     }
-    rows.push_back(r);
   }
+  return r;
+}
+
+template <class Transport>
+template <class T>
+row bench<Transport>::measure(runner_base<T>& run, std::size_t bytes, std::vector<T>& in,
+                              std::vector<T>& out, double mpi_us) {
+  const int p = j_.size;
+  const std::size_t count = count_for(s_, bytes, sizeof(T), p);
+  const int iters = iterations(bytes);
+  for (std::size_t i = 0; i < count; ++i) in[i] = input_value<T>(j_.rank, i);
+  for (int w = 0; w < s_.warmup; ++w) run.call(in, out, count);
+  run.barrier();
+  const auto start = clock_type::now();
+  for (int it = 0; it < iters; ++it) run.call(in, out, count);
+  const double mine = std::chrono::duration<double>(clock_type::now() - start).count() / iters;
+  const double t = run.across(mine, false);
+  const std::size_t offset = s_.op == "reduce_scatter" ? run.block_offset(count) : 0;
+  row r;
+  r.wrong = static_cast<long>(run.across(static_cast<double>(count_wrong(in, out, count, offset)), true));
+  r.topology = run.label(count * sizeof(T));
+  r.bytes = bytes;
+  r.count = count;
+  r.time_us = t * 1e6;
+  r.algbw = static_cast<double>(bytes) / t / 1e9;
+  r.busbw = r.algbw * bus_factor(s_.op, p);
+  r.mpi_us = mpi_us;
+  if (r.mpi_us > 0) r.mpi_busbw = static_cast<double>(bytes) / (r.mpi_us * 1e-6) / 1e9 * bus_factor(s_.op, p);
+  if (j_.rank == 0) {
+    std::printf("%12zu %12zu %9s %28s %11.1f %8.2f %8.2f %7ld", r.bytes, r.count, s_.dtype.c_str(),
+                r.topology.c_str(), r.time_us, r.algbw, r.busbw, r.wrong);
+    if (r.mpi_us > 0) std::printf(" %11.1f %9.2f %8.2f\n", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
+    else std::printf(" %11s %9s %8s\n", "-", "-", "-");
+    std::fflush(stdout);
+  }
+  return r;
 }
 
 template <class Transport>
@@ -378,22 +427,26 @@ std::vector<row> bench<Transport>::run() {
   const std::size_t most = count_for(s_, s_.max_bytes, sizeof(T), p);
   std::vector<T> in(std::max<std::size_t>(most, 1));
   std::vector<T> out(std::max<std::size_t>(s_.op == "allgather" ? most * static_cast<std::size_t>(p) : most, 1));
-  // MPI first, once per size, on the same inputs.
-  std::vector<double> mpi_us(sizes.size(), -1);
-  for (std::size_t k = 0; k < sizes.size(); ++k) {
-    const std::size_t count = count_for(s_, sizes[k], sizeof(T), p);
-    if (count == 0) continue;
-    for (std::size_t i = 0; i < count; ++i) in[i] = input_value<T>(j_.rank, i);
-    mpi_us[k] = time_mpi(in, out, count, iterations(sizes[k]));
+  std::vector<std::unique_ptr<runner_base<T>>> runners;
+  for (const std::string& name : s_.topologies) {
+    if (name == "ring") runners.push_back(make_runner<squall::ring_topology, T>(name));
+    else if (name == "tree") runners.push_back(make_runner<squall::tree_topology, T>(name));
+    else if (name == "direct") runners.push_back(make_runner<squall::direct_topology, T>(name));
+    else if (name == "halving_doubling") runners.push_back(make_runner<squall::halving_doubling_topology, T>(name));
+    else if (name == "hierarchical") runners.push_back(make_runner<squall::hierarchical_topology<>, T>(name));
+    else runners.push_back(make_runner<squall::automatic_topology, T>(name));
+  }
+  if (j_.rank == 0) {
+    std::fflush(stdout);
   }
   std::vector<row> rows;
-  for (const std::string& name : s_.topologies) {
-    if (name == "ring") measure<squall::ring_topology>(name, rows, sizes, in, out, mpi_us);
-    else if (name == "tree") measure<squall::tree_topology>(name, rows, sizes, in, out, mpi_us);
-    else if (name == "direct") measure<squall::direct_topology>(name, rows, sizes, in, out, mpi_us);
-    else if (name == "halving_doubling") measure<squall::halving_doubling_topology>(name, rows, sizes, in, out, mpi_us);
-    else if (name == "hierarchical") measure<squall::hierarchical_topology<>>(name, rows, sizes, in, out, mpi_us);
-    else measure<squall::automatic_topology>(name, rows, sizes, in, out, mpi_us);
+  for (const std::size_t bytes : sizes) {
+    const std::size_t count = count_for(s_, bytes, sizeof(T), p);
+    if (count == 0) continue;
+    // MPI first, on the same inputs, then every topology.
+    for (std::size_t i = 0; i < count; ++i) in[i] = input_value<T>(j_.rank, i);
+    const double mpi_us = time_mpi(in, out, count, iterations(bytes));
+    for (auto& r : runners) rows.push_back(measure(*r, bytes, in, out, mpi_us));
   }
   return rows;
 }
@@ -466,14 +519,14 @@ void write_files(const settings& s, const job& j, const std::vector<row>& rows) 
 template <class Transport>
 int run_rank(const settings& s, const job& j) {
   bench<Transport> b(s, j);
-  const double membw = memcpy_gbs(j, std::min<std::size_t>(s.max_bytes, std::size_t{256} << 20));
+  // out of every cache: 64 MiB to 256 MiB
+  const double membw = memcpy_gbs(
+      j, std::clamp<std::size_t>(s.max_bytes, std::size_t{64} << 20, std::size_t{256} << 20));
   if (j.rank == 0) {
     std::printf("# squall-bench %d.%d.%d: op %s, transport %s, %d ranks, dtype %s, MPI comparison %s\n",
                 SQUALL_VERSION_MAJOR, SQUALL_VERSION_MINOR, SQUALL_VERSION_PATCH, s.op.c_str(),
                 s.transport.c_str(), j.size, s.dtype.c_str(), j.mpi ? "on" : "off (MPI not built)");
     std::printf("# memcpy bandwidth, every rank copying at once: %.2f GB/s per rank\n", membw);
-    std::printf("# %10s %12s %9s %28s %11s %8s %8s %7s %11s %9s %8s\n", "size", "count", "type", "topology",
-                "time_us", "algbw", "busbw", "#wrong", "mpi_us", "mpi_busbw", "speedup");
     std::fflush(stdout);
   }
   std::vector<row> rows;

@@ -189,7 +189,7 @@ class communicator {
   template <element T, reduction_op<T> Op = sum_op>
   void allreduce(host_view<T> data, Op op = {}) {
     signature(collective::allreduce, dtype_of<T>, Op::name, data.count());
-    reduce_all(data, op);
+    allreduce_into(data.data(), data, op);
   }
   /// `out[i] = op over ranks of in[i]`; `in` and `out` have the same count and do not
   /// partially overlap (`invalid_argument` otherwise).
@@ -197,21 +197,8 @@ class communicator {
   void allreduce(host_view<const T> in, host_view<T> out, Op op = {}) {
     require_count("allreduce", "out", out.count(), in.count());
     signature(collective::allreduce, dtype_of<T>, Op::name, in.count());
-    if constexpr (peer_readable_transport<Transport>) {
-      const schedule s = topology_.allreduce_schedule(rank(), size(), in.size_bytes());
-      if (s.one_shot && reads_peers(in.size_bytes())) {
-        settle();
-        place_check(in, out);
-        detail::executor<Transport>(transport_, scratch_, tuning_)
-            .run_one_shot_read(reinterpret_cast<const std::byte*>(in.data()),
-                               reinterpret_cast<std::byte*>(out.data()), in.count(),
-                               detail::make_reducer<T, Op>());
-        kernels::finalize(host_backend{}, op, out, static_cast<std::size_t>(size()));
-        return;
-      }
-    }
-    place(in, out);
-    reduce_all(out, op);
+    place_check(in, out);
+    allreduce_into(in.data(), out, op);
   }
 
   // ---- reduce_scatter ---------------------------------------------------------------------
@@ -338,15 +325,16 @@ class communicator {
     }
   }
 
+  // out = op over ranks of in (`in` may be `out.data()`), then the op's finalize.
   template <element T, reduction_op<T> Op>
-  void reduce_all(host_view<T> data, Op op) {
-    if (data.empty()) {
+  void allreduce_into(const T* in, host_view<T> out, Op op) {
+    if (out.empty()) {
       settle();
       return;
     }
-    run_allreduce(topology_.allreduce_schedule(rank(), size(), data.size_bytes()), data.data(),
-                  data.count(), detail::make_reducer<T, Op>());
-    kernels::finalize(host_backend{}, op, data, static_cast<std::size_t>(size()));
+    run_allreduce(topology_.allreduce_schedule(rank(), size(), out.size_bytes()), in, out.data(),
+                  out.count(), detail::make_reducer<T, Op>());
+    kernels::finalize(host_backend{}, op, out, static_cast<std::size_t>(size()));
   }
 
   template <element T, reduction_op<T> Op>
@@ -486,28 +474,39 @@ class communicator {
   }
 
   // Measures every candidate of the cost model on these ranks: float sums of 4 KiB to
-  // `calibrate_up_to` bytes in steps of 4, best of a few runs, the slowest rank's time.
+  // `calibrate_up_to` bytes in steps of 4, best of several runs, the slowest rank's time.
   void calibrate() {
     const std::size_t top = std::max<std::size_t>(topology_.calibrate_up_to, std::size_t{16} << 10);
     std::vector<std::size_t> sizes;
     for (std::size_t b = std::size_t{4} << 10; b <= top; b *= 4) sizes.push_back(b);
+    // Out of place, as squall-bench and most training loops call it: schedules other than
+    // the one-shot read pay the copy of the input into the output, and the model should see it.
+    std::vector<float> input(top / sizeof(float));
     std::vector<float> buffer(top / sizeof(float));
     const auto candidates = cost_model::candidates;
-    std::vector<double> mine(candidates * sizes.size());
-    for (std::size_t c = 0; c < candidates; ++c) {
-      for (std::size_t i = 0; i < sizes.size(); ++i) {
-        const std::size_t count = sizes[i] / sizeof(float);
-        const int runs = sizes[i] <= (std::size_t{1} << 20) ? 6 : 3;
-        double best = 1e30;
-        for (int run = 0; run < runs; ++run) {
+    std::vector<double> mine(candidates * sizes.size(), 1e30);
+    // Sizes outer, candidates inner: whatever else the machine does at a moment hits every
+    // candidate alike. Each trial times calls back to back, as a training loop makes them
+    // (a single call right after a barrier flatters schedules that like starting in step):
+    // 4 MiB worth of calls (2 to 128) per trial, the best of 5 trials counts.
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const std::size_t count = sizes[i] / sizeof(float);
+      const int calls = static_cast<int>(
+          std::clamp<std::size_t>((std::size_t{4} << 20) / sizes[i], 2, 128));
+      for (int trial = 0; trial < 5; ++trial) {
+        for (std::size_t c = 0; c < candidates; ++c) {
+          run_candidate(c, input.data(), buffer.data(), count);  // warm
           transport_.barrier().wait();
           const auto start = std::chrono::steady_clock::now();
-          run_candidate(c, host_view<float>(buffer.data(), count));
-          best = std::min(best, std::chrono::duration<double>(
-                                    std::chrono::steady_clock::now() - start)
-                                    .count());
+          for (int call = 0; call < calls; ++call) {
+            run_candidate(c, input.data(), buffer.data(), count);
+          }
+          const double took =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+              calls;
+          double& best = mine[c * sizes.size() + i];
+          best = std::min(best, took);
         }
-        mine[c * sizes.size() + i] = best;
       }
     }
     std::vector<double> all(mine.size() * static_cast<std::size_t>(size()));
@@ -526,46 +525,48 @@ class communicator {
     }
   }
 
-  void run_candidate(std::size_t c, host_view<float> data) {
+  // One out-of-place float sum with candidate `c` of the cost model, as `allreduce` runs it.
+  void run_candidate(std::size_t c, const float* in, float* out, std::size_t count) {
     const int r = rank();
     const int p = size();
-    const std::size_t bytes = data.size_bytes();
+    const std::size_t bytes = count * sizeof(float);
+    schedule s;
     switch (c) {
-      case 0: run_fixed(ring_topology{}.allreduce_schedule(r, p, bytes), data); break;
-      case 1: run_fixed(tree_topology{}.allreduce_schedule(r, p, bytes), data); break;
-      case 2: run_fixed(direct_topology{}.allreduce_schedule(r, p, bytes), data); break;
-      default: run_fixed(halving_doubling_topology{}.allreduce_schedule(r, p, bytes), data);
+      case 0: s = ring_topology{}.allreduce_schedule(r, p, bytes); break;
+      case 1: s = tree_topology{}.allreduce_schedule(r, p, bytes); break;
+      case 2: s = direct_topology{}.allreduce_schedule(r, p, bytes); break;
+      default: s = halving_doubling_topology{}.allreduce_schedule(r, p, bytes);
     }
+    run_allreduce(s, in, out, count, detail::make_reducer<float, sum_op>());
   }
 
-  void run_fixed(const schedule& s, host_view<float> data) {
-    run_allreduce(s, data.data(), data.count(), detail::make_reducer<float, sum_op>());
-  }
-
-  // An allreduce schedule: the one-shot one through the windows where the transport has
-  // them, else as messages.
+  // Runs allreduce schedule `s` from `in` into `out` (`in` may be `out`): the one-shot one
+  // straight out of the peers' buffers or through the windows where the transport has them,
+  // else the schedule's messages on `out` after copying `in` there.
   template <class T>
-  void run_allreduce(const schedule& s, T* data, std::size_t count, const detail::reducer& r) {
+  void run_allreduce(const schedule& s, const T* in, T* out, std::size_t count,
+                     const detail::reducer& r) {
     if constexpr (peer_readable_transport<Transport>) {
       if (s.one_shot && reads_peers(count * r.element_bytes)) {
-        auto* bytes = reinterpret_cast<std::byte*>(data);
         settle();
         detail::executor<Transport>(transport_, scratch_, tuning_)
-            .run_one_shot_read(bytes, bytes, count, r);
+            .run_one_shot_read(reinterpret_cast<const std::byte*>(in),
+                               reinterpret_cast<std::byte*>(out), count, r);
         return;
       }
     }
+    if (in != out) std::memcpy(out, in, count * r.element_bytes);
     if constexpr (direct_transport<Transport>) {
       if (s.one_shot && windows_fit(r)) {
         detail::executor<Transport>(transport_, scratch_, tuning_)
-            .run_one_shot(reinterpret_cast<std::byte*>(data), count, r, window_round_, [this] {
+            .run_one_shot(reinterpret_cast<std::byte*>(out), count, r, window_round_, [this] {
               if (pending_) read_signatures();
             });
         return;
       }
     }
     settle();
-    run(s, data, count, r);
+    run(s, out, count, r);
   }
 
   Transport transport_;

@@ -28,6 +28,7 @@
 #include <squall/detail/math.hpp>
 #include <squall/transport/detail/shm_segment.hpp>
 
+#include <sched.h>    // sched_getaffinity, CPU_COUNT
 #include <sys/uio.h>  // process_vm_readv
 
 #include <algorithm>
@@ -163,6 +164,15 @@ struct state {
         tickets(static_cast<std::size_t>(job.size), 0) {
     last_liveness_check = std::chrono::steady_clock::now();
     if (single_copy_bytes != 0) single_copy = probe_single_copy(deadline(budget));
+    spins = size > usable_cpus() ? oversubscribed_spins : 512;
+  }
+
+  /// The CPUs this process may run on.
+  static int usable_cpus() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+    return CPU_COUNT(&set);
   }
 
   static geometry shape_of(const shm_job& job, const shm_config& config) {
@@ -176,6 +186,12 @@ struct state {
   }
 
   std::chrono::nanoseconds budget;
+  /// Pauses a wait spins before it yields: 512 (about 30 us) when every rank has a CPU of its
+  /// own; `oversubscribed_spins` when ranks outnumber CPUs, where spinning only burns the time
+  /// slice of the rank being waited for. Measured with squall-bench -n 4 on 2 CPUs, 4 KiB
+  /// direct allreduce: see docs/performance.md.
+  int spins = 512;
+  static constexpr int oversubscribed_spins = 8;
   int rank;
   int size;
   segment seg;
@@ -454,11 +470,10 @@ struct state {
     check_healthy(where);
     const deadline limit(budget);
     rank_words& me = seg.rank(rank);
-    // Spin 512 pauses, then yield for up to 200 us (an oversubscribed peer gets the core;
+    // Spin `spins` pauses, then yield for up to 200 us (an oversubscribed peer gets the core;
     // on an idle machine we stay awake for the next message), then sleep on the futex until
     // the doorbell rings. Any progress starts the sequence again.
     enum class phase { spinning, yielding, sleeping };
-    constexpr int spins = 512;
     constexpr auto yield_time = std::chrono::microseconds(200);
     phase now = phase::spinning;
     int spun = 0;
