@@ -6,9 +6,9 @@
 //                [--topology all|ring|tree|direct|halving_doubling|hierarchical|automatic[,..]]
 //                [--transport shm|mpi] [--dtype float|double|int32|int64|float16|bfloat16]
 //                [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] [--chunk BYTES]
-//                [--read-peers BYTES] [--no-check] [--csv FILE] [--json FILE]
+//                [--peer-memory BYTES] [--no-check] [--csv FILE] [--json FILE]
 //
-// --chunk and --read-peers override collective_tuning's chunk_bytes and read_peers_bytes.
+// --chunk and --peer-memory override collective_tuning's chunk_bytes and peer_memory_bytes.
 //
 // It starts its own P ranks: when MPI is built it re-runs itself under mpiexec (so the same
 // processes can time MPI's collective), else it forks them (squall::launch) and the MPI
@@ -63,7 +63,7 @@ struct settings {
   int iters = 0;  // 0: from the size
   int warmup = 2;
   std::size_t chunk = 0;       // 0: the default collective_tuning
-  std::size_t read_peers = 0;  // 0: the default collective_tuning
+  std::size_t peer_memory = 0;  // 0: the default collective_tuning
   bool check = true;
   std::string csv;
   std::string json;
@@ -78,7 +78,7 @@ const std::vector<std::string> all_topologies = {"ring",         "tree",        
                "reduce_scatter|broadcast] [--topology all|ring|tree|direct|halving_doubling|"
                "hierarchical|automatic[,...]] [--transport shm|mpi] [--dtype float|double|int32|"
                "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
-               "[--chunk BYTES] [--read-peers BYTES] [--no-check] [--csv FILE] [--json FILE]\n",
+               "[--chunk BYTES] [--peer-memory BYTES] [--no-check] [--csv FILE] [--json FILE]\n",
                why.c_str());
   std::exit(2);
 }
@@ -116,7 +116,7 @@ settings parse(int argc, char** argv) {
     else if (a == "--iters") s.iters = std::atoi(value().c_str());
     else if (a == "--warmup") s.warmup = std::atoi(value().c_str());
     else if (a == "--chunk") s.chunk = parse_size(value());
-    else if (a == "--read-peers") s.read_peers = parse_size(value());
+    else if (a == "--peer-memory") s.peer_memory = parse_size(value());
     else if (a == "--no-check") s.check = false;
     else if (a == "--csv") s.csv = value();
     else if (a == "--json") s.json = value();
@@ -367,7 +367,7 @@ std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string&
   opts.check_mismatch = s_.check;
   squall::collective_tuning tuning;
   if (s_.chunk != 0) tuning.chunk_bytes = s_.chunk;
-  if (s_.read_peers != 0) tuning.read_peers_bytes = s_.read_peers;
+  if (s_.peer_memory != 0) tuning.peer_memory_bytes = s_.peer_memory;
   auto r = std::make_unique<runner<Transport, Topology, T>>(name, make_transport(name), s_, j_, opts, tuning);
   if constexpr (std::is_same_v<Topology, squall::automatic_topology>) {
     // The model automatic chooses from: each candidate's measured time per size.

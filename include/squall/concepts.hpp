@@ -100,16 +100,19 @@ concept direct_transport = transport<T> && requires(T& t, int peer) {
   { t.peer_view(peer) } -> std::same_as<buffer_view<std::byte, typename T::memory_space>>;
 };
 
-/// A transport that can copy straight out of a peer's own memory (shared memory with
-/// cross-memory attach), so a schedule needs no staging copy at all for large messages.
+/// A transport that can copy straight out of and into a peer's own memory (shared memory with
+/// cross-memory attach; threads), so a schedule needs no staging copy for large messages.
 template <class T>
-concept peer_readable_transport = transport<T> &&
+concept peer_memory_transport = transport<T> &&
     requires(T& t, const T& ct, int peer, std::uint64_t address,
-             buffer_view<std::byte, typename T::memory_space> into) {
-  /// whether `read_peer` is allowed between these processes
-  { ct.can_read_peers() } -> std::same_as<bool>;
+             buffer_view<std::byte, typename T::memory_space> into,
+             buffer_view<const std::byte, typename T::memory_space> from) {
+  /// whether `read_peer` and `write_peer` are allowed between these processes
+  { ct.can_access_peers() } -> std::same_as<bool>;
   /// copies `into.count()` bytes at `address` of `peer`'s memory into `into`
   t.read_peer(peer, address, into);
+  /// copies `from` to `address` of `peer`'s memory
+  t.write_peer(peer, address, from);
 };
 
 // ---- topology: who talks to whom, as a pure schedule -----------------------------------------

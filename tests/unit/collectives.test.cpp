@@ -50,7 +50,7 @@ Topology make_topology(int size) {
 
 constexpr squall::collective_tuning tiny_pieces{.chunk_bytes = 64, .pipeline_depth = 3};
 // The one-shot schedule reads the peers' buffers from the first byte (read_peer).
-constexpr squall::collective_tuning reads_peers{.chunk_bytes = 64, .pipeline_depth = 3, .read_peers_bytes = 1};
+constexpr squall::collective_tuning peer_memory{.chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1};
 
 template <class Topology, class T, class Op>
 void check_allreduce(int p, std::size_t count, bool in_place, const squall::collective_tuning& tuning,
@@ -110,9 +110,9 @@ void check_topology_matrix() {
     check_allreduce<Topology, std::int32_t, squall::avg_op>(p, 100, true, {}, 0);
     check_allreduce<Topology, float, squall::sum_op>(p, 100003, false, {}, 1 << 16);
     for (bool in_place : {false, true}) {
-      check_allreduce<Topology, float, squall::sum_op>(p, 100003, in_place, reads_peers, 4096);
-      check_allreduce<Topology, squall::bfloat16, squall::avg_op>(p, u + 1, in_place, reads_peers, 0);
-      check_allreduce<Topology, std::int64_t, squall::max_op>(p, 1, in_place, reads_peers, 0);
+      check_allreduce<Topology, float, squall::sum_op>(p, 100003, in_place, peer_memory, 4096);
+      check_allreduce<Topology, squall::bfloat16, squall::avg_op>(p, u + 1, in_place, peer_memory, 0);
+      check_allreduce<Topology, std::int64_t, squall::max_op>(p, 1, in_place, peer_memory, 0);
     }
   }
 }

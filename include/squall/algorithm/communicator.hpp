@@ -316,9 +316,9 @@ class communicator {
   }
 
   // Whether an allreduce of `bytes` takes the one-shot path that reads the peers' buffers.
-  bool reads_peers(std::size_t bytes) const {
-    if constexpr (peer_readable_transport<Transport>) {
-      return size() > 1 && bytes >= tuning_.read_peers_bytes && transport_.can_read_peers();
+  bool uses_peer_memory(std::size_t bytes) const {
+    if constexpr (peer_memory_transport<Transport>) {
+      return size() > 1 && bytes >= tuning_.peer_memory_bytes && transport_.can_access_peers();
     } else {
       (void)bytes;
       return false;
@@ -546,11 +546,11 @@ class communicator {
   template <class T>
   void run_allreduce(const schedule& s, const T* in, T* out, std::size_t count,
                      const detail::reducer& r) {
-    if constexpr (peer_readable_transport<Transport>) {
-      if (s.one_shot && reads_peers(count * r.element_bytes)) {
+    if constexpr (peer_memory_transport<Transport>) {
+      if (s.one_shot && uses_peer_memory(count * r.element_bytes)) {
         settle();
         detail::executor<Transport>(transport_, scratch_, tuning_)
-            .run_one_shot_read(reinterpret_cast<const std::byte*>(in),
+            .run_one_shot_peer_memory(reinterpret_cast<const std::byte*>(in),
                                reinterpret_cast<std::byte*>(out), count, r);
         return;
       }

@@ -143,10 +143,12 @@ class inproc_transport {
   /// This rank's own window: `peer_view(rank())`.
   buffer_view<std::byte> local_view();
   /// Ranks are threads of one process: every peer's memory is readable.
-  bool can_read_peers() const noexcept { return true; }
+  bool can_access_peers() const noexcept { return true; }
   /// Copies `into.count()` bytes at address `from` (in `peer`'s buffers, which here share
   /// this process) into `into`; the caller synchronises, as with `shm_transport::read_peer`.
   void read_peer(int peer, std::uint64_t from, buffer_view<std::byte> into);
+  /// Copies `from` to address `to` (in `peer`'s buffers); the caller synchronises.
+  void write_peer(int peer, std::uint64_t to, buffer_view<const std::byte> from);
 
  private:
   friend class inproc_world;
@@ -678,6 +680,12 @@ inline void inproc_transport::read_peer(int peer, std::uint64_t from, buffer_vie
   if (!into.empty()) std::memcpy(into.data(), reinterpret_cast<const std::byte*>(from), into.count());
 }
 
+inline void inproc_transport::write_peer(int peer, std::uint64_t to,
+                                         buffer_view<const std::byte> from) {
+  check_peer("write_peer", peer);
+  if (!from.empty()) std::memcpy(reinterpret_cast<std::byte*>(to), from.data(), from.count());
+}
+
 // ---- inproc_world
 // --------------------------------------------------------------------------------
 
@@ -704,6 +712,6 @@ inline inproc_transport inproc_world::transport(int rank) {
 static_assert(completion<inproc_completion>);
 static_assert(transport<inproc_transport>);
 static_assert(direct_transport<inproc_transport>);
-static_assert(peer_readable_transport<inproc_transport>);
+static_assert(peer_memory_transport<inproc_transport>);
 
 }  // namespace squall

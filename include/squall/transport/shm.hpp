@@ -663,40 +663,55 @@ class shm_transport {
   /// This rank's own window (what the peers see as `peer_view(rank())`).
   buffer_view<std::byte> local_view() { return peer_view(rank()); }
 
-  /// Whether `read_peer` works: cross-memory attach was allowed between every pair of ranks
-  /// at setup (ptrace rules; off in some containers).
-  bool can_read_peers() const { return state_->single_copy; }
+  /// Whether `read_peer` and `write_peer` work: cross-memory attach was allowed between every
+  /// pair of ranks at setup (ptrace rules; off in some containers).
+  bool can_access_peers() const { return state_->single_copy; }
 
   /// Copies `into.count()` bytes at address `from` of `peer`'s memory into `into`
   /// (`process_vm_readv`): for schedules that reduce straight out of a peer's own buffers.
   /// The caller synchronises: the peer keeps that memory valid and unchanged meanwhile.
   /// Throws `peer_failure` if the peer died, `squall::error` (shm) for any other failure or
-  /// if `can_read_peers()` is false.
+  /// if `can_access_peers()` is false.
   void read_peer(int peer, std::uint64_t from, buffer_view<std::byte> into) {
-    check_peer("read_peer", peer);
-    const error_context where{.operation = "read_peer", .rank = rank(), .peer = peer};
-    if (!state_->single_copy) {
-      throw error(std::error_code(EPERM, shm_category()), where,
-                  "cross-memory attach is not allowed between these processes");
-    }
-    std::size_t done = 0;
-    while (done < into.count()) {
-      const long got = detail::shm::state::read_peer(state_->seg.rank(peer).pid.load(),
-                                                     into.data() + done, from + done,
-                                                     into.count() - done);
-      if (got <= 0) {
-        const int err = errno;
-        if (err == ESRCH) throw peer_failure(where, "rank " + std::to_string(peer) + " died");
-        throw error(std::error_code(err, shm_category()), where, "process_vm_readv");
-      }
-      done += static_cast<std::size_t>(got);
-    }
+    copy_peer("read_peer", peer, from, into.data(), into.count(), false);
+  }
+
+  /// Copies `from` to address `to` of `peer`'s memory (`process_vm_writev`), as `read_peer`
+  /// the other way: the caller synchronises.
+  void write_peer(int peer, std::uint64_t to, buffer_view<const std::byte> from) {
+    copy_peer("write_peer", peer, to, const_cast<std::byte*>(from.data()), from.count(), true);
   }
 
   /// The segment's shared-memory name (already unlinked once all ranks attached).
   const std::string& segment_name() const { return state_->seg.name(); }
 
  private:
+  // process_vm_readv / _writev of `bytes` between `local` and `remote` in `peer`, to the end.
+  void copy_peer(const char* what, int peer, std::uint64_t remote, std::byte* local,
+                 std::size_t bytes, bool write) {
+    check_peer(what, peer);
+    const error_context where{.operation = what, .rank = rank(), .peer = peer};
+    if (!state_->single_copy) {
+      throw error(std::error_code(EPERM, shm_category()), where,
+                  "cross-memory attach is not allowed between these processes");
+    }
+    const pid_t pid = state_->seg.rank(peer).pid.load();
+    std::size_t done = 0;
+    while (done < bytes) {
+      iovec mine{local + done, bytes - done};
+      iovec theirs{reinterpret_cast<void*>(remote + done), bytes - done};
+      const ssize_t got = write ? process_vm_writev(pid, &mine, 1, &theirs, 1, 0)
+                                : process_vm_readv(pid, &mine, 1, &theirs, 1, 0);
+      if (got <= 0) {
+        const int err = errno;
+        if (err == ESRCH) throw peer_failure(where, "rank " + std::to_string(peer) + " died");
+        throw error(std::error_code(err, shm_category()), where,
+                    write ? "process_vm_writev" : "process_vm_readv");
+      }
+      done += static_cast<std::size_t>(got);
+    }
+  }
+
   void check_peer(const char* what, int peer) const {
     state_->check_healthy({.operation = what, .rank = rank(), .peer = peer});
     if (peer < 0 || peer >= size()) {
@@ -709,6 +724,6 @@ class shm_transport {
 };
 static_assert(transport<shm_transport>);
 static_assert(direct_transport<shm_transport>);
-static_assert(peer_readable_transport<shm_transport>);
+static_assert(peer_memory_transport<shm_transport>);
 
 }  // namespace squall

@@ -25,12 +25,14 @@ inline constexpr kernel_tuning elementwise_tuning{.threads_per_block = 256, .ite
 struct collective_tuning {
   std::size_t chunk_bytes = std::size_t{256} << 10;
   std::size_t pipeline_depth = 8;
-  /// From this many bytes up, the one-shot allreduce on a `peer_readable_transport` reads the
-  /// peers' own buffers (no staging copy, one more barrier); below, it stages through the
-  /// windows (two barriers, lower latency). Measured with squall-bench --read-peers on the
-  /// 2-core machine, float sums: at 256 KiB reading took 35 us against 46 us staged (2 ranks)
-  /// and 110 against 128 us (4 ranks); at 64 KiB staging won, 13 against 15 us (2 ranks).
-  std::size_t read_peers_bytes = std::size_t{256} << 10;
+  /// From this many bytes up, the one-shot allreduce on a `peer_memory_transport` reads the
+  /// peers' inputs and writes the peers' outputs directly (no staging copy, one barrier, one
+  /// address exchange); below, it stages through the windows (two barriers, lower latency).
+  /// Measured with squall-bench --peer-memory on the 2-core machine, float sums, time in us,
+  /// direct memory / windows: 2 ranks: 16 KiB 4.7 / 5.4, 64 KiB 7.6 / 14.2, 256 KiB 20.5 /
+  /// 48.4; 4 ranks (oversubscribed): 16 KiB 27.1 / 11.7, 64 KiB 36.1 / 32.1, 256 KiB 73.7 /
+  /// 105.4. 64 KiB is where neither rank count loses much.
+  std::size_t peer_memory_bytes = std::size_t{64} << 10;
   friend constexpr bool operator==(const collective_tuning&, const collective_tuning&) = default;
 };
 

@@ -135,14 +135,16 @@ class executor {
     }
   }
 
-  /// The one-shot allreduce straight out of the peers' own buffers (peer-readable
-  /// transports), with no staging copy: the ranks swap the addresses of their input and
-  /// output; rank r reduces block r of every input into block r of its output, reading each
-  /// peer's block in cache-sized pieces; after a barrier every rank reads every other's
-  /// reduced block into its output; a last barrier keeps every buffer valid until no peer
-  /// reads it. `in` may be `out` (in place).
-  void run_one_shot_read(const std::byte* in, std::byte* out, std::size_t count, const reducer& r)
-    requires peer_readable_transport<Transport>
+  /// The one-shot allreduce through the peers' own memory (peer-memory transports), with no
+  /// staging copy: the ranks swap the addresses of their input and output; rank r reduces
+  /// block r of every input into its output, piece by piece (each peer's piece read into a
+  /// cache-sized scratch), and writes each reduced piece, still in cache, into every peer's
+  /// output; a barrier ends it, so that no rank reuses a buffer a peer may still touch. `in`
+  /// may be `out` (in place): rank r alone reads and writes block r of every buffer, and it
+  /// reads a piece before it writes it.
+  void run_one_shot_peer_memory(const std::byte* in, std::byte* out, std::size_t count,
+                                const reducer& r)
+    requires peer_memory_transport<Transport>
   {
     const int size = transport_.size();
     const int me = transport_.rank();
@@ -150,33 +152,32 @@ class executor {
                                                reinterpret_cast<std::uint64_t>(out)};
     addresses_.resize(2 * static_cast<std::size_t>(size));
     exchange(mine.data(), sizeof mine, addresses_.data());
+    auto input_of = [&](int q) { return addresses_[2 * static_cast<std::size_t>(q)]; };
+    auto output_of = [&](int q) { return addresses_[2 * static_cast<std::size_t>(q) + 1]; };
     const std::size_t e = r.element_bytes;
     const std::size_t piece = std::max<std::size_t>(1, (std::size_t{256} << 10) / e);
     if (scratch_.size() < piece * e) scratch_.resize(piece * e);
-    const auto parts = static_cast<std::size_t>(size);
-    // step 0: reduce block `me` of every input into block `me` of the output.
-    const index_range block = split_range(count, parts, static_cast<std::size_t>(me));
+    // step 0, per piece of block `me`: reduce every rank's piece into this rank's output,
+    // then write the result into every peer's output.
+    const index_range block = split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
     for (std::size_t i = 0; i < block.count; i += piece) {
       const std::size_t n = std::min(piece, block.count - i);
       const std::size_t at = (block.begin + i) * e;
       for (int k = 1; k < size; ++k) {
         const int q = wrap(me + k, size);
-        transport_.read_peer(q, addresses_[2 * static_cast<std::size_t>(q)] + at, {scratch_.data(), n * e});
+        transport_.read_peer(q, input_of(q) + at, {scratch_.data(), n * e});
         if (k == 1 && in != out) {
           r.reduce(out + at, in + at, scratch_.data(), n);
         } else {
           r.reduce_into(out + at, scratch_.data(), n);
         }
       }
+      for (int k = 1; k < size; ++k) {
+        const int q = wrap(me + k, size);
+        transport_.write_peer(q, output_of(q) + at, {out + at, n * e});
+      }
     }
-    transport_.barrier().wait();
-    // step 1: read every other rank's reduced block into this rank's output.
-    for (int k = 1; k < size; ++k) {
-      const int q = wrap(me + k, size);
-      const index_range theirs = split_range(count, parts, static_cast<std::size_t>(q));
-      transport_.read_peer(q, addresses_[2 * static_cast<std::size_t>(q) + 1] + theirs.begin * e,
-                           {out + theirs.begin * e, theirs.count * e});
-    }
+    // step 1: every block is everywhere once every rank is here.
     transport_.barrier().wait();
   }
 
