@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>  // setenv, unsetenv
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -297,5 +298,32 @@ TEST_SUITE("collectives") {
     REQUIRE(picks.size() == 3);
     CHECK(picks[0] == picks[1]);
     CHECK(picks[1] == picks[2]);
+  }
+
+  TEST_CASE("hierarchical finds its nodes: SQUALL_RANKS_PER_NODE, else the host names") {
+    std::mutex m;
+    std::vector<std::vector<int>> seen(4);
+    auto run = [&] {
+      run_ranks(4, [&](inproc_transport& t) {
+        const int r = t.rank();
+        squall::communicator<inproc_transport, squall::hierarchical_topology<>> comm(std::move(t));
+        std::vector<std::int32_t> a = squall::test::exact_input<std::int32_t>(r, 9);
+        comm.allreduce(squall::host_view<std::int32_t>(a));
+        for (std::size_t i = 0; i < a.size(); ++i) {
+          REQUIRE(a[i] == squall::test::exact_reference<std::int32_t, squall::sum_op>(4, i));
+        }
+        const std::lock_guard lock(m);
+        seen[static_cast<std::size_t>(r)] = comm.topology().node_of;
+      });
+    };
+    REQUIRE(setenv(squall::ranks_per_node_env_var, "3", 1) == 0);
+    run();
+    for (const auto& nodes : seen) CHECK(nodes == std::vector<int>{0, 0, 0, 1});
+    REQUIRE(unsetenv(squall::ranks_per_node_env_var) == 0);
+    run();  // threads share a host: one node, led by rank 0
+    for (const auto& nodes : seen) CHECK(nodes == std::vector<int>{0, 0, 0, 0});
+    REQUIRE(setenv(squall::ranks_per_node_env_var, "two", 1) == 0);
+    CHECK_THROWS_AS(run(), squall::invalid_argument);
+    REQUIRE(unsetenv(squall::ranks_per_node_env_var) == 0);
   }
 }
