@@ -38,10 +38,15 @@
 #include <vector>
 
 #include "../support/collective_data.hpp"
+#include "../support/topologies.hpp"
 #include "../support/data.hpp"
+#include "../support/mpi_types.hpp"
 #include "../support/result_hash.hpp"
 
 namespace {
+
+using squall::test::mpi_op;
+using squall::test::mpi_type;
 
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
@@ -64,21 +69,6 @@ int world_size() {
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   return size;
-}
-
-template <class T>
-MPI_Datatype mpi_type() {
-  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
-  if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
-  if constexpr (std::is_same_v<T, std::int32_t>) return MPI_INT32_T;
-  if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
-}
-
-template <class Op>
-MPI_Op mpi_op() {
-  if constexpr (std::is_same_v<Op, squall::min_op>) return MPI_MIN;
-  if constexpr (std::is_same_v<Op, squall::max_op>) return MPI_MAX;
-  return MPI_SUM;
 }
 
 /// Well below ctest's timeout, so that a hang reports the wait that hung.
@@ -110,17 +100,7 @@ struct over_shm {
   }
 };
 
-/// Topologies as the communicator is given them: hierarchical with 2 ranks per node,
-/// automatic calibrated on its ranks up to 64 KiB only (short).
-template <class Topology>
-Topology make_topology(int size) {
-  Topology t{};
-  if constexpr (squall::detail::has_node_map<Topology>) {
-    for (int q = 0; q < size; ++q) t.node_of.push_back(q / 2);
-  }
-  if constexpr (squall::detail::has_cost_model<Topology>) t.calibrate_up_to = std::size_t{64} << 10;
-  return t;
-}
+using squall::test::make_topology;
 
 template <class Via, class Topology>
 squall::communicator<typename Via::transport, Topology> make_communicator() {

@@ -13,23 +13,12 @@
 #include <vector>
 
 #include "../support/data.hpp"
+#include "../support/mpi_types.hpp"
 
 namespace {
 
-template <class T>
-MPI_Datatype mpi_type() {
-  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
-  if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
-  if constexpr (std::is_same_v<T, std::int32_t>) return MPI_INT32_T;
-  if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
-}
-
-template <class Op>
-MPI_Op mpi_op() {
-  if constexpr (std::is_same_v<Op, squall::min_op>) return MPI_MIN;
-  if constexpr (std::is_same_v<Op, squall::max_op>) return MPI_MAX;
-  return MPI_SUM;
-}
+using squall::test::mpi_op;
+using squall::test::mpi_type;
 
 template <class T, class Op>
 void check_against_mpi(std::size_t count) {

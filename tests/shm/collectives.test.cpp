@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "../support/collective_data.hpp"
+#include "../support/topologies.hpp"
 #include "../support/result_hash.hpp"
 #include "../support/shm_ranks.hpp"
 
@@ -51,17 +52,7 @@ constexpr int max_ranks = 4;
 constexpr std::array<std::size_t, 5> counts = {0, 1, 1009, (std::size_t{1} << 20) + 1,
                                                std::size_t{16} << 20};
 
-/// Topologies as the communicator is given them: hierarchical with 2 ranks per node,
-/// automatic calibrated on its ranks up to 64 KiB only (short).
-template <class Topology>
-Topology make_topology(int size) {
-  Topology t{};
-  if constexpr (squall::detail::has_node_map<Topology>) {
-    for (int q = 0; q < size; ++q) t.node_of.push_back(q / 2);
-  }
-  if constexpr (squall::detail::has_cost_model<Topology>) t.calibrate_up_to = std::size_t{64} << 10;
-  return t;
-}
+using squall::test::make_topology;
 
 /// Memory the parent maps shared before forking: each rank's hash of each result.
 template <class T>

@@ -133,41 +133,33 @@ inline std::vector<step> tree_broadcast_steps(int rank, int size, int root) {
   return steps;
 }
 
-/// Ring reduce-scatter over `size` blocks: after `size - 1` steps rank `r` holds block `r`
-/// reduced over all ranks. Step k: send block r-k-1 to r+1, receive block r-k-2 from r-1 and
-/// reduce it.
-inline std::vector<step> ring_reduce_scatter_steps(int rank, int size) {
-  std::vector<step> steps{};
+/// The ring's `size - 1` steps over `size` blocks: step k sends block r-k-`lag` to r+1 and
+/// receives block r-k-`lag`-1 from r-1, applying `action`.
+inline std::vector<step> ring_steps(int rank, int size, int lag, step_action action) {
+  std::vector<step> steps;
   const auto parts = static_cast<std::size_t>(size);
   auto block = [&](int b) {
     return block_range{.first = static_cast<std::size_t>(wrap(b, size)), .count = 1, .parts = parts};
   };
   for (int k = 0; k + 1 < size; ++k) {
     steps.push_back({.send_to = wrap(rank + 1, size),
-                     .send = block(rank - k - 1),
+                     .send = block(rank - k - lag),
                      .recv_from = wrap(rank - 1, size),
-                     .recv = block(rank - k - 2),
-                     .action = step_action::reduce});
+                     .recv = block(rank - k - lag - 1),
+                     .action = action});
   }
   return steps;
 }
 
-/// Ring allgather over `size` blocks, rank `r` starting with block `r`. Step k: send block
-/// r-k to r+1, receive block r-k-1 from r-1 in place.
+/// Ring reduce-scatter: after `size - 1` steps rank r holds block r reduced over all ranks
+/// (step k: send block r-k-1, reduce block r-k-2).
+inline std::vector<step> ring_reduce_scatter_steps(int rank, int size) {
+  return ring_steps(rank, size, 1, step_action::reduce);
+}
+
+/// Ring allgather, rank r starting with block r (step k: send block r-k, copy block r-k-1).
 inline std::vector<step> ring_allgather_steps(int rank, int size) {
-  std::vector<step> steps{};
-  const auto parts = static_cast<std::size_t>(size);
-  auto block = [&](int b) {
-    return block_range{.first = static_cast<std::size_t>(wrap(b, size)), .count = 1, .parts = parts};
-  };
-  for (int k = 0; k + 1 < size; ++k) {
-    steps.push_back({.send_to = wrap(rank + 1, size),
-                     .send = block(rank - k),
-                     .recv_from = wrap(rank - 1, size),
-                     .recv = block(rank - k - 1),
-                     .action = step_action::copy});
-  }
-  return steps;
+  return ring_steps(rank, size, 0, step_action::copy);
 }
 
 }  // namespace detail
