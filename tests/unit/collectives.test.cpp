@@ -74,7 +74,7 @@ void check_allreduce(int p, std::size_t count, bool in_place, const squall::coll
         } else {
           const std::vector<T> before = data;
           comm.allreduce(squall::host_view<const T>(data), squall::host_view<T>(out), Op{});
-          CHECK(std::memcmp(before.data(), data.data(), count * sizeof(T)) == 0);
+          CHECK(before == data);  // the input is untouched
         }
         results[static_cast<std::size_t>(r)] = std::move(out);
       },
@@ -91,8 +91,10 @@ void check_allreduce(int p, std::size_t count, bool in_place, const squall::coll
     }
   }
   for (int r = 1; r < p; ++r) {
-    REQUIRE(std::memcmp(results[static_cast<std::size_t>(r)].data(), results[0].data(),
-                        count * sizeof(T)) == 0);
+    // bitwise: compare the bytes, so that -0.0 and 0.0 (or NaN payloads) differ
+    REQUIRE(count == results[static_cast<std::size_t>(r)].size());
+    REQUIRE((count == 0 || std::memcmp(results[static_cast<std::size_t>(r)].data(),
+                                       results[0].data(), count * sizeof(T)) == 0));
   }
 }
 
