@@ -161,16 +161,19 @@ TEST_SUITE("collectives") {
   }
 
   TEST_CASE("reduce_scatter, allgather and broadcast on every topology") {
+    // as messages in tiny pieces, and through peer memory from the first byte
     auto run = [](auto topology_tag) {
       using Topology = decltype(topology_tag);
+      for (const squall::collective_tuning& tuning : {tiny_pieces, peer_memory})
       for (int p : {1, 2, 3, 4, 5}) {
         for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1001}}) {
           CAPTURE(p);
           CAPTURE(count);
+          CAPTURE(tuning.peer_memory_bytes);
           run_ranks(p, [&](inproc_transport& t) {
             const int r = t.rank();
             squall::communicator<inproc_transport, Topology> comm(std::move(t), make_topology<Topology>(p), {},
-                                                                 tiny_pieces);
+                                                                 tuning);
             // reduce_scatter, out of place then in place
             const std::vector<std::int32_t> in = squall::test::exact_input<std::int32_t>(r, count);
             std::vector<std::int32_t> block(comm.block_count(count));

@@ -33,6 +33,7 @@
 #include <squall/detail/math.hpp>
 #include <squall/kernels/host/reduce.hpp>
 #include <squall/topology/automatic.hpp>
+#include <squall/topology/direct.hpp>
 #include <squall/topology/ring.hpp>
 #include <squall/topology/schedule.hpp>
 #include <squall/topology/tree.hpp>
@@ -222,6 +223,12 @@ class communicator {
   template <element T, reduction_op<T> Op = sum_op>
   void reduce_scatter(host_view<T> data, Op op = {}) {
     signature(collective::reduce_scatter, dtype_of<T>, Op::name, data.count());
+    const std::size_t at = block_offset(data.count());
+    if (scatter_through_peers<T, Op>(data.data(), data.data() + at, data.count())) {
+      kernels::finalize(host_backend{}, op, data.subview(at, block_count(data.count())),
+                        static_cast<std::size_t>(size()));
+      return;
+    }
     reduce_scatter_in_place(data, op);
   }
   /// `out` = this rank's block of `in` reduced over ranks; `out.count()` must be
@@ -230,6 +237,10 @@ class communicator {
   void reduce_scatter(host_view<const T> in, host_view<T> out, Op op = {}) {
     require_count("reduce_scatter", "out", out.count(), block_count(in.count()));
     signature(collective::reduce_scatter, dtype_of<T>, Op::name, in.count());
+    if (scatter_through_peers<T, Op>(in.data(), out.data(), in.count())) {
+      kernels::finalize(host_backend{}, op, out, static_cast<std::size_t>(size()));
+      return;
+    }
     if (work_.size() < in.size_bytes()) work_.resize(in.size_bytes());
     host_view<T> work(reinterpret_cast<T*>(work_.data()), in.count());
     if (!in.empty()) std::memcpy(work.data(), in.data(), in.size_bytes());
@@ -249,8 +260,18 @@ class communicator {
     require_count("allgather", "out", out.count(), count * p);
     signature(collective::allgather, dtype_of<T>, "", count);
     T* mine = out.data() + static_cast<std::size_t>(rank()) * count;
+    if (in.data() != mine) place_check(in, host_view<T>(mine, count));
+    const schedule s = gather_schedule(out.size_bytes());
+    if constexpr (peer_memory_transport<Transport>) {
+      if (s.one_shot && uses_peer_memory(out.size_bytes())) {
+        settle();
+        detail::executor<Transport>(transport_, scratch_, tuning_)
+            .allgather_peer_memory(reinterpret_cast<const std::byte*>(in.data()),
+                                   reinterpret_cast<std::byte*>(out.data()), in.size_bytes());
+        return;
+      }
+    }
     if (in.data() != mine) place(in, host_view<T>(mine, count));
-    const schedule s = gather_schedule();
     run(s, out.data(), out.count(), detail::make_reducer<T, sum_op>());
   }
 
@@ -268,8 +289,19 @@ class communicator {
     schedule s;
     if constexpr (detail::has_broadcast<Topology>) {
       s = topology_.broadcast_schedule(rank(), size(), root);
+    } else if (uses_peer_memory(data.size_bytes())) {
+      s = direct_topology{}.broadcast_schedule(rank(), size(), root);
     } else {
       s = tree_topology{}.broadcast_schedule(rank(), size(), root);
+    }
+    if constexpr (peer_memory_transport<Transport>) {
+      if (s.one_shot && uses_peer_memory(data.size_bytes())) {
+        settle();
+        detail::executor<Transport>(transport_, scratch_, tuning_)
+            .broadcast_peer_memory(reinterpret_cast<std::byte*>(data.data()), data.size_bytes(),
+                                   root);
+        return;
+      }
     }
     run(s, data.data(), data.count(), detail::make_reducer<T, sum_op>());
   }
@@ -339,24 +371,52 @@ class communicator {
 
   template <element T, reduction_op<T> Op>
   void reduce_scatter_in_place(host_view<T> data, Op op) {
-    schedule s;
-    if constexpr (detail::has_reduce_scatter<Topology>) {
-      s = topology_.reduce_scatter_schedule(rank(), size());
-    } else {
-      s = ring_topology{}.reduce_scatter_schedule(rank(), size());
-    }
-    run(s, data.data(), data.count(), detail::make_reducer<T, Op>());
+    run(scatter_schedule(data.size_bytes()), data.data(), data.count(),
+        detail::make_reducer<T, Op>());
     const std::size_t at = block_offset(data.count());
     kernels::finalize(host_backend{}, op, data.subview(at, block_count(data.count())),
                       static_cast<std::size_t>(size()));
   }
 
-  schedule gather_schedule() const {
+  // The schedules of reduce_scatter and allgather: the topology's own, else direct's one-shot
+  // where the transport has peer memory, else the ring's.
+  schedule scatter_schedule(std::size_t bytes) const {
+    if constexpr (detail::has_reduce_scatter<Topology>) {
+      (void)bytes;
+      return topology_.reduce_scatter_schedule(rank(), size());
+    } else {
+      if (uses_peer_memory(bytes)) return direct_topology{}.reduce_scatter_schedule(rank(), size());
+      return ring_topology{}.reduce_scatter_schedule(rank(), size());
+    }
+  }
+  schedule gather_schedule(std::size_t bytes) const {
     if constexpr (detail::has_allgather<Topology>) {
+      (void)bytes;
       return topology_.allgather_schedule(rank(), size());
     } else {
+      if (uses_peer_memory(bytes)) return direct_topology{}.allgather_schedule(rank(), size());
       return ring_topology{}.allgather_schedule(rank(), size());
     }
+  }
+
+  // Reduce-scatter of `count` elements from `in` into `out` (this rank's block) through the
+  // peers' memory, when the schedule is the one-shot one and the transport allows; false if not.
+  template <element T, reduction_op<T> Op>
+  bool scatter_through_peers(const T* in, T* out, std::size_t count) {
+    if constexpr (peer_memory_transport<Transport>) {
+      const std::size_t bytes = count * sizeof(T);
+      if (scatter_schedule(bytes).one_shot && uses_peer_memory(bytes)) {
+        settle();
+        detail::executor<Transport>(transport_, scratch_, tuning_)
+            .reduce_scatter_peer_memory(reinterpret_cast<const std::byte*>(in),
+                                        reinterpret_cast<std::byte*>(out), count,
+                                        detail::make_reducer<T, Op>());
+        return true;
+      }
+    } else {
+      (void)in, (void)out, (void)count;
+    }
+    return false;
   }
 
   template <class T>

@@ -12,8 +12,10 @@ namespace squall {
 /// One shot: rank r reduces block r of P from every rank, then every rank collects every
 /// block. On a `direct_transport` (shared memory) the executor runs it through the peers'
 /// windows: each rank publishes its data, reduces its block straight out of the peers'
-/// windows and copies the reduced blocks back, two barriers per window-sized round. On other
-/// transports it runs as messages: P-1 sends and receives per half.
+/// windows and copies the reduced blocks back, two barriers per window-sized round. On a
+/// `peer_memory_transport` its allreduce, reduce-scatter, allgather and broadcast (all marked
+/// `one_shot`) go straight through the peers' own buffers. On other transports it runs as
+/// messages: P-1 sends and receives per half.
 struct direct_topology {
   static constexpr std::string_view name = "direct";
 
@@ -25,7 +27,7 @@ struct direct_topology {
   }
   // step k (1..P-1): send block r+k to rank r+k, reduce block r from rank r-k.
   schedule reduce_scatter_schedule(int rank, int size) const {
-    schedule s{.name = name};
+    schedule s{.name = name, .one_shot = true};
     for (int k = 1; k < size; ++k) {
       const int to = detail::wrap(rank + k, size);
       s.steps.push_back({.send_to = to,
@@ -38,7 +40,7 @@ struct direct_topology {
   }
   // step k (1..P-1): send block r to rank r+k, copy block r-k from rank r-k.
   schedule allgather_schedule(int rank, int size) const {
-    schedule s{.name = name};
+    schedule s{.name = name, .one_shot = true};
     for (int k = 1; k < size; ++k) {
       const int from = detail::wrap(rank - k, size);
       s.steps.push_back({.send_to = detail::wrap(rank + k, size),
@@ -51,7 +53,7 @@ struct direct_topology {
   }
   // flat: the root sends to every other rank.
   schedule broadcast_schedule(int rank, int size, int root) const {
-    schedule s{.name = name};
+    schedule s{.name = name, .one_shot = true};
     for (int k = 1; k < size; ++k) {
       if (rank == root) {
         s.steps.push_back(send_step(detail::wrap(root + k, size), whole_buffer));

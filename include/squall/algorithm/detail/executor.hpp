@@ -181,6 +181,73 @@ class executor {
     transport_.barrier().wait();
   }
 
+  /// Reduce-scatter through the peers' own memory: rank r reads block r of every rank's
+  /// input in cache-sized pieces and reduces them into `out` (block r's `count` elements);
+  /// a barrier ends it, so no input changes while a peer reads it. `in` is this rank's whole
+  /// input; `out` may be its block r (in place).
+  void reduce_scatter_peer_memory(const std::byte* in, std::byte* out, std::size_t count,
+                                  const reducer& r)
+    requires peer_memory_transport<Transport>
+  {
+    const int size = transport_.size();
+    const int me = transport_.rank();
+    const std::uint64_t mine = reinterpret_cast<std::uint64_t>(in);
+    addresses_.resize(static_cast<std::size_t>(size));
+    exchange(&mine, sizeof mine, addresses_.data());
+    const std::size_t e = r.element_bytes;
+    const std::size_t piece = std::max<std::size_t>(1, (std::size_t{256} << 10) / e);
+    if (scratch_.size() < piece * e) scratch_.resize(piece * e);
+    const index_range block = split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
+    const std::byte* own = in + block.begin * e;
+    for (std::size_t i = 0; i < block.count; i += piece) {
+      const std::size_t n = std::min(piece, block.count - i);
+      for (int k = 1; k < size; ++k) {
+        const int q = wrap(me + k, size);
+        transport_.read_peer(q, addresses_[static_cast<std::size_t>(q)] + (block.begin + i) * e,
+                             {scratch_.data(), n * e});
+        if (k == 1 && own != out) {
+          r.reduce(out + i * e, own + i * e, scratch_.data(), n);
+        } else {
+          r.reduce_into(out + i * e, scratch_.data(), n);
+        }
+      }
+    }
+    transport_.barrier().wait();
+  }
+
+  /// Allgather through the peers' own memory: every rank writes its `block_bytes` into block
+  /// r of every peer's `out` and of its own; a barrier ends it. `in` may be block r of `out`.
+  void allgather_peer_memory(const std::byte* in, std::byte* out, std::size_t block_bytes)
+    requires peer_memory_transport<Transport>
+  {
+    const int size = transport_.size();
+    const int me = transport_.rank();
+    const std::uint64_t mine = reinterpret_cast<std::uint64_t>(out);
+    addresses_.resize(static_cast<std::size_t>(size));
+    exchange(&mine, sizeof mine, addresses_.data());
+    const std::size_t at = static_cast<std::size_t>(me) * block_bytes;
+    for (int k = 1; k < size; ++k) {
+      const int q = wrap(me + k, size);
+      transport_.write_peer(q, addresses_[static_cast<std::size_t>(q)] + at, {in, block_bytes});
+    }
+    if (in != out + at) std::memcpy(out + at, in, block_bytes);
+    transport_.barrier().wait();
+  }
+
+  /// Broadcast through the root's own memory: every other rank reads the root's `bytes`
+  /// at once; a barrier ends it, so the root's buffer stays unchanged until all have read.
+  void broadcast_peer_memory(std::byte* data, std::size_t bytes, int root)
+    requires peer_memory_transport<Transport>
+  {
+    const std::uint64_t mine = reinterpret_cast<std::uint64_t>(data);
+    addresses_.resize(static_cast<std::size_t>(transport_.size()));
+    exchange(&mine, sizeof mine, addresses_.data());
+    if (transport_.rank() != root) {
+      transport_.read_peer(root, addresses_[static_cast<std::size_t>(root)], {data, bytes});
+    }
+    transport_.barrier().wait();
+  }
+
   /// Every rank sends `mine` (`bytes` long) to every other; `all` gets rank q's at q * bytes.
   void exchange(const void* mine, std::size_t bytes, void* all) {
     auto* into = static_cast<std::byte*>(all);
