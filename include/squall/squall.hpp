@@ -6,7 +6,9 @@
 #include <squall/algorithm/communicator.hpp>
 #include <squall/algorithm/detail/executor.hpp>
 #include <squall/backend/host.hpp>
+#include <squall/compress/cast.hpp>
 #include <squall/compress/none.hpp>
+#include <squall/compress/payload.hpp>
 #include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
