@@ -7,6 +7,7 @@
 #include <squall/algorithm/detail/executor.hpp>
 #include <squall/backend/host.hpp>
 #include <squall/compress/cast.hpp>
+#include <squall/compress/error_feedback.hpp>
 #include <squall/compress/none.hpp>
 #include <squall/compress/payload.hpp>
 #include <squall/compress/traits.hpp>

@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// `error_feedback<C>`: residual memory around any compressor (Seide et al. 2014, 1-bit SGD;
+/// Karimireddy et al. 2019, EF-SignSGD): residual += g; send C(residual);
+/// residual -= decode(C(residual)). What is not sent now is sent later, so the sum of what
+/// was sent plus the residual always equals the sum of the gradients.
+///
+/// The residual belongs to one tensor and to the caller: `error_feedback_state<T>`, passed to
+/// every `encode`, and saved / restored as bytes with a checked header (checkpoints).
+
+#include <squall/compress/payload.hpp>
+#include <squall/concepts.hpp>
+#include <squall/core/buffer.hpp>
+#include <squall/core/error.hpp>
+#include <squall/core/types.hpp>
+
+#include <cstddef>  // byte, size_t
+#include <cstdint>
+#include <cstring>  // memcpy
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace squall {
+
+/// The residual of one tensor of `count` elements of `T` (zero at the start).
+template <element T>
+class error_feedback_state {
+ public:
+  explicit error_feedback_state(std::size_t count) : residual_(count, T{}) {}
+
+  std::size_t count() const { return residual_.size(); }
+  host_view<const T> residual() const { return host_view<const T>(residual_.data(), residual_.size()); }
+  host_view<T> residual() { return host_view<T>(residual_.data(), residual_.size()); }
+
+  /// The residual as bytes: a 16-byte header (magic, version 1, dtype, count), then the values.
+  std::vector<std::byte> save() const {
+    std::vector<std::byte> out(16 + residual_.size() * sizeof(T));
+    const std::uint32_t magic = save_magic;
+    const std::uint32_t head = 1u | (static_cast<std::uint32_t>(dtype_of<T>) << 8);
+    const std::uint64_t n = residual_.size();
+    std::memcpy(out.data(), &magic, 4);
+    std::memcpy(out.data() + 4, &head, 4);
+    std::memcpy(out.data() + 8, &n, 8);
+    if (!residual_.empty()) std::memcpy(out.data() + 16, residual_.data(), residual_.size() * sizeof(T));
+    return out;
+  }
+
+  /// A state from `save()`'s bytes; throws `invalid_argument` unless they are a saved state of
+  /// `T` whose size matches its count.
+  static error_feedback_state restore(host_view<const std::byte> bytes) {
+    const error_context where{.operation = "error_feedback_state restore"};
+    if (bytes.count() < 16) throw invalid_argument(where, "fewer than 16 bytes");
+    std::uint32_t magic = 0;
+    std::uint32_t head = 0;
+    std::uint64_t n = 0;
+    std::memcpy(&magic, bytes.data(), 4);
+    std::memcpy(&head, bytes.data() + 4, 4);
+    std::memcpy(&n, bytes.data() + 8, 8);
+    if (magic != save_magic) throw invalid_argument(where, "not a saved error-feedback state");
+    if ((head & 0xff) != 1) throw invalid_argument(where, "version " + std::to_string(head & 0xff) + " is not 1");
+    if (static_cast<dtype>((head >> 8) & 0xff) != dtype_of<T>) {
+      throw invalid_argument(where, "a state of " +
+                                        std::string(to_string(static_cast<dtype>((head >> 8) & 0xff))) +
+                                        " restored as " + std::string(to_string(dtype_of<T>)));
+    }
+    if (n > (bytes.count() - 16) / sizeof(T) || bytes.count() != 16 + n * sizeof(T)) {
+      throw invalid_argument(where, std::to_string(bytes.count()) + " bytes for " + std::to_string(n) +
+                                        " elements");
+    }
+    error_feedback_state s(static_cast<std::size_t>(n));
+    if (n != 0) std::memcpy(s.residual_.data(), bytes.data() + 16, static_cast<std::size_t>(n) * sizeof(T));
+    return s;
+  }
+
+ private:
+  static constexpr std::uint32_t save_magic = 0x46455153;  // "SQEF"
+  std::vector<T> residual_;
+};
+
+/// Wraps compressor `C` with error feedback; same payloads, same aggregation class.
+template <compressor C>
+struct error_feedback {
+  static constexpr std::string_view name = "error_feedback";
+  static constexpr aggregation_class aggregation = C::aggregation;
+  C inner{};
+
+  std::size_t max_payload_bytes(dtype type, std::size_t count) const {
+    return inner.max_payload_bytes(type, count);
+  }
+
+  /// residual += in; writes C(residual) to `payload`; residual -= decode(payload). Returns the
+  /// payload's size. `state.count()` must equal `in.count()` (`invalid_argument` otherwise);
+  /// `scratch` holds `in.count()` elements (the decoded payload).
+  template <class B, element T>
+  std::size_t encode(const B& backend, error_feedback_state<T>& state,
+                     buffer_view<const T, typename B::memory_space> in,
+                     buffer_view<std::byte, typename B::memory_space> payload,
+                     buffer_view<T, typename B::memory_space> scratch) const {
+    if (state.count() != in.count() || scratch.count() != in.count()) {
+      throw invalid_argument({.operation = name},
+                             "state of " + std::to_string(state.count()) + " and scratch of " +
+                                 std::to_string(scratch.count()) + " elements for a gradient of " +
+                                 std::to_string(in.count()));
+    }
+    host_view<T> r = state.residual();
+    for (std::size_t i = 0; i < in.count(); ++i) r[i] = static_cast<T>(r[i] + in[i]);
+    const std::size_t written = inner.encode(backend, host_view<const T>(r), payload);
+    inner.decode(backend, host_view<const std::byte>(payload.data(), written), scratch);
+    for (std::size_t i = 0; i < in.count(); ++i) r[i] = static_cast<T>(r[i] - scratch[i]);
+    return written;
+  }
+
+  /// Decodes as `C` does.
+  template <class B, element T>
+  void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
+              buffer_view<T, typename B::memory_space> out) const {
+    inner.decode(backend, payload, out);
+  }
+};
+
+}  // namespace squall
