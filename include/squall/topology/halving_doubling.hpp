@@ -14,7 +14,8 @@ namespace squall {
 /// log2 P' steps each way over P' = the largest power of two <= P, sending (P'-1)/P' of the
 /// data each way like the ring but in log P' steps. With r = P - P' > 0, the first 2r ranks
 /// pair up: each even one folds its data into the odd one beside it before, and gets the
-/// result back after (Thakur, Rabenseifner and Gropp 2005, section 4.2).
+/// result back after (Thakur, Rabenseifner and Gropp 2005, section 4.2). An allreduce
+/// schedule only: broadcast, reduce-scatter and allgather use the communicator's defaults.
 struct halving_doubling_topology {
   static constexpr std::string_view name = "halving_doubling";
 
@@ -66,12 +67,6 @@ struct halving_doubling_topology {
       s.steps.back().new_phase = true;
     }
     return s;
-  }
-  schedule reduce_schedule(int rank, int size, int root) const {
-    return {.name = name, .steps = detail::tree_reduce_steps(rank, size, root)};
-  }
-  schedule broadcast_schedule(int rank, int size, int root) const {
-    return {.name = name, .steps = detail::tree_broadcast_steps(rank, size, root)};
   }
 };
 

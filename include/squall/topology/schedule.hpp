@@ -84,11 +84,6 @@ namespace detail {
 /// `a mod p` in `[0, p)` for any int `a` and `p > 0`.
 constexpr int wrap(int a, int p) { return ((a % p) + p) % p; }
 
-/// The size of block `b` of `blocks`, and where it starts, for `count` elements.
-constexpr index_range block_of(std::size_t count, const block_range& blocks, std::size_t b) {
-  return split_range(count, blocks.parts, b);
-}
-
 /// Appends `part`'s steps to `into` with every peer `p` renamed `ranks[p]`: how a schedule of
 /// a subgroup (the ranks of one node, the node leaders) becomes steps of the whole job.
 inline void append_mapped(std::vector<step>& into, const std::vector<step>& part,

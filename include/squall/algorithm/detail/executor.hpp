@@ -152,31 +152,19 @@ class executor {
                                                reinterpret_cast<std::uint64_t>(out)};
     addresses_.resize(2 * static_cast<std::size_t>(size));
     exchange(mine.data(), sizeof mine, addresses_.data());
-    auto input_of = [&](int q) { return addresses_[2 * static_cast<std::size_t>(q)]; };
     auto output_of = [&](int q) { return addresses_[2 * static_cast<std::size_t>(q) + 1]; };
     const std::size_t e = r.element_bytes;
-    const std::size_t piece = std::max<std::size_t>(1, (std::size_t{256} << 10) / e);
-    if (scratch_.size() < piece * e) scratch_.resize(piece * e);
-    // step 0, per piece of block `me`: reduce every rank's piece into this rank's output,
-    // then write the result into every peer's output.
     const index_range block = split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
-    for (std::size_t i = 0; i < block.count; i += piece) {
-      const std::size_t n = std::min(piece, block.count - i);
-      const std::size_t at = (block.begin + i) * e;
-      for (int k = 1; k < size; ++k) {
-        const int q = wrap(me + k, size);
-        transport_.read_peer(q, input_of(q) + at, {scratch_.data(), n * e});
-        if (k == 1 && in != out) {
-          r.reduce(out + at, in + at, scratch_.data(), n);
-        } else {
-          r.reduce_into(out + at, scratch_.data(), n);
-        }
-      }
-      for (int k = 1; k < size; ++k) {
-        const int q = wrap(me + k, size);
-        transport_.write_peer(q, output_of(q) + at, {out + at, n * e});
-      }
-    }
+    // step 0, per piece of block `me`: reduce every rank's piece into this rank's output,
+    // then write the result, still in cache, into every peer's output.
+    reduce_block_from_peers(2, in + block.begin * e, out + block.begin * e, block, r,
+                            [&](std::size_t at, std::size_t n) {
+                              for (int k = 1; k < size; ++k) {
+                                const int q = wrap(me + k, size);
+                                transport_.write_peer(q, output_of(q) + at,
+                                                      {out + at, n * e});
+                              }
+                            });
     // step 1: every block is everywhere once every rank is here.
     transport_.barrier().wait();
   }
@@ -194,24 +182,9 @@ class executor {
     const std::uint64_t mine = reinterpret_cast<std::uint64_t>(in);
     addresses_.resize(static_cast<std::size_t>(size));
     exchange(&mine, sizeof mine, addresses_.data());
-    const std::size_t e = r.element_bytes;
-    const std::size_t piece = std::max<std::size_t>(1, (std::size_t{256} << 10) / e);
-    if (scratch_.size() < piece * e) scratch_.resize(piece * e);
     const index_range block = split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
-    const std::byte* own = in + block.begin * e;
-    for (std::size_t i = 0; i < block.count; i += piece) {
-      const std::size_t n = std::min(piece, block.count - i);
-      for (int k = 1; k < size; ++k) {
-        const int q = wrap(me + k, size);
-        transport_.read_peer(q, addresses_[static_cast<std::size_t>(q)] + (block.begin + i) * e,
-                             {scratch_.data(), n * e});
-        if (k == 1 && own != out) {
-          r.reduce(out + i * e, own + i * e, scratch_.data(), n);
-        } else {
-          r.reduce_into(out + i * e, scratch_.data(), n);
-        }
-      }
-    }
+    reduce_block_from_peers(1, in + block.begin * r.element_bytes, out, block, r,
+                            [](std::size_t, std::size_t) {});
     transport_.barrier().wait();
   }
 
@@ -267,6 +240,35 @@ class executor {
   }
 
  private:
+  // Reduces `block` (of the whole buffer) over every rank into `out`, which holds the block's
+  // elements: this rank's own elements are at `own`, peer q's input starts at
+  // addresses_[stride * q]. Works in 256 KiB pieces read into the scratch; after each piece
+  // calls `after(byte offset of the piece in the whole buffer, elements)`.
+  template <class AfterPiece>
+  void reduce_block_from_peers(std::size_t stride, const std::byte* own, std::byte* out,
+                               index_range block, const reducer& r, AfterPiece&& after) {
+    const int size = transport_.size();
+    const int me = transport_.rank();
+    const std::size_t e = r.element_bytes;
+    const std::size_t piece = std::max<std::size_t>(1, (std::size_t{256} << 10) / e);
+    if (scratch_.size() < piece * e) scratch_.resize(piece * e);
+    for (std::size_t i = 0; i < block.count; i += piece) {
+      const std::size_t n = std::min(piece, block.count - i);
+      const std::size_t at = (block.begin + i) * e;
+      for (int k = 1; k < size; ++k) {
+        const int q = wrap(me + k, size);
+        transport_.read_peer(q, addresses_[stride * static_cast<std::size_t>(q)] + at,
+                             {scratch_.data(), n * e});
+        if (k == 1 && own != out) {
+          r.reduce(out + i * e, own + i * e, scratch_.data(), n);
+        } else {
+          r.reduce_into(out + i * e, scratch_.data(), n);
+        }
+      }
+      after(at, n);
+    }
+  }
+
   static std::size_t parts_of(const step& s) {
     return s.recv_from != nobody ? s.recv.parts : s.send.parts;
   }
