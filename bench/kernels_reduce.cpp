@@ -8,6 +8,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include "memcpy_baseline.hpp"
+
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -19,13 +21,7 @@ constexpr std::int64_t max_count = 1 << 24;
 
 void memcpy_baseline(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(0)) * sizeof(float);
-  std::vector<char> src(bytes, 1);
-  std::vector<char> dst(bytes, 0);
-  for (auto _ : state) {
-    std::memcpy(dst.data(), src.data(), bytes);
-    benchmark::DoNotOptimize(dst.data());
-    benchmark::ClobberMemory();
-  }
+  squall::bench::copy_loop(state, bytes);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * bytes));
 }
 

@@ -223,13 +223,8 @@ class communicator {
   template <element T, reduction_op<T> Op = sum_op>
   void reduce_scatter(host_view<T> data, Op op = {}) {
     signature(collective::reduce_scatter, dtype_of<T>, Op::name, data.count());
-    const std::size_t at = block_offset(data.count());
-    if (scatter_through_peers<T, Op>(data.data(), data.data() + at, data.count())) {
-      kernels::finalize(host_backend{}, op, data.subview(at, block_count(data.count())),
-                        static_cast<std::size_t>(size()));
-      return;
-    }
-    reduce_scatter_in_place(data, op);
+    reduce_scatter_into(data.data(), data.data(), data.data() + block_offset(data.count()),
+                        data.count(), op);
   }
   /// `out` = this rank's block of `in` reduced over ranks; `out.count()` must be
   /// `block_count(in.count())`.
@@ -237,16 +232,7 @@ class communicator {
   void reduce_scatter(host_view<const T> in, host_view<T> out, Op op = {}) {
     require_count("reduce_scatter", "out", out.count(), block_count(in.count()));
     signature(collective::reduce_scatter, dtype_of<T>, Op::name, in.count());
-    if (scatter_through_peers<T, Op>(in.data(), out.data(), in.count())) {
-      kernels::finalize(host_backend{}, op, out, static_cast<std::size_t>(size()));
-      return;
-    }
-    if (work_.size() < in.size_bytes()) work_.resize(in.size_bytes());
-    host_view<T> work(reinterpret_cast<T*>(work_.data()), in.count());
-    if (!in.empty()) std::memcpy(work.data(), in.data(), in.size_bytes());
-    reduce_scatter_in_place(work, op);
-    const std::size_t at = block_offset(in.count());
-    if (!out.empty()) std::memcpy(out.data(), work.data() + at, out.size_bytes());
+    reduce_scatter_into(in.data(), static_cast<T*>(nullptr), out.data(), in.count(), op);
   }
 
   // ---- allgather ----------------------------------------------------------------------------
@@ -265,7 +251,7 @@ class communicator {
     if constexpr (peer_memory_transport<Transport>) {
       if (s.one_shot && uses_peer_memory(out.size_bytes())) {
         settle();
-        detail::executor<Transport>(transport_, scratch_, tuning_)
+        executor()
             .allgather_peer_memory(reinterpret_cast<const std::byte*>(in.data()),
                                    reinterpret_cast<std::byte*>(out.data()), in.size_bytes());
         return;
@@ -297,7 +283,7 @@ class communicator {
     if constexpr (peer_memory_transport<Transport>) {
       if (s.one_shot && uses_peer_memory(data.size_bytes())) {
         settle();
-        detail::executor<Transport>(transport_, scratch_, tuning_)
+        executor()
             .broadcast_peer_memory(reinterpret_cast<std::byte*>(data.data()), data.size_bytes(),
                                    root);
         return;
@@ -364,18 +350,40 @@ class communicator {
       settle();
       return;
     }
-    run_allreduce(topology_.allreduce_schedule(rank(), size(), out.size_bytes()), in, out.data(),
-                  out.count(), detail::make_reducer<T, Op>());
+    run_allreduce(allreduce_schedule_for(out.size_bytes()), in, out.data(), out.count(),
+                  detail::make_reducer<T, Op>());
     kernels::finalize(host_backend{}, op, out, static_cast<std::size_t>(size()));
   }
 
+  // Reduce-scatter of `count` elements of `in` into `out` (this rank's block). `whole` is
+  // `in` itself when the caller lets it be overwritten (in place), else null: the message
+  // schedules then work on a copy in `work_`. Through peer memory no copy is needed.
   template <element T, reduction_op<T> Op>
-  void reduce_scatter_in_place(host_view<T> data, Op op) {
-    run(scatter_schedule(data.size_bytes()), data.data(), data.count(),
-        detail::make_reducer<T, Op>());
-    const std::size_t at = block_offset(data.count());
-    kernels::finalize(host_backend{}, op, data.subview(at, block_count(data.count())),
-                      static_cast<std::size_t>(size()));
+  void reduce_scatter_into(const T* in, T* whole, T* out, std::size_t count, Op op) {
+    const std::size_t bytes = count * sizeof(T);
+    const schedule s = scatter_schedule(bytes);
+    const host_view<T> result(out, block_count(count));
+    const detail::reducer r = detail::make_reducer<T, Op>();
+    bool done = false;
+    if constexpr (peer_memory_transport<Transport>) {
+      if (s.one_shot && uses_peer_memory(bytes)) {
+        settle();
+        executor().reduce_scatter_peer_memory(reinterpret_cast<const std::byte*>(in),
+                                              reinterpret_cast<std::byte*>(out), count, r);
+        done = true;
+      }
+    }
+    if (!done) {
+      if (whole == nullptr) {
+        if (work_.size() < bytes) work_.resize(bytes);
+        whole = reinterpret_cast<T*>(work_.data());
+        if (count != 0) std::memcpy(whole, in, bytes);
+      }
+      run(s, whole, count, r);
+      T* mine = whole + block_offset(count);
+      if (mine != out && !result.empty()) std::memcpy(out, mine, result.size_bytes());
+    }
+    kernels::finalize(host_backend{}, op, result, static_cast<std::size_t>(size()));
   }
 
   // The schedules of reduce_scatter and allgather: the topology's own, else direct's one-shot
@@ -399,30 +407,11 @@ class communicator {
     }
   }
 
-  // Reduce-scatter of `count` elements from `in` into `out` (this rank's block) through the
-  // peers' memory, when the schedule is the one-shot one and the transport allows; false if not.
-  template <element T, reduction_op<T> Op>
-  bool scatter_through_peers(const T* in, T* out, std::size_t count) {
-    if constexpr (peer_memory_transport<Transport>) {
-      const std::size_t bytes = count * sizeof(T);
-      if (scatter_schedule(bytes).one_shot && uses_peer_memory(bytes)) {
-        settle();
-        detail::executor<Transport>(transport_, scratch_, tuning_)
-            .reduce_scatter_peer_memory(reinterpret_cast<const std::byte*>(in),
-                                        reinterpret_cast<std::byte*>(out), count,
-                                        detail::make_reducer<T, Op>());
-        return true;
-      }
-    } else {
-      (void)in, (void)out, (void)count;
-    }
-    return false;
-  }
 
   template <class T>
   void run(const schedule& s, T* data, std::size_t count, const detail::reducer& r) {
     settle();
-    detail::executor<Transport>(transport_, scratch_, tuning_)
+    executor()
         .run(s, reinterpret_cast<std::byte*>(data), count, r);
   }
 
@@ -434,7 +423,7 @@ class communicator {
   }
 
   void exchange(const void* mine, std::size_t bytes, void* all) {
-    detail::executor<Transport>(transport_, scratch_, tuning_).exchange(mine, bytes, all);
+    executor().exchange(mine, bytes, all);
   }
 
   // The mismatch check: every rank learns every rank's signature and compares them all, so
@@ -609,7 +598,7 @@ class communicator {
     if constexpr (peer_memory_transport<Transport>) {
       if (s.one_shot && uses_peer_memory(count * r.element_bytes)) {
         settle();
-        detail::executor<Transport>(transport_, scratch_, tuning_)
+        executor()
             .run_one_shot_peer_memory(reinterpret_cast<const std::byte*>(in),
                                reinterpret_cast<std::byte*>(out), count, r);
         return;
@@ -618,7 +607,7 @@ class communicator {
     if (in != out) std::memcpy(out, in, count * r.element_bytes);
     if constexpr (direct_transport<Transport>) {
       if (s.one_shot && windows_fit(r)) {
-        detail::executor<Transport>(transport_, scratch_, tuning_)
+        executor()
             .run_one_shot(reinterpret_cast<std::byte*>(out), count, r, window_round_, [this] {
               if (pending_) read_signatures();
             });
@@ -629,6 +618,19 @@ class communicator {
     run(s, out, count, r);
   }
 
+  detail::executor<Transport> executor() { return {transport_, buffers_, tuning_}; }
+
+  // The allreduce schedule for `bytes`, kept for the next call of the same size, so that a
+  // training loop's repeated allreduce builds no schedule (and allocates nothing).
+  const schedule& allreduce_schedule_for(std::size_t bytes) {
+    if (!cached_ || cached_bytes_ != bytes) {
+      cached_schedule_ = topology_.allreduce_schedule(rank(), size(), bytes);
+      cached_bytes_ = bytes;
+      cached_ = true;
+    }
+    return cached_schedule_;
+  }
+
   Transport transport_;
   Topology topology_;
   bool check_ = true;
@@ -636,9 +638,12 @@ class communicator {
   std::uint64_t sequence_ = 0;
   bool pending_ = false;  // a window signature check waits for its barrier (`settle`)
   std::size_t window_round_ = 0;
-  std::vector<std::byte> scratch_;
+  detail::executor_buffers<Transport> buffers_;
   std::vector<std::byte> work_;
   std::vector<detail::call_signature> signatures_;
+  bool cached_ = false;
+  std::size_t cached_bytes_ = 0;
+  schedule cached_schedule_;
 };
 
 }  // namespace squall

@@ -59,15 +59,42 @@ std::size_t window_data_bytes(Transport& t) {
   return window > signature_area ? window - signature_area : 0;
 }
 
-/// Runs schedules for one communicator. Holds references to its transport and scratch space
-/// (owned by the communicator, grown on demand and reused: no allocation per call once warm).
+template <class Transport>
+using completion_of = decltype(std::declval<Transport&>().send(0, buffer_view<const std::byte>{}));
+
+/// What the executor keeps between calls, owned by the communicator: scratch bytes, peer
+/// addresses and the vectors of completions in flight. Grown on demand and reused, so a
+/// warm collective allocates nothing.
+template <class Transport>
+struct executor_buffers {
+  std::vector<std::byte> scratch;
+  std::vector<std::uint64_t> addresses;
+  std::vector<completion_of<Transport>> pending;  ///< a step's receives, or an exchange
+  std::deque<completion_of<Transport>> sends;     ///< sends in flight
+};
+
+/// Runs schedules for one communicator, over its transport and `executor_buffers`. Built per
+/// call (it is two references and the tuning); whatever is still in flight when it is
+/// destroyed, by an exception, is waited for then, as the completions' destructors do.
 template <transport Transport>
 class executor {
  public:
-  using completion_type = decltype(std::declval<Transport&>().send(0, buffer_view<const std::byte>{}));
+  using completion_type = completion_of<Transport>;
 
-  executor(Transport& transport, std::vector<std::byte>& scratch, const collective_tuning& tuning)
-      : transport_(transport), scratch_(scratch), tuning_(tuning) {}
+  executor(Transport& transport, executor_buffers<Transport>& buffers,
+           const collective_tuning& tuning)
+      : transport_(transport),
+        scratch_(buffers.scratch),
+        addresses_(buffers.addresses),
+        pending_(buffers.pending),
+        sends_(buffers.sends),
+        tuning_(tuning) {}
+  executor(const executor&) = delete;
+  executor& operator=(const executor&) = delete;
+  ~executor() {
+    pending_.clear();
+    sends_.clear();
+  }
 
   /// Runs `s` in place on `count` elements at `data`: every step's blocks move in pieces, and
   /// `r` reduces received pieces into place.
@@ -227,8 +254,8 @@ class executor {
     const int me = transport_.rank();
     const int size = transport_.size();
     std::memcpy(into + static_cast<std::size_t>(me) * bytes, mine, bytes);
-    std::vector<completion_type> pending;
-    pending.reserve(2 * static_cast<std::size_t>(size));
+    std::vector<completion_type>& pending = pending_;
+    pending.clear();
     for (int k = 1; k < size; ++k) {
       const int from = wrap(me - k, size);
       pending.push_back(transport_.recv(from, {into + static_cast<std::size_t>(from) * bytes, bytes}));
@@ -237,6 +264,7 @@ class executor {
       pending.push_back(transport_.send(wrap(me + k, size), {static_cast<const std::byte*>(mine), bytes}));
     }
     for (auto& c : pending) c.wait();
+    pending.clear();
   }
 
  private:
@@ -289,7 +317,7 @@ class executor {
     }
     const std::size_t slot_bytes = piece * r.element_bytes;
     if (scratch_.size() < widest * slot_bytes) scratch_.resize(widest * slot_bytes);
-    std::vector<completion_type> recvs;
+    std::vector<completion_type>& recvs = pending_;
     for (std::size_t j = 0; j < pieces; ++j) {
       for (std::size_t i = begin; i < end; ++i) {
         const step& st = s.steps[i];
@@ -346,9 +374,10 @@ class executor {
 
   Transport& transport_;
   std::vector<std::byte>& scratch_;
+  std::vector<std::uint64_t>& addresses_;
+  std::vector<completion_type>& pending_;
+  std::deque<completion_type>& sends_;
   collective_tuning tuning_;
-  std::deque<completion_type> sends_;
-  std::vector<std::uint64_t> addresses_;
 };
 
 }  // namespace squall::detail
