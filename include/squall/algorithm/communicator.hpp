@@ -333,7 +333,7 @@ class communicator {
     if (in.data() != out.data() && !in.empty()) std::memcpy(out.data(), in.data(), in.size_bytes());
   }
 
-  // Whether an allreduce of `bytes` takes the one-shot path that reads the peers' buffers.
+  // Whether a one-shot collective of `bytes` goes through the peers' own memory.
   bool uses_peer_memory(std::size_t bytes) const {
     if constexpr (peer_memory_transport<Transport>) {
       return size() > 1 && bytes >= tuning_.peer_memory_bytes && transport_.can_access_peers();
@@ -407,12 +407,10 @@ class communicator {
     }
   }
 
-
   template <class T>
   void run(const schedule& s, T* data, std::size_t count, const detail::reducer& r) {
     settle();
-    executor()
-        .run(s, reinterpret_cast<std::byte*>(data), count, r);
+    executor().run(s, reinterpret_cast<std::byte*>(data), count, r);
   }
 
   // Room for the one-shot schedule: each half of the window holds a round of at least 64
