@@ -11,6 +11,8 @@ packages=(
   doctest-dev                   # tests
   libopenmpi-dev openmpi-bin    # squall::mpi and the MPI oracle tests (the default MPI)
   libbenchmark-dev              # kernel benchmarks
+  librandom123-dev              # Philox, the counter-based generator of the stochastic compressors
+  clang libclang-rt-14-dev      # libFuzzer targets for the payload decoders
 )
 # MPICH instead of / beside Open MPI: SQUALL_SETUP_MPICH=1 adds it (see README, "MPICH").
 if [[ "${SQUALL_SETUP_MPICH:-0}" == "1" ]]; then

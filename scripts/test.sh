@@ -18,7 +18,7 @@ ctest --preset default -j "$jobs"
 
 echo "== unit and shared-memory tests under ASan + UBSan (preset asan)"
 cmake --preset asan >/dev/null
-cmake --build --preset asan -j "$jobs" --target squall_unit_tests squall_shm_tests
+cmake --build --preset asan -j "$jobs" --target squall_unit_tests squall_compress_tests squall_shm_tests
 ctest --preset asan -j "$jobs"
 
 # doctest's own counts, summed over every doctest run of both presets.

@@ -3,5 +3,6 @@
 /// The umbrella for nvcc translation units: squall.hpp plus the CUDA backend and kernels.
 
 #include <squall/backend/cuda.cuh>
+#include <squall/kernels/cuda/quantize.cuh>
 #include <squall/kernels/cuda/reduce.cuh>
 #include <squall/squall.hpp>

@@ -10,6 +10,9 @@
 #include <squall/compress/error_feedback.hpp>
 #include <squall/compress/none.hpp>
 #include <squall/compress/payload.hpp>
+#include <squall/compress/quantize.hpp>
+#include <squall/compress/sketch.hpp>
+#include <squall/compress/sparsify.hpp>
 #include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
@@ -18,8 +21,12 @@
 #include <squall/core/error.hpp>
 #include <squall/core/ops.hpp>
 #include <squall/core/options.hpp>
+#include <squall/core/random.hpp>
 #include <squall/core/types.hpp>
+#include <squall/kernels/host/quantize.hpp>
 #include <squall/kernels/host/reduce.hpp>
+#include <squall/kernels/host/select.hpp>
+#include <squall/kernels/host/sketch.hpp>
 #include <squall/topology/automatic.hpp>
 #include <squall/topology/direct.hpp>
 #include <squall/topology/halving_doubling.hpp>

@@ -58,6 +58,7 @@ struct cast_compressor {
                                                       std::to_string(payload.count()) +
                                                       " bytes for " + std::to_string(size));
     }
+    require_payload_alignment(name, payload.data(), alignof(To));
     write_payload_header({.kind = kind, .type = dtype_of<T>, .count = in.count()},
                          payload.data());
     To* body = reinterpret_cast<To*>(payload.data() + payload_header::bytes);
@@ -75,7 +76,7 @@ struct cast_compressor {
   }
 
   /// Reads a payload back into `out`: validates the header (kind, version, element type,
-  /// count) and the size, then widens. Throws `invalid_argument` on any inconsistency.
+  /// count), the size and the address (2-byte aligned), then widens. Throws `invalid_argument` on any inconsistency.
   template <class B, castable T>
   void decode(const B& /*backend*/, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
@@ -85,6 +86,7 @@ struct cast_compressor {
                              "payload of " + std::to_string(payload.count()) + " bytes for " +
                                  std::to_string(out.count()) + " elements");
     }
+    require_payload_alignment(name, payload.data(), alignof(To));
     const To* body = reinterpret_cast<const To*>(payload.data() + payload_header::bytes);
     if constexpr (std::same_as<T, To>) {
       if (!out.empty()) std::memcpy(out.data(), body, out.size_bytes());

@@ -12,6 +12,7 @@
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
+#include <squall/core/random.hpp>
 #include <squall/core/types.hpp>
 
 #include <cstddef>  // byte, size_t
@@ -91,12 +92,14 @@ struct error_feedback {
 
   /// residual += in; writes C(residual) to `payload`; residual -= decode(payload). Returns the
   /// payload's size. `state.count()` must equal `in.count()` (`invalid_argument` otherwise);
-  /// `scratch` holds `in.count()` elements (the decoded payload).
+  /// `scratch` holds `in.count()` elements (the decoded payload). `stream` goes to a stochastic
+  /// `C`'s encode (its draws for this step and rank).
   template <class B, element T>
   std::size_t encode(const B& backend, error_feedback_state<T>& state,
                      buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload,
-                     buffer_view<T, typename B::memory_space> scratch) const {
+                     buffer_view<T, typename B::memory_space> scratch,
+                     random_stream stream = {}) const {
     if (state.count() != in.count() || scratch.count() != in.count()) {
       throw invalid_argument({.operation = name},
                              "state of " + std::to_string(state.count()) + " and scratch of " +
@@ -105,7 +108,12 @@ struct error_feedback {
     }
     host_view<T> r = state.residual();
     for (std::size_t i = 0; i < in.count(); ++i) r[i] = static_cast<T>(r[i] + in[i]);
-    const std::size_t written = inner.encode(backend, host_view<const T>(r), payload);
+    std::size_t written;
+    if constexpr (requires { inner.encode(backend, host_view<const T>(r), payload, stream); }) {
+      written = inner.encode(backend, host_view<const T>(r), payload, stream);
+    } else {
+      written = inner.encode(backend, host_view<const T>(r), payload);
+    }
     inner.decode(backend, host_view<const std::byte>(payload.data(), written), scratch);
     for (std::size_t i = 0; i < in.count(); ++i) r[i] = static_cast<T>(r[i] - scratch[i]);
     return written;

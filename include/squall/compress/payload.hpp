@@ -26,6 +26,16 @@ namespace squall {
 enum class payload_kind : std::uint8_t {
   cast_float16 = 1,
   cast_bfloat16 = 2,
+  int8 = 3,
+  sign = 4,
+  sign_vote = 5,
+  terngrad = 6,
+  qsgd = 7,
+  topk = 8,
+  randomk = 9,
+  threshold = 10,
+  count_sketch = 11,
+  powersgd = 12,
 };
 
 struct payload_header {
@@ -41,6 +51,28 @@ struct payload_header {
   std::uint64_t count = 0;
 };
 static_assert(sizeof(payload_header) == payload_header::bytes);
+
+namespace detail {
+/// Throws `invalid_argument` naming `operation` unless a payload buffer of `have` bytes holds
+/// `size`.
+inline void require_room(std::string_view operation, std::size_t have, std::size_t size) {
+  if (have < size) {
+    throw invalid_argument({.operation = operation}, "payload buffer of " + std::to_string(have) +
+                                                         " bytes for " + std::to_string(size));
+  }
+}
+}  // namespace detail
+
+/// Throws `invalid_argument` naming `operation` unless `payload` is aligned to `alignment`
+/// bytes (a compressor whose body is read as 16-bit values needs 2).
+inline void require_payload_alignment(std::string_view operation, const std::byte* payload,
+                                      std::size_t alignment) {
+  if (reinterpret_cast<std::uintptr_t>(payload) % alignment != 0) {
+    throw invalid_argument({.operation = operation},
+                           "payload address is not aligned to " + std::to_string(alignment) +
+                               " bytes");
+  }
+}
 
 /// Writes `h` to the first 16 bytes of `out` (which has at least that many).
 inline void write_payload_header(const payload_header& h, std::byte* out) {

@@ -37,3 +37,12 @@
 #else
 #define SQUALL_HOST_CLONES
 #endif
+
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+/// Lets g++ if-convert (and so vectorize) loops of floating-point selects and conversions by
+/// assuming no floating-point operation traps, which squall never enables (-fno-trapping-math
+/// for this function only; results are unchanged). Empty elsewhere.
+#define SQUALL_NO_TRAPPING_MATH __attribute__((optimize("no-trapping-math")))
+#else
+#define SQUALL_NO_TRAPPING_MATH
+#endif

@@ -120,6 +120,18 @@ void copy(const host_backend&, host_view<T> dst, host_view<const std::type_ident
   std::memmove(dst.data(), src.data(), dst.size_bytes());
 }
 
+/// Copies `size` bytes from host memory `src` into the backend's memory at `dst` (a payload's
+/// header); the host source may be reused when the call returns.
+inline void store_bytes(const host_backend&, std::byte* dst, const void* src, std::size_t size) {
+  if (size != 0) std::memcpy(dst, src, size);
+}
+
+/// Copies `size` bytes from the backend's memory at `src` into host memory `dst` (a payload's
+/// header, to validate it on the host); complete when the call returns.
+inline void load_bytes(const host_backend&, void* dst, const std::byte* src, std::size_t size) {
+  if (size != 0) std::memcpy(dst, src, size);
+}
+
 /// Applies `op.finalize` to every element (avg: divide by `contributions`); a no-op for ops
 /// without a finalize step. Throws `invalid_argument` if `contributions` is 0.
 template <element T, reduction_op<T> Op>

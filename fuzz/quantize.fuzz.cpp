@@ -1,0 +1,37 @@
+// SPDX-License-Identifier: Apache-2.0
+// libFuzzer target: the decoders of compress/quantize.hpp (int8, sign, sign_vote, terngrad,
+// and qsgd with 1, 4 and 127 levels: code widths 2, 4 and 8), into float and double. The
+// parameter byte sets the encoder's bucket (mutate mode) to (parameter % 128) x 8 elements
+// (0: one bucket) and its seed; decode reads the bucket from the payload. Layout: fuzz_common.hpp.
+#include "fuzz_common.hpp"
+
+#include <squall/compress/quantize.hpp>
+
+namespace {
+
+struct quantize_family {
+  static constexpr std::size_t compressors = 7;
+  template <class C>
+  static C configured(std::uint8_t parameter) {
+    C c;
+    c.bucket = static_cast<std::uint64_t>(parameter % 128) * 8;
+    c.seed = parameter;
+    return c;
+  }
+  template <class F>
+  static void with(std::size_t index, std::uint8_t parameter, F&& f) {
+    switch (index) {
+      case 0: f(configured<squall::int8_compressor>(parameter)); break;
+      case 1: f(configured<squall::sign_compressor>(parameter)); break;
+      case 2: f(configured<squall::sign_vote_compressor>(parameter)); break;
+      case 3: f(configured<squall::terngrad_compressor>(parameter)); break;
+      case 4: f(configured<squall::qsgd_compressor<4>>(parameter)); break;
+      case 5: f(configured<squall::qsgd_compressor<1>>(parameter)); break;
+      default: f(configured<squall::qsgd_compressor<127>>(parameter)); break;
+    }
+  }
+};
+
+}  // namespace
+
+SQUALL_FUZZ_TARGET(quantize_family)

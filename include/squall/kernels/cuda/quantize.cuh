@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// CUDA twins of kernels/host/quantize.hpp (`quantize`, `dequantize`) and of the payload byte
+/// transfers (`store_bytes`, `load_bytes`): the same signatures over device memory and the
+/// same per-element math (`quantize_code`, `dequantize_code`, Philox from Random123), so a
+/// device payload equals the host's byte for byte. One block per bucket: CUB's BlockReduce
+/// gives the scale (sum in double, or the max of the magnitudes' bit patterns, as on the host);
+/// each thread then codes 8 consecutive elements into `width` whole bytes.
+
+#include <squall/backend/cuda.cuh>
+#include <squall/core/random.hpp>
+#include <squall/kernels/host/quantize.hpp>
+
+#include <cub/block/block_reduce.cuh>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace squall::kernels {
+namespace detail {
+
+inline constexpr int quantize_threads = 256;
+
+// nvcc cannot emit host stubs for __global__ templates with class-type template arguments:
+// the scheme travels as plain values and is rebuilt inside.
+template <std::uint32_t Levels, unsigned Width, int Scale, bool Stochastic, bool SignOnly>
+__device__ constexpr quantize_scheme scheme_of() {
+  return {Levels, Width, static_cast<bucket_scale>(Scale), Stochastic, SignOnly};
+}
+
+template <std::uint32_t Levels, unsigned Width, int Scale, bool Stochastic, bool SignOnly, class T>
+__global__ void __launch_bounds__(quantize_threads)
+    quantize_kernel(const T* in, std::size_t count, std::size_t bucket, T* scales,
+                    std::uint8_t* codes, std::uint64_t seed, random_stream stream,
+                    unsigned long long* first_bad) {
+  constexpr quantize_scheme q = scheme_of<Levels, Width, Scale, Stochastic, SignOnly>();
+  using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, unsigned long long>;
+  constexpr bits_t exponent = static_cast<bits_t>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
+  constexpr bits_t magnitude = static_cast<bits_t>(sizeof(T) == 4 ? 0x7fffffffull : 0x7fffffffffffffffull);
+  using sum_reduce = cub::BlockReduce<double, quantize_threads>;
+  using max_reduce = cub::BlockReduce<bits_t, quantize_threads>;
+  __shared__ typename sum_reduce::TempStorage sum_storage;
+  __shared__ typename max_reduce::TempStorage max_storage;
+  __shared__ T shared_scale;
+  __shared__ bool shared_usable;
+  const std::size_t buckets = (count + bucket - 1) / bucket;
+  for (std::size_t b = blockIdx.x; b < buckets; b += gridDim.x) {
+    const std::size_t begin = b * bucket;
+    const std::size_t n = count - begin < bucket ? count - begin : bucket;
+    double sum = 0;
+    bits_t top = 0;
+    for (std::size_t i = threadIdx.x; i < n; i += quantize_threads) {
+      const T v = in[begin + i];
+      bits_t bits;
+      memcpy(&bits, &v, sizeof bits);
+      bits &= magnitude;
+      top = top > bits ? top : bits;
+      const double a = fabs(static_cast<double>(v));
+      sum += Scale == static_cast<int>(bucket_scale::l2_norm) ? a * a : a;
+    }
+    const double total = sum_reduce(sum_storage).Sum(sum);
+    const bits_t largest = max_reduce(max_storage).Reduce(top, [](bits_t x, bits_t y) { return x > y ? x : y; });
+    if (threadIdx.x == 0) {
+      const bool finite = largest < exponent;
+      double scale;
+      if constexpr (Scale == static_cast<int>(bucket_scale::max_abs)) {
+        T m;
+        memcpy(&m, &largest, sizeof m);
+        scale = static_cast<double>(m);
+      } else if constexpr (Scale == static_cast<int>(bucket_scale::l2_norm)) {
+        scale = sqrt(total);
+      } else {
+        scale = total / static_cast<double>(n);
+      }
+      const T s = static_cast<T>(scale);
+      scales[b] = finite ? s : static_cast<T>(NAN);
+      shared_scale = static_cast<T>(scale);
+      shared_usable = finite && s > T(0) && isfinite(s);
+    }
+    __syncthreads();
+    const T scale = shared_scale;
+    const bool usable = shared_usable;
+    // the same inverse as the host, or double x 2^600 for a subnormal scale
+    const T inverse = static_cast<T>(static_cast<double>(Levels) / static_cast<double>(scale));
+    const bool wide = !isfinite(inverse);
+    const double wide_inverse = static_cast<double>(Levels) / (static_cast<double>(scale) * 0x1p600);
+    const std::size_t groups = (n + 7) / 8;
+    for (std::size_t g = threadIdx.x; g < groups; g += quantize_threads) {
+      const std::size_t first = begin + 8 * g;  // a multiple of 8
+      unsigned long long packed = 0;
+      for (unsigned t = 0; t < 8 && 8 * g + t < n; ++t) {
+        const std::size_t i = first + t;
+        const T v = in[i];
+        if (!isfinite(v)) atomicMin(first_bad, static_cast<unsigned long long>(i));
+        std::uint8_t code;
+        if (!usable) {
+          code = SignOnly ? 0 : static_cast<std::uint8_t>(Levels);
+        } else {
+          const std::uint32_t word = Stochastic ? random_word(seed, stream, i) : 0u;
+          code = wide ? quantize_code(q, static_cast<double>(v) * 0x1p600, wide_inverse, word)
+                      : quantize_code(q, v, inverse, word);
+        }
+        packed |= static_cast<unsigned long long>(code) << (t * Width);
+      }
+      const unsigned bytes = (8 * g + 8 <= n ? 8 : static_cast<unsigned>(n - 8 * g)) * Width;
+      for (unsigned k = 0; k < (bytes + 7) / 8; ++k) {
+        codes[first * Width / 8 + k] = static_cast<std::uint8_t>(packed >> (8 * k));
+      }
+    }
+    __syncthreads();
+  }
+}
+
+template <std::uint32_t Levels, unsigned Width, int Scale, bool Stochastic, bool SignOnly, class T>
+__global__ void __launch_bounds__(quantize_threads)
+    dequantize_kernel(const T* scales, const std::uint8_t* codes, std::size_t count,
+                      std::size_t bucket, T* out) {
+  constexpr quantize_scheme q = scheme_of<Levels, Width, Scale, Stochastic, SignOnly>();
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * quantize_threads;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * quantize_threads + threadIdx.x;
+       i < count; i += stride) {
+    const unsigned bit = static_cast<unsigned>((i * Width) % 8);
+    const auto code = static_cast<std::uint8_t>((codes[i * Width / 8] >> bit) & ((1u << Width) - 1));
+    out[i] = dequantize_code(q, code, scales[i / bucket]);
+  }
+}
+
+inline unsigned quantize_grid(std::size_t blocks) {
+  return static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
+}
+
+}  // namespace detail
+
+/// Device twin of the host `quantize`: same arguments over device memory, enqueued on the
+/// backend's stream. Returns the first non-finite element's index (or `count`), so it waits
+/// for the stream once.
+template <quantize_scheme Q, class T>
+std::size_t quantize(const cuda_backend& backend, const T* in, std::size_t count,
+                     std::size_t bucket, T* scales, std::uint8_t* codes, std::uint64_t seed,
+                     random_stream stream) {
+  if (count == 0) return 0;
+  squall::detail::device_guard guard(backend.device);
+  unsigned long long* first_bad = nullptr;
+  SQUALL_CUDA_CHECK(cudaMallocAsync(&first_bad, sizeof *first_bad, backend.stream));
+  const unsigned long long none = count;
+  SQUALL_CUDA_CHECK(cudaMemcpyAsync(first_bad, &none, sizeof none, cudaMemcpyHostToDevice, backend.stream));
+  detail::quantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only>
+      <<<detail::quantize_grid((count + bucket - 1) / bucket), detail::quantize_threads, 0,
+         backend.stream>>>(in, count, bucket, scales, codes, seed, stream, first_bad);
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+  unsigned long long bad = count;
+  SQUALL_CUDA_CHECK(cudaMemcpyAsync(&bad, first_bad, sizeof bad, cudaMemcpyDeviceToHost, backend.stream));
+  SQUALL_CUDA_CHECK(cudaFreeAsync(first_bad, backend.stream));
+  SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend.stream));
+  return static_cast<std::size_t>(bad);
+}
+
+/// Device twin of the host `dequantize`.
+template <quantize_scheme Q, class T>
+void dequantize(const cuda_backend& backend, const T* scales, const std::uint8_t* codes,
+                std::size_t count, std::size_t bucket, T* out) {
+  if (count == 0) return;
+  squall::detail::device_guard guard(backend.device);
+  detail::dequantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only>
+      <<<detail::quantize_grid((count + detail::quantize_threads - 1) / detail::quantize_threads),
+         detail::quantize_threads, 0, backend.stream>>>(scales, codes, count, bucket, out);
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Copies `size` host bytes into device memory at `dst` (stream-ordered; the host source is
+/// staged by the driver, so it may be reused when the call returns).
+inline void store_bytes(const cuda_backend& backend, std::byte* dst, const void* src, std::size_t size) {
+  if (size == 0) return;
+  squall::detail::device_guard guard(backend.device);
+  SQUALL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyHostToDevice, backend.stream));
+  SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend.stream));
+}
+
+/// Copies `size` device bytes at `src` to the host, after the stream's earlier work.
+inline void load_bytes(const cuda_backend& backend, void* dst, const std::byte* src, std::size_t size) {
+  if (size == 0) return;
+  squall::detail::device_guard guard(backend.device);
+  SQUALL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyDeviceToHost, backend.stream));
+  SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend.stream));
+}
+
+}  // namespace squall::kernels

@@ -1,0 +1,289 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// The loops of the bucketed quantizers (compress/quantize.hpp): a scale per bucket, a code per
+/// element (deterministic or stochastic rounding to `levels` steps, or a sign bit), and bit
+/// packing. The per-element math (`quantize_code`, `dequantize_code`) is `SQUALL_HOST_DEVICE`,
+/// shared with the CUDA twin (kernels/cuda/quantize.cuh), so the host tests pin the device math.
+
+#include <squall/backend/host.hpp>
+#include <squall/core/config.hpp>
+#include <squall/core/random.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace squall::kernels {
+
+/// How a bucket's scale is computed from its elements.
+enum class bucket_scale : std::uint8_t {
+  max_abs,   ///< max |v| (int8, TernGrad)
+  l2_norm,   ///< sqrt(sum v^2) (QSGD)
+  mean_abs,  ///< sum |v| / n (scaled sign, EF-SignSGD)
+};
+
+/// A quantization scheme. Codes are `width` bits: for `levels` s, an element becomes a signed
+/// level q in [-s, s] stored as q + s; `sign_only` codes are 1 bit, 1 for negative.
+struct quantize_scheme {
+  std::uint32_t levels;
+  unsigned width;  ///< bits per code: 1, 2, 4 or 8
+  bucket_scale scale;
+  bool stochastic;  ///< stochastic rounding between neighbouring levels (unbiased)
+  bool sign_only;
+};
+
+/// A bucket's scale and whether all its elements were finite.
+struct bucket_stats {
+  double scale;
+  bool finite;
+};
+
+/// The code of `v` in a bucket whose finite, positive scale gives `inverse` = levels / scale:
+/// |v| x inverse rounded to a level (to nearest, ties away from zero; or, stochastically, up
+/// with probability equal to the fraction, from the uniform `word`), with v's sign. Every input
+/// gives a code below 2^width (never UB: the level is clamped to [0, s] before any conversion).
+template <class T>
+SQUALL_HOST_DEVICE SQUALL_FORCEINLINE std::uint8_t quantize_code(quantize_scheme q, T v, T inverse,
+                                                                 std::uint32_t word) {
+  // Branch-free selects on 32-bit integers, so the host loop vectorizes.
+  const std::int32_t negative = v < T(0);
+  if (q.sign_only) return static_cast<std::uint8_t>(negative);
+  const T s = static_cast<T>(q.levels);
+  T x = (negative ? -v : v) * inverse;
+  x = x > T(0) ? x : T(0);  // NaN -> 0
+  x = x < s ? x : s;        // rounding above s -> s
+  std::int32_t level;
+  if (q.stochastic) {
+    const auto low = static_cast<std::int32_t>(x);  // floor, x >= 0
+    const T fraction = x - static_cast<T>(low);
+    if constexpr (std::is_same_v<T, float>) {
+      // 24 random bits against the fraction: P(up) = ceil(fraction x 2^24) / 2^24
+      level = low + (static_cast<float>(static_cast<std::int32_t>(word >> 8)) < fraction * 16777216.0f);
+    } else {
+      level = low + (static_cast<double>(word) < fraction * 4294967296.0);
+    }
+  } else {
+    level = static_cast<std::int32_t>(x + T(0.5));  // nearest, ties away from zero; <= s
+  }
+  // low == s has fraction 0, so level never exceeds s
+  const auto s32 = static_cast<std::int32_t>(q.levels);
+  return static_cast<std::uint8_t>(negative ? s32 - level : s32 + level);
+}
+
+/// The value of `code` in a bucket of `scale` (NaN if the bucket had a NaN or Inf).
+template <class T>
+SQUALL_HOST_DEVICE SQUALL_FORCEINLINE T dequantize_code(quantize_scheme q, std::uint8_t code,
+                                                        T scale) {
+  if (q.sign_only) return code ? -scale : scale;
+  // q x scale first, so a subnormal scale loses no more than its own spacing
+  return static_cast<T>(static_cast<std::int32_t>(code) - static_cast<std::int32_t>(q.levels)) *
+         scale * (T(1) / static_cast<T>(q.levels));
+}
+
+namespace detail {
+
+/// Elements per inner block of the host loops (codes and random words stay in L1).
+inline constexpr std::size_t quantize_block = 1024;
+
+/// The scale of a bucket and whether it is finite, from one pass: the largest |v| is the
+/// largest of the magnitudes' bit patterns (an integer max, which vectorizes without fast-math),
+/// and a pattern at or above the exponent mask is an Inf or a NaN.
+template <bucket_scale S, class T>
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bucket_stats bucket_stats_of(const T* SQUALL_RESTRICT v,
+                                                                        std::size_t n) {
+  using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  constexpr bits_t exponent = static_cast<bits_t>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
+  constexpr bits_t magnitude = static_cast<bits_t>(sizeof(T) == 4 ? 0x7fffffffull : 0x7fffffffffffffffull);
+  constexpr std::size_t lanes = 8;
+  bits_t top[lanes] = {};
+  double acc[lanes] = {};
+  const std::size_t whole = n - n % lanes;
+  for (std::size_t i = 0; i < whole; i += lanes) {
+    for (std::size_t j = 0; j < lanes; ++j) {
+      bits_t b;
+      std::memcpy(&b, &v[i + j], sizeof b);
+      b &= magnitude;
+      top[j] = top[j] > b ? top[j] : b;
+      if constexpr (S != bucket_scale::max_abs) {
+        const double a = std::fabs(static_cast<double>(v[i + j]));
+        acc[j] += S == bucket_scale::l2_norm ? a * a : a;
+      }
+    }
+  }
+  for (std::size_t i = whole; i < n; ++i) {
+    bits_t b;
+    std::memcpy(&b, &v[i], sizeof b);
+    b &= magnitude;
+    top[0] = top[0] > b ? top[0] : b;
+    const double a = std::fabs(static_cast<double>(v[i]));
+    acc[0] += S == bucket_scale::l2_norm ? a * a : a;
+  }
+  bits_t largest = 0;
+  double sum = 0;
+  for (std::size_t j = 0; j < lanes; ++j) {
+    largest = largest > top[j] ? largest : top[j];
+    sum += acc[j];
+  }
+  const bool finite = largest < exponent;
+  if constexpr (S == bucket_scale::max_abs) {
+    T m;
+    std::memcpy(&m, &largest, sizeof m);
+    return {static_cast<double>(m), finite};
+  } else if constexpr (S == bucket_scale::l2_norm) {
+    return {std::sqrt(sum), finite};
+  } else {
+    return {n ? sum / static_cast<double>(n) : 0.0, finite};
+  }
+}
+
+template <quantize_scheme Q, class T>
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void quantize_block_loop(const T* SQUALL_RESTRICT in, std::size_t n, T inverse,
+                                            const std::uint32_t* SQUALL_RESTRICT words,
+                                            std::uint8_t* SQUALL_RESTRICT codes) {
+  for (std::size_t k = 0; k < n; ++k) codes[k] = quantize_code(Q, in[k], inverse, Q.stochastic ? words[k] : 0u);
+}
+
+/// The same for a bucket whose levels / scale overflows T (a subnormal scale): values and
+/// scale go through double multiplied by 2^600 (exact), where levels / scale is finite.
+template <quantize_scheme Q, class T>
+void quantize_block_wide(const T* in, std::size_t n, double scale, const std::uint32_t* words,
+                         std::uint8_t* codes) {
+  constexpr double up = 0x1p600;
+  const double inverse = static_cast<double>(Q.levels) / (scale * up);
+  for (std::size_t k = 0; k < n; ++k) {
+    codes[k] = quantize_code(Q, static_cast<double>(in[k]) * up, inverse, Q.stochastic ? words[k] : 0u);
+  }
+}
+
+template <quantize_scheme Q, class T>
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void dequantize_block_loop(const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n,
+                                              T scale, T* SQUALL_RESTRICT out) {
+  for (std::size_t k = 0; k < n; ++k) out[k] = dequantize_code(Q, codes[k], scale);
+}
+
+/// Packs `n` codes of W bits, element k at bits [k W, (k + 1) W) of the stream, low bits first.
+template <unsigned W>
+SQUALL_HOST_CLONES void pack_codes(const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n,
+                                   std::uint8_t* SQUALL_RESTRICT out) {
+  if constexpr (W == 8) {
+    std::memcpy(out, codes, n);
+  } else {
+    constexpr unsigned per = 8 / W;
+    const std::size_t full = n / per;
+    for (std::size_t j = 0; j < full; ++j) {
+      unsigned b = 0;
+      for (unsigned t = 0; t < per; ++t) b |= static_cast<unsigned>(codes[j * per + t]) << (t * W);
+      out[j] = static_cast<std::uint8_t>(b);
+    }
+    if (n % per != 0) {
+      unsigned b = 0;
+      for (std::size_t t = 0; t < n % per; ++t) b |= static_cast<unsigned>(codes[full * per + t]) << (t * W);
+      out[full] = static_cast<std::uint8_t>(b);
+    }
+  }
+}
+
+/// The codes of every byte value, 8 / W of them per byte: a table built at compile time.
+template <unsigned W>
+struct code_table {
+  static constexpr unsigned per = 8 / W;
+  std::uint8_t codes[256][per];
+  constexpr code_table() : codes{} {
+    for (unsigned b = 0; b < 256; ++b) {
+      for (unsigned t = 0; t < per; ++t) codes[b][t] = static_cast<std::uint8_t>((b >> (t * W)) & ((1u << W) - 1));
+    }
+  }
+};
+template <unsigned W>
+inline constexpr code_table<W> code_table_v{};
+
+template <unsigned W>
+SQUALL_HOST_CLONES void unpack_codes(const std::uint8_t* SQUALL_RESTRICT in, std::size_t n,
+                                     std::uint8_t* SQUALL_RESTRICT codes) {
+  if constexpr (W == 8) {
+    std::memcpy(codes, in, n);
+  } else {
+    constexpr unsigned per = 8 / W;
+    const std::size_t full = n / per;
+    for (std::size_t j = 0; j < full; ++j) std::memcpy(codes + j * per, code_table_v<W>.codes[in[j]], per);
+    for (std::size_t k = full * per; k < n; ++k) codes[k] = code_table_v<W>.codes[in[full]][k - full * per];
+  }
+}
+
+}  // namespace detail
+
+/// Encodes `count` elements in buckets of `bucket` (a multiple of 8, except a single bucket
+/// covering all): `scales[b]` gets bucket b's scale (NaN if the bucket holds a NaN or Inf,
+/// whose codes are then the zero level) and `codes` the packed codes,
+/// ceil(count x width / 8) bytes. Stochastic draws are `random_word(seed, stream, element)`.
+/// Returns the index of the first non-finite element, or `count` if all are finite.
+template <quantize_scheme Q, class T>
+std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t count,
+                     std::size_t bucket, T* scales, std::uint8_t* codes, std::uint64_t seed,
+                     random_stream stream) {
+  std::size_t first_bad = count;
+  std::uint8_t block_codes[detail::quantize_block];
+  alignas(64) std::uint32_t words[detail::quantize_block];
+  for (std::size_t begin = 0, b = 0; begin < count; begin += bucket, ++b) {
+    const std::size_t n = count - begin < bucket ? count - begin : bucket;
+    const bucket_stats stats = detail::bucket_stats_of<Q.scale>(in + begin, n);
+    const T scale = static_cast<T>(stats.scale);
+    const bool usable = stats.finite && scale > T(0) && std::isfinite(scale);
+    const T inverse = static_cast<T>(static_cast<double>(Q.levels) / stats.scale);
+    const T sent = stats.finite ? scale : std::numeric_limits<T>::quiet_NaN();
+    std::memcpy(scales + b, &sent, sizeof sent);  // payloads need not be aligned
+    if (!stats.finite && first_bad == count) {
+      for (std::size_t k = 0; k < n; ++k) {
+        if (!std::isfinite(in[begin + k])) {
+          first_bad = begin + k;
+          break;
+        }
+      }
+    }
+    for (std::size_t off = 0; off < n; off += detail::quantize_block) {
+      const std::size_t m = n - off < detail::quantize_block ? n - off : detail::quantize_block;
+      const std::size_t first = begin + off;  // a multiple of 8 unless it is element 0's bucket
+      if (!usable) {
+        std::memset(block_codes, Q.sign_only ? 0 : static_cast<int>(Q.levels), m);
+      } else {
+        if constexpr (Q.stochastic) {
+          for (std::size_t k = 0; k < m; k += 4) {
+            const philox_block r = philox(seed, stream, (first + k) / 4);
+            for (std::size_t t = 0; t < 4; ++t) words[k + t] = r.word[t];
+          }
+        }
+        if (std::isfinite(inverse)) {
+          detail::quantize_block_loop<Q>(in + first, m, inverse, words, block_codes);
+        } else {
+          detail::quantize_block_wide<Q>(in + first, m, stats.scale, words, block_codes);
+        }
+      }
+      detail::pack_codes<Q.width>(block_codes, m, codes + first * Q.width / 8);
+    }
+  }
+  return first_bad;
+}
+
+/// Decodes what `quantize` wrote: `count` elements from `scales` and packed `codes`.
+template <quantize_scheme Q, class T>
+void dequantize(const host_backend& /*backend*/, const T* scales, const std::uint8_t* codes,
+                std::size_t count, std::size_t bucket, T* out) {
+  std::uint8_t block_codes[detail::quantize_block];
+  for (std::size_t begin = 0, b = 0; begin < count; begin += bucket, ++b) {
+    const std::size_t n = count - begin < bucket ? count - begin : bucket;
+    for (std::size_t off = 0; off < n; off += detail::quantize_block) {
+      const std::size_t m = n - off < detail::quantize_block ? n - off : detail::quantize_block;
+      const std::size_t first = begin + off;
+      detail::unpack_codes<Q.width>(codes + first * Q.width / 8, m, block_codes);
+      T scale;
+      std::memcpy(&scale, scales + b, sizeof scale);  // payloads need not be aligned
+      detail::dequantize_block_loop<Q>(block_codes, m, scale, out + first);
+    }
+  }
+}
+
+}  // namespace squall::kernels

@@ -1,0 +1,354 @@
+// SPDX-License-Identifier: Apache-2.0
+// The bucketed quantizers (int8, sign, sign_vote, terngrad, qsgd) against the papers'
+// definitions and bounds, computed here in double from the input alone: int8's half step,
+// the scaled sign's mean |g|, TernGrad's and QSGD's unbiasedness over 10^4 independent
+// encodings, QSGD's variance bound (Alistarh et al. 2017, Lemma 3.1), the wire size formula
+// of docs/compressors.md, the Philox keying, NaN/Inf handling and decode's validation.
+#include <squall/backend/host.hpp>
+#include <squall/compress/error_feedback.hpp>
+#include <squall/compress/quantize.hpp>
+#include <squall/compress/traits.hpp>
+
+#include <Random123/philox.h>
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+using squall::host_backend;
+using squall::host_view;
+using squall::random_stream;
+
+template <class C, class T>
+std::vector<std::byte> encode(const C& c, const std::vector<T>& in, random_stream stream = {}) {
+  std::vector<std::byte> payload(c.max_payload_bytes(squall::dtype_of<T>, in.size()));
+  const std::size_t written =
+      c.encode(host_backend{}, host_view<const T>(in), host_view<std::byte>(payload), stream);
+  REQUIRE(written == payload.size());
+  return payload;
+}
+
+template <class C, class T>
+std::vector<T> decode(const C& c, const std::vector<std::byte>& payload, std::size_t count) {
+  std::vector<T> out(count, T(-12345));
+  c.decode(host_backend{}, host_view<const std::byte>(payload), host_view<T>(out));
+  return out;
+}
+
+template <class T>
+std::vector<T> normal_values(std::size_t n, unsigned seed, double sigma = 1.0) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> d(0.0, sigma);
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(d(gen));
+  return v;
+}
+
+// [begin, end) of bucket b for `bucket` elements per bucket.
+std::pair<std::size_t, std::size_t> bucket_range(std::size_t b, std::size_t bucket, std::size_t n) {
+  return {b * bucket, std::min(n, (b + 1) * bucket)};
+}
+
+template <class T>
+double max_abs(const std::vector<T>& v, std::size_t begin, std::size_t end) {
+  double m = 0;
+  for (std::size_t i = begin; i < end; ++i) m = std::max(m, std::fabs(static_cast<double>(v[i])));
+  return m;
+}
+
+}  // namespace
+
+TEST_SUITE("quantize") {
+  TEST_CASE_TEMPLATE("a zero gradient decodes to zeros, for every count", T, float, double) {
+    for (std::size_t n : {0, 1, 7, 8, 511, 512, 513, 1500}) {
+      const std::vector<T> zero(n, T(0));
+      auto check = [&](const auto& c) {
+        const auto out = decode<std::decay_t<decltype(c)>, T>(c, encode(c, zero, {3, 1}), n);
+        for (std::size_t i = 0; i < n; ++i) REQUIRE(out[i] == T(0));
+      };
+      check(squall::int8_compressor{});
+      check(squall::sign_compressor{});
+      check(squall::sign_vote_compressor{});
+      check(squall::terngrad_compressor{});
+      check(squall::qsgd_compressor<4>{});
+      check(squall::qsgd_compressor<127>{});
+    }
+  }
+
+  TEST_CASE_TEMPLATE("int8 is within half a quantization step of the input", T, float, double) {
+    for (std::size_t bucket : {8, 64, 512, 0}) {
+      const std::size_t n = 3001;
+      auto g = normal_values<T>(n, 7 + static_cast<unsigned>(bucket), 3.0);
+      g[17] = T(1e-42);  // tiny, and a bucket of subnormals below
+      for (std::size_t i = 64; i < 72; ++i) g[i] = std::numeric_limits<T>::denorm_min() * T(i - 63);
+      squall::int8_compressor c;
+      c.bucket = bucket;
+      const auto out = decode<squall::int8_compressor, T>(c, encode(c, g), n);
+      const std::size_t b_size = bucket == 0 ? n : bucket;
+      for (std::size_t b = 0; b * b_size < n; ++b) {
+        const auto [begin, end] = bucket_range(b, b_size, n);
+        const double step = max_abs(g, begin, end) / 127.0;
+        for (std::size_t i = begin; i < end; ++i) {
+          const double err = std::fabs(static_cast<double>(out[i]) - static_cast<double>(g[i]));
+          // half a step, plus the roundings of |g| x 127 / scale and of the decoded product
+          REQUIRE(err <= step * (0.5 + 1e-5) + 4 * std::numeric_limits<T>::denorm_min());
+        }
+      }
+    }
+  }
+
+  TEST_CASE_TEMPLATE("sign sends sign(g) times the bucket's mean |g|; the vote form one mean",
+                     T, float, double) {
+    const std::size_t n = 1037;
+    auto g = normal_values<T>(n, 11);
+    g[5] = T(0);
+    g[6] = T(-0.0);
+    auto check = [&](const auto& c, std::size_t b_size) {
+      const auto out = decode<std::decay_t<decltype(c)>, T>(c, encode(c, g), n);
+      for (std::size_t b = 0; b * b_size < n; ++b) {
+        const auto [begin, end] = bucket_range(b, b_size, n);
+        double mean = 0;
+        for (std::size_t i = begin; i < end; ++i) mean += std::fabs(static_cast<double>(g[i]));
+        mean /= static_cast<double>(end - begin);
+        for (std::size_t i = begin; i < end; ++i) {
+          const double expected = g[i] < T(0) ? -mean : mean;  // zero counts as positive
+          REQUIRE(static_cast<double>(out[i]) == doctest::Approx(expected).epsilon(1e-6));
+        }
+      }
+    };
+    check(squall::sign_compressor{}, 512);
+    check(squall::sign_vote_compressor{}, n);
+    squall::sign_compressor small;
+    small.bucket = 16;
+    check(small, 16);
+  }
+
+  TEST_CASE_TEMPLATE("terngrad and qsgd are unbiased: 10^4 encodings within 5 standard errors",
+                     T, float, double) {
+    // One bucket of 64 elements, so each element's level distribution follows from the input
+    // alone: |g_i| / scale x s = l + p, the level is l + 1 with probability p, and the decoded
+    // value's variance is (scale / s)^2 p (1 - p).
+    const std::size_t n = 64;
+    const int trials = 10000;
+    auto g = normal_values<T>(n, 21);
+    g[3] = T(0);
+    auto check = [&](const auto& c, double scale, double s) {
+      std::vector<double> sum(n, 0.0);
+      for (int t = 0; t < trials; ++t) {
+        const auto out = decode<std::decay_t<decltype(c)>, T>(
+            c, encode(c, g, {static_cast<std::uint64_t>(t), 2}), n);
+        for (std::size_t i = 0; i < n; ++i) sum[i] += static_cast<double>(out[i]);
+      }
+      for (std::size_t i = 0; i < n; ++i) {
+        const double x = std::fabs(static_cast<double>(g[i])) / scale * s;
+        const double p = x - std::floor(x);
+        const double se = scale / s * std::sqrt(p * (1 - p) / trials);
+        const double mean = sum[i] / trials;
+        INFO("element " << i << " g " << static_cast<double>(g[i]) << " mean " << mean);
+        REQUIRE(std::fabs(mean - static_cast<double>(g[i])) <= 5 * se + 1e-5 * scale);
+      }
+    };
+    double norm = 0;
+    for (T v : g) norm += static_cast<double>(v) * static_cast<double>(v);
+    norm = std::sqrt(norm);
+    check(squall::terngrad_compressor{}, max_abs(g, 0, n), 1.0);
+    check(squall::qsgd_compressor<1>{}, norm, 1.0);
+    check(squall::qsgd_compressor<4>{}, norm, 4.0);
+    check(squall::qsgd_compressor<16>{}, norm, 16.0);
+  }
+
+  TEST_CASE("qsgd's variance is within min(n / s^2, sqrt(n) / s) ||v||^2 (Lemma 3.1)") {
+    const int trials = 2000;
+    auto check = [&](const auto& c, double s, std::size_t n) {
+      const auto g = normal_values<float>(n, 5 + static_cast<unsigned>(n));
+      double norm2 = 0;
+      for (float v : g) norm2 += static_cast<double>(v) * static_cast<double>(v);
+      double sq = 0;
+      for (int t = 0; t < trials; ++t) {
+        const auto out = decode<std::decay_t<decltype(c)>, float>(
+            c, encode(c, g, {static_cast<std::uint64_t>(t), 0}), n);
+        for (std::size_t i = 0; i < n; ++i) {
+          const double d = static_cast<double>(out[i]) - static_cast<double>(g[i]);
+          sq += d * d;
+        }
+      }
+      const double variance = sq / trials;
+      const double bound = std::min(static_cast<double>(n) / (s * s),
+                                    std::sqrt(static_cast<double>(n)) / s) * norm2;
+      MESSAGE("qsgd s=" << s << " n=" << n << ": E||Q(v)-v||^2 / bound = " << variance / bound);
+      REQUIRE(variance <= bound);
+    };
+    for (std::size_t n : {16, 64, 512}) {
+      squall::qsgd_compressor<1> q1;
+      q1.bucket = n;
+      check(q1, 1, n);
+      squall::qsgd_compressor<4> q4;
+      q4.bucket = n;
+      check(q4, 4, n);
+      squall::qsgd_compressor<32> q32;
+      q32.bucket = n;
+      check(q32, 32, n);
+    }
+  }
+
+  TEST_CASE("stochastic rounding draws Random123's Philox4x32-10 keyed by (seed, step, rank, element)") {
+    // qsgd<1> on one bucket: element i rounds up iff its 32-bit word, taken from Random123
+    // directly here, is below p x 2^32 (24 bits for float: (word >> 8) < p x 2^24).
+    const std::size_t n = 40;
+    const auto g = normal_values<double>(n, 3);
+    squall::qsgd_compressor<1> c;
+    c.seed = 0x1234567890abcdefull;
+    const random_stream stream{77, 3};
+    const auto out = decode<squall::qsgd_compressor<1>, double>(c, encode(c, g, stream), n);
+    double norm = 0;
+    for (double v : g) norm += v * v;
+    norm = std::sqrt(norm);
+    for (std::size_t i = 0; i < n; ++i) {
+      const r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(i / 4), 0, 77, 3}};
+      const r123::Philox4x32::key_type key = {{0x90abcdefu, 0x12345678u}};
+      const std::uint32_t word = r123::Philox4x32{}(ctr, key).v[i % 4];
+      const double p = std::fabs(g[i]) / norm;
+      const bool up = static_cast<double>(word) < p * 4294967296.0;
+      REQUIRE(std::fabs(out[i]) == doctest::Approx(up ? norm : 0.0));
+    }
+    // the same key gives the same payload; another step or rank another one
+    CHECK(encode(c, g, stream) == encode(c, g, stream));
+    CHECK(encode(c, g, stream) != encode(c, g, {78, 3}));
+    CHECK(encode(c, g, stream) != encode(c, g, {77, 4}));
+  }
+
+  TEST_CASE_TEMPLATE("bits on the wire per element follow the formula of docs/compressors.md", T,
+                     float, double) {
+    // 8 x (32 + ceil(n / bucket) x sizeof(T) + ceil(n x width / 8)) / n
+    auto check = [](const auto& c, unsigned width, std::size_t bucket, std::size_t n) {
+      const auto payload = encode(c, std::vector<T>(n, T(1)));
+      const std::size_t buckets = (n + bucket - 1) / bucket;
+      const double bits = 8.0 * static_cast<double>(32 + buckets * sizeof(T) + (n * width + 7) / 8) /
+                          static_cast<double>(n);
+      CHECK(8.0 * static_cast<double>(payload.size()) / static_cast<double>(n) == bits);
+    };
+    for (std::size_t n : {1, 100, 4096, 100003}) {
+      check(squall::int8_compressor{}, 8, 512, n);
+      check(squall::sign_compressor{}, 1, 512, n);
+      check(squall::sign_vote_compressor{}, 1, n, n);
+      check(squall::terngrad_compressor{}, 2, 512, n);
+      check(squall::qsgd_compressor<1>{}, 2, 512, n);
+      check(squall::qsgd_compressor<4>{}, 4, 512, n);
+      check(squall::qsgd_compressor<7>{}, 4, 512, n);
+      check(squall::qsgd_compressor<8>{}, 8, 512, n);
+    }
+  }
+
+  TEST_CASE("NaN and Inf: a bucket holding one decodes to NaN, or check_finite names it") {
+    const std::size_t n = 2048;
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()}) {
+      auto g = normal_values<float>(n, 9);
+      g[700] = bad;  // bucket 1 of 512
+      auto check = [&](auto c) {
+        using C = decltype(c);
+        const auto out = decode<C, float>(c, encode(c, g), n);
+        for (std::size_t i = 0; i < n; ++i) {
+          if (i >= 512 && i < 1024) {
+            REQUIRE(std::isnan(out[i]));
+          } else {
+            REQUIRE(std::isfinite(out[i]));
+          }
+        }
+        c.check_finite = true;
+        std::vector<std::byte> payload(c.max_payload_bytes(squall::dtype::float32, n));
+        CHECK_THROWS_WITH_AS(
+            c.encode(host_backend{}, host_view<const float>(g), host_view<std::byte>(payload)),
+            doctest::Contains("element 700 is not finite"), squall::invalid_argument);
+      };
+      check(squall::int8_compressor{});
+      check(squall::sign_compressor{});
+      check(squall::terngrad_compressor{});
+      check(squall::qsgd_compressor<4>{});
+    }
+  }
+
+  TEST_CASE("decode rejects every malformed payload with invalid_argument") {
+    const std::size_t n = 1000;
+    const auto g = normal_values<float>(n, 1);
+    const squall::qsgd_compressor<4> c;
+    const auto good = encode(c, g);
+    std::vector<float> out(n);
+    auto rejects = [&](std::vector<std::byte> p, const char* what, std::size_t count = 1000) {
+      std::vector<float> o(count);
+      CHECK_THROWS_WITH_AS(c.decode(host_backend{}, host_view<const std::byte>(p), host_view<float>(o)),
+                           doctest::Contains(what), squall::invalid_argument);
+    };
+    auto with = [&](std::size_t offset, auto value) {
+      auto p = good;
+      std::memcpy(p.data() + offset, &value, sizeof value);
+      return p;
+    };
+    rejects({good.begin(), good.begin() + 10}, "shorter than its 16-byte header");
+    rejects({good.begin(), good.begin() + 20}, "ends inside its bucket");
+    rejects({good.begin(), good.end() - 1}, "bytes where");
+    auto longer = good;
+    longer.push_back(std::byte{0});
+    rejects(longer, "bytes where");
+    rejects(with(2, std::uint8_t{3}), "kind");
+    rejects(with(16, std::uint64_t{0}), "bucket of 0");
+    rejects(with(16, std::uint64_t{12}), "bucket of 12");
+    rejects(with(16, std::uint64_t{2000}), "bucket of 2000");
+    rejects(with(16, std::uint64_t{256}), "bytes where");  // more scales than the size holds
+    rejects(with(24, std::uint32_t{5}), "5 levels");
+    rejects(with(28, std::uint32_t{1}), "reserved word");
+    rejects(good, "elements decoded into", n - 1);
+    std::vector<double> wrong_type(n);
+    CHECK_THROWS_AS(c.decode(host_backend{}, host_view<const std::byte>(good), host_view<double>(wrong_type)),
+                    squall::invalid_argument);
+    c.decode(host_backend{}, host_view<const std::byte>(good), host_view<float>(out));  // still fine
+    squall::int8_compressor odd;
+    odd.bucket = 12;
+    CHECK_THROWS_WITH_AS(odd.max_payload_bytes(squall::dtype::float32, n),
+                         doctest::Contains("not a multiple of 8"), squall::invalid_argument);
+    CHECK_THROWS_AS(odd.max_payload_bytes(squall::dtype::int32, n), squall::invalid_argument);
+  }
+
+  TEST_CASE("the aggregation classes the collectives dispatch on") {
+    using squall::aggregation_class;
+    CHECK(squall::compression_traits<squall::int8_compressor>::aggregation == aggregation_class::requantize);
+    CHECK(squall::compression_traits<squall::sign_compressor>::aggregation == aggregation_class::requantize);
+    CHECK(squall::compression_traits<squall::sign_vote_compressor>::aggregation == aggregation_class::vote);
+    CHECK(squall::compression_traits<squall::terngrad_compressor>::aggregation == aggregation_class::requantize);
+    CHECK(squall::compression_traits<squall::qsgd_compressor<4>>::aggregation == aggregation_class::requantize);
+    CHECK(squall::compression_traits<squall::qsgd_compressor<4>>::fixed_size);
+  }
+
+  TEST_CASE("error feedback around terngrad conserves mass and advances the stream") {
+    // sum of decoded payloads + final residual = sum of gradients, to float roundings
+    const std::size_t n = 777;
+    const squall::error_feedback<squall::terngrad_compressor> ef;
+    squall::error_feedback_state<float> state(n);
+    std::vector<double> sent(n, 0.0), total(n, 0.0);
+    std::vector<std::byte> payload(ef.max_payload_bytes(squall::dtype::float32, n));
+    std::vector<float> scratch(n), out(n);
+    for (std::uint64_t step = 0; step < 100; ++step) {
+      const auto g = normal_values<float>(n, 100 + static_cast<unsigned>(step));
+      const std::size_t size = ef.encode(host_backend{}, state, host_view<const float>(g),
+                                         host_view<std::byte>(payload), host_view<float>(scratch),
+                                         random_stream{step, 0});
+      ef.decode(host_backend{}, host_view<const std::byte>(payload.data(), size), host_view<float>(out));
+      for (std::size_t i = 0; i < n; ++i) {
+        sent[i] += out[i];
+        total[i] += g[i];
+      }
+    }
+    const auto r = state.residual();
+    for (std::size_t i = 0; i < n; ++i) {
+      // each step rounds the residual twice in float (|r| < 8 here): 200 x 2^-21 < 1e-3
+      REQUIRE(std::fabs(sent[i] + r[i] - total[i]) <= 1e-3);
+    }
+  }
+}

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CUDA quantizers against their host twins, byte for byte: the same scale rule, the same
+// per-element code (quantize_code), the same Philox words, so a device payload that differs
+// from the host's is a device-side bug. The host side is tested against the papers in
+// tests/compress/quantize.test.cpp.
+
+#include <squall/cuda.cuh>
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../support/cuda_device.cuh"
+#include "../support/data.hpp"
+
+namespace test = squall::test;
+using squall::cuda_backend;
+using squall::device_view;
+using squall::host_backend;
+using squall::host_view;
+
+namespace {
+
+template <class C, class T>
+void check_twin(C c, std::size_t count) {
+  CAPTURE(count);
+  auto g = test::random_values<T>(count, 300 + count);
+  const std::size_t size = c.max_payload_bytes(squall::dtype_of<T>, count);
+  std::vector<std::byte> expected(size);
+  c.encode(host_backend{}, host_view<const T>(g), host_view<std::byte>(expected),
+           squall::random_stream{5, 1});
+
+  test::device_vector<T> in(g);
+  test::device_vector<std::byte> payload{std::vector<std::byte>(size)};
+  const cuda_backend gpu;
+  CHECK(c.encode(gpu, device_view<const T>(in.view()), payload.view(), squall::random_stream{5, 1}) ==
+        size);
+  gpu.synchronize();
+  REQUIRE(payload.to_host() == expected);
+
+  std::vector<T> host_out(count);
+  c.decode(host_backend{}, host_view<const std::byte>(expected), host_view<T>(host_out));
+  test::device_vector<T> out{std::vector<T>(count)};
+  c.decode(gpu, device_view<const std::byte>(payload.view()), out.view());
+  gpu.synchronize();
+  const auto got = out.to_host();
+  for (std::size_t i = 0; i < count; ++i) REQUIRE(test::bits_of(got[i]) == test::bits_of(host_out[i]));
+}
+
+}  // namespace
+
+TEST_SUITE("cuda") {
+  TEST_CASE_TEMPLATE("device quantizers equal their host twins byte for byte" *
+                         doctest::skip(test::no_cuda_device()),
+                     T, float, double) {
+    for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000},
+                                    std::size_t{1024 * 1024 + 3}}) {
+      check_twin<squall::int8_compressor, T>({}, count);
+      check_twin<squall::sign_compressor, T>({}, count);
+      check_twin<squall::sign_vote_compressor, T>({}, count);
+      check_twin<squall::terngrad_compressor, T>({}, count);
+      check_twin<squall::qsgd_compressor<4>, T>({}, count);
+      check_twin<squall::qsgd_compressor<127>, T>({}, count);
+    }
+  }
+}
