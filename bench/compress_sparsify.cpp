@@ -19,16 +19,9 @@ namespace {
 
 void topk_loop(benchmark::State& state, std::size_t k) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  const std::vector<float> in = gradient(n);
   const topk_compressor c{.ratio = static_cast<double>(k) / static_cast<double>(n)};
   if (c.entries(n) != k) state.SkipWithError("ratio does not give k");
-  std::vector<std::byte> payload(c.max_payload_bytes(dtype::float32, n));
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(
-        c.encode(host_backend{}, host_view<const float>(in), host_view<std::byte>(payload)));
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * sizeof(float)));
+  encode_loop(state, c);
 }
 
 void nth_element_loop(benchmark::State& state, std::size_t k) {

@@ -488,11 +488,11 @@ TEST_SUITE("sparsify") {
     std::vector<float> g(100, 0.001f);
     g[37] = std::numeric_limits<float>::quiet_NaN();
     g[60] = -std::numeric_limits<float>::infinity();
-    check_rejects([&] { (void)encode(topk_compressor{.check_finite = true}, g); }, "element 37 is NaN");
-    check_rejects([&] { (void)encode(randomk_compressor{.check_finite = true}, g); }, "element 37 is NaN");
-    check_rejects([&] { (void)encode(threshold_compressor{.check_finite = true}, g); }, "element 37 is NaN");
+    check_rejects([&] { (void)encode(topk_compressor{.check_finite = true}, g); }, "element 37 is not finite: NaN");
+    check_rejects([&] { (void)encode(randomk_compressor{.check_finite = true}, g); }, "element 37 is not finite: NaN");
+    check_rejects([&] { (void)encode(threshold_compressor{.check_finite = true}, g); }, "element 37 is not finite: NaN");
     g[37] = 1.0f;
-    check_rejects([&] { (void)encode(topk_compressor{.check_finite = true}, g); }, "element 60 is infinite");
+    check_rejects([&] { (void)encode(topk_compressor{.check_finite = true}, g); }, "element 60 is not finite: infinite");
     g[37] = -std::numeric_limits<float>::quiet_NaN();
 
     // without check_finite: NaN ranks as the largest magnitude, then -Inf

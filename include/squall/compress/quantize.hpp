@@ -33,10 +33,6 @@
 
 namespace squall {
 
-/// Gradient elements the quantizers and sparsifiers take: float or double.
-template <class T>
-concept real_gradient = std::same_as<T, float> || std::same_as<T, double>;
-
 /// What a quantizer is: a type with static constexpr `name`, `kind` (payload_kind),
 /// `aggregation`, `scheme` (kernels::quantize_scheme) and `default_bucket` (0: one bucket for
 /// the whole tensor).
@@ -108,8 +104,8 @@ struct quantize_compressor {
     const std::size_t bad = quantize<scheme>(backend, in.data(), count, bucket_size, scales, codes,
                                              seed, stream);
     if (check_finite && bad != count) {
-      throw invalid_argument({.operation = name}, "element " + std::to_string(bad) +
-                                                      " is not finite (check_finite is on)");
+      // the element itself may be in device memory: the kind is not read back
+      throw_not_finite(name, bad, "NaN or infinite");
     }
     return size;
   }

@@ -48,22 +48,8 @@
 
 namespace squall {
 
-/// The element types the sketching compressors take: float and double.
-template <class T>
-concept sketch_real = std::same_as<T, float> || std::same_as<T, double>;
-
 namespace detail {
 
-/// Throws `invalid_argument` naming the first non-finite element of `in`, if any.
-template <class T>
-void require_finite(std::string_view operation, const T* in, std::size_t count) {
-  for (std::size_t i = 0; i < count; ++i) {
-    if (!std::isfinite(in[i])) {
-      throw invalid_argument({.operation = operation},
-                             "element " + std::to_string(i) + " is not finite");
-    }
-  }
-}
 
 }  // namespace detail
 
@@ -133,13 +119,13 @@ struct count_sketch_compressor {
   /// Writes the sketch of `in` for draw step `stream.step` (its rank is ignored: the hashes
   /// use `shared_rank`); returns the payload's size. Throws `invalid_argument` if `payload`
   /// is too small, or (with `check_finite`) on a non-finite element.
-  template <class B, sketch_real T>
+  template <class B, real_gradient T>
   std::size_t encode(const B& backend, buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload,
                      random_stream stream = {}) const {
     const std::size_t size = max_payload_bytes(dtype_of<T>, in.count());
     detail::require_room(name, payload.count(), size);
-    if (check_finite) detail::require_finite(name, in.data(), in.count());
+    if (check_finite) kernels::require_finite(name, in);
     write_payload_header({.kind = kind,
                           .type = dtype_of<T>,
                           .parameter = static_cast<std::uint16_t>(Rows),
@@ -173,7 +159,7 @@ struct count_sketch_compressor {
   /// Writes every coordinate's median estimate to `out` (no selection). Throws
   /// `invalid_argument` if `payload` is not a count sketch of `out.count()` elements of `T`
   /// with Rows rows and Cols columns and exactly its size.
-  template <class B, sketch_real T>
+  template <class B, real_gradient T>
   void estimate(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
                 buffer_view<T, typename B::memory_space> out) const {
     kernels::sketch_row_hash hash[Rows];
@@ -184,7 +170,7 @@ struct count_sketch_compressor {
   /// Decodes SketchSGD style: the median estimates, then only the `kept()` largest in
   /// magnitude (ties to the lower index; NaN ranks highest), zero elsewhere. Throws as
   /// `estimate` does.
-  template <class B, sketch_real T>
+  template <class B, real_gradient T>
   void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
     estimate(backend, payload, out);
@@ -255,7 +241,7 @@ struct powersgd_shape {
 
 /// PowerSGD's state for one tensor, owned by the caller: Q (c x r, row-major), warm-started
 /// across steps (each encode stores its new Q here). Saved and restored as checked bytes.
-template <sketch_real T>
+template <real_gradient T>
 class powersgd_state {
  public:
   /// A state for an m x c view and rank r, Q drawn uniform in [-1, 1) from Philox keyed by
@@ -390,7 +376,7 @@ struct powersgd_compressor {
   }
 
   /// A fresh state for tensors of `count` elements of `T`.
-  template <sketch_real T>
+  template <real_gradient T>
   powersgd_state<T> make_state(std::size_t count) const {
     check_rank();
     return powersgd_state<T>(shape(count), rank, seed);
@@ -418,7 +404,7 @@ struct powersgd_compressor {
 
   /// P = M Q: `in` viewed as m x c (shape(in.count())), Q c x r, P m x r, row-major.
   /// Throws `invalid_argument` if a size disagrees.
-  template <class B, sketch_real T>
+  template <class B, real_gradient T>
   void multiply(const B& backend, buffer_view<const T, typename B::memory_space> in,
                 buffer_view<const T, typename B::memory_space> q,
                 buffer_view<T, typename B::memory_space> p) const {
@@ -428,7 +414,7 @@ struct powersgd_compressor {
 
   /// Orthonormalizes P's r columns in place (Gram-Schmidt in double; a zero column stays
   /// zero, no NaN). Throws `invalid_argument` unless p.count() is a multiple of r.
-  template <class B, sketch_real T>
+  template <class B, real_gradient T>
   void orthogonalize(const B& backend, buffer_view<T, typename B::memory_space> p) const {
     check_rank();
     if (p.count() % rank != 0) {
@@ -439,7 +425,7 @@ struct powersgd_compressor {
   }
 
   /// Q = M^T P, with M the m x c view of `in`. Throws `invalid_argument` if a size disagrees.
-  template <class B, sketch_real T>
+  template <class B, real_gradient T>
   void multiply_transposed(const B& backend, buffer_view<const T, typename B::memory_space> in,
                            buffer_view<const T, typename B::memory_space> p,
                            buffer_view<T, typename B::memory_space> q) const {
@@ -449,7 +435,7 @@ struct powersgd_compressor {
 
   /// out = P Q^T truncated to out.count() elements (the decompressed gradient). Throws
   /// `invalid_argument` if a size disagrees.
-  template <class B, sketch_real T>
+  template <class B, real_gradient T>
   void decompress(const B& backend, buffer_view<const T, typename B::memory_space> p,
                   buffer_view<const T, typename B::memory_space> q,
                   buffer_view<T, typename B::memory_space> out) const {
@@ -462,7 +448,7 @@ struct powersgd_compressor {
   /// One power iteration, warm-started: P = M Q_state, orthogonalize P, Q = M^T P; stores Q in
   /// `state` and writes header, m, c, P, Q to `payload`; returns the payload's size. Throws
   /// `invalid_argument` if `state` was made for another shape or rank, or `payload` is small.
-  template <class B, sketch_real T>
+  template <class B, real_gradient T>
   std::size_t encode(const B& backend, powersgd_state<T>& state,
                      buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload) const {
@@ -480,7 +466,7 @@ struct powersgd_compressor {
 
   /// The stateless encode (the `compressor_for` signature): Q drawn uniform in [-1, 1) from
   /// Philox keyed by (seed, stream.step, shared_rank), then one power iteration as above.
-  template <class B, sketch_real T>
+  template <class B, real_gradient T>
   std::size_t encode(const B& backend, buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload,
                      random_stream stream = {}) const {
@@ -494,7 +480,7 @@ struct powersgd_compressor {
   /// Writes P Q^T truncated to out.count(). Throws `invalid_argument` unless the payload is a
   /// PowerSGD payload of out.count() elements of `T` with this rank, m and c equal to
   /// shape(out.count()), and exactly 32 + (m + c) r sizeof(T) bytes.
-  template <class B, sketch_real T>
+  template <class B, real_gradient T>
   void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
     const payload_header h =

@@ -79,23 +79,11 @@ inline std::size_t payload_bytes(std::string_view operation, std::size_t fixed, 
   return payload_header::bytes + fixed + k * entry;
 }
 
-/// Throws `invalid_argument` naming the first NaN or infinite element of `in`, if any.
-template <kernels::sparse_value T>
-void require_finite(std::string_view operation, host_view<const T> in) {
-  const std::size_t i = kernels::first_non_finite(host_backend{}, in);
-  if (i != in.count()) {
-    throw invalid_argument({.operation = operation},
-                           "element " + std::to_string(i) + " is " +
-                               (std::isnan(in[i]) ? "NaN" : "infinite") +
-                               " (check_finite is set)");
-  }
-}
-
 
 /// Writes the header and k of a sparse payload of `k` entries, then calls
 /// `write(Index{}, indices, values)` to fill its index and value arrays (Index u32 or u64 as
 /// the layout says), which returns how many entries it wrote (k). Returns the payload's size.
-template <kernels::sparse_value T, class Write>
+template <real_gradient T, class Write>
 std::size_t encode_sparse(std::string_view operation, payload_kind kind, host_view<const T> in,
                           host_view<std::byte> payload, std::size_t k, Write write) {
   const std::size_t count = in.count();
@@ -122,7 +110,7 @@ std::size_t encode_sparse(std::string_view operation, payload_kind kind, host_vi
 
 /// Writes a sparse payload of the elements `cut` selects (sign x `level`, NaN kept, if
 /// `quantize`); returns its size.
-template <kernels::sparse_value T>
+template <real_gradient T>
 std::size_t encode_cut(std::string_view operation, payload_kind kind, host_view<const T> in,
                        host_view<std::byte> payload, const kernels::selection_cut<T>& cut,
                        bool quantize = false, T level = T(0)) {
@@ -172,7 +160,7 @@ void scatter_sparse(const std::byte* indices, const std::byte* values, std::size
 /// Decodes a sparse payload of `kind` into `out`: checks the header, k <= count, the exact
 /// size and every index (in range, strictly increasing) before writing anything, then zeroes
 /// `out` and scatters. Throws `invalid_argument` naming the first fault; `out` is untouched then.
-template <kernels::sparse_value T>
+template <real_gradient T>
 void decode_sparse(std::string_view operation, payload_kind kind,
                    host_view<const std::byte> payload, host_view<T> out) {
   const std::size_t size = payload.count();
@@ -267,11 +255,11 @@ struct topk_compressor {
   /// Writes the sparse payload of `in`'s top k; returns its size. Throws `invalid_argument` if
   /// `payload` is too small, a parameter is out of range, or (with `check_finite`) an element
   /// is not finite. `stream` keys the sampled threshold's draws.
-  template <class B, kernels::sparse_value T>
+  template <class B, real_gradient T>
   std::size_t encode(const B& backend, buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload,
                      random_stream stream = {}) const {
-    if (check_finite) detail::require_finite(name, in);
+    if (check_finite) kernels::require_finite(name, in);
     const std::size_t count = in.count();
     const std::size_t k = entries(count);
     if (k != 0 && method == topk_method::sampled_threshold) {
@@ -294,7 +282,7 @@ struct topk_compressor {
 
   /// Zeroes `out` and scatters the payload's entries into it, after checking the header, k,
   /// the size and every index. Throws `invalid_argument` naming the fault (`out` untouched).
-  template <class B, kernels::sparse_value T>
+  template <class B, real_gradient T>
   void decode(const B& /*backend*/, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
     detail::decode_sparse(name, kind, payload, out);
@@ -347,11 +335,11 @@ struct randomk_compressor {
   /// Writes the header, seed, `stream.step`, k and the picked values; returns the size.
   /// `stream.rank` is not used (every rank draws alike). Throws `invalid_argument` if
   /// `payload` is too small or (with `check_finite`) an element is not finite.
-  template <class B, kernels::sparse_value T>
+  template <class B, real_gradient T>
   std::size_t encode(const B& backend, buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload,
                      random_stream stream = {}) const {
-    if (check_finite) detail::require_finite(name, in);
+    if (check_finite) kernels::require_finite(name, in);
     const std::size_t k = entries(in.count());
     const std::size_t size = detail::payload_bytes(name, 24, k, sizeof(T));
     detail::require_room(name, payload.count(), size);
@@ -366,7 +354,7 @@ struct randomk_compressor {
   /// Zeroes `out` and writes each value at the index its stratum's draw picks (from the
   /// payload's seed and step). Throws `invalid_argument` if the header, k or the size is wrong
   /// (`out` untouched).
-  template <class B, kernels::sparse_value T>
+  template <class B, real_gradient T>
   void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
     const std::size_t size = payload.count();
@@ -422,7 +410,7 @@ struct threshold_compressor {
   /// Writes the sparse payload of the elements with |g| >= tau; returns its size. Throws
   /// `invalid_argument` for a bad tau, a too small `payload`, or (with `check_finite`) an
   /// element that is not finite. Deterministic: the stream is not used.
-  template <class B, kernels::sparse_value T>
+  template <class B, real_gradient T>
   std::size_t encode(const B& /*backend*/, buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload,
                      random_stream /*stream*/ = {}) const {
@@ -430,7 +418,7 @@ struct threshold_compressor {
       throw invalid_argument({.operation = name},
                              "tau " + std::to_string(tau) + " is not a finite value > 0");
     }
-    if (check_finite) detail::require_finite(name, in);
+    if (check_finite) kernels::require_finite(name, in);
     // The smallest T at or above tau: |g| >= it in T exactly when |g| >= tau.
     const bool beyond = tau > static_cast<double>(std::numeric_limits<T>::max());
     T low = beyond ? std::numeric_limits<T>::infinity() : static_cast<T>(tau);
@@ -444,7 +432,7 @@ struct threshold_compressor {
   }
 
   /// Zeroes `out` and scatters the payload's entries; checks as topk's decode does.
-  template <class B, kernels::sparse_value T>
+  template <class B, real_gradient T>
   void decode(const B& /*backend*/, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
     detail::decode_sparse(name, kind, payload, out);

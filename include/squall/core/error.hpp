@@ -176,6 +176,15 @@ inline const std::error_category& shm_category() noexcept {
   return category;
 }
 
+/// Throws `invalid_argument` naming `operation` and element `index` of a compressor's input,
+/// which is `what` ("NaN", "infinite"; the compressors' `check_finite`).
+[[noreturn]] inline void throw_not_finite(std::string_view operation, std::size_t index,
+                                          std::string_view what) {
+  throw invalid_argument({.operation = operation}, "element " + std::to_string(index) +
+                                                       " is not finite: " + std::string(what) +
+                                                       " (check_finite is set)");
+}
+
 }  // namespace squall
 
 template <>

@@ -300,6 +300,10 @@ constexpr std::size_t size_of(dtype type) noexcept {
 }
 
 /// float16 or bfloat16: the types that are reduced in float and converted in blocks.
+/// Gradient elements the quantizing, sparsifying and sketching compressors take.
+template <class T>
+concept real_gradient = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
 template <class T>
 concept float16_like = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
 

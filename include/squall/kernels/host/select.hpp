@@ -21,7 +21,8 @@
 
 #include <algorithm>  // nth_element, min
 #include <array>
-#include <cmath>  // signbit
+#include <cmath>  // isnan, signbit
+#include <string_view>
 #include <concepts>  // same_as, floating_point
 #include <cstddef>   // byte, size_t
 #include <cstdint>
@@ -34,16 +35,12 @@
 
 namespace squall::kernels {
 
-/// The element types the sparsifying kernels take.
-template <class T>
-concept sparse_value = std::same_as<T, float> || std::same_as<T, double>;
-
 /// The unsigned integer as wide as `T`: the type of `T`'s magnitude keys.
-template <sparse_value T>
+template <real_gradient T>
 using magnitude_key_type = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
 
 /// The bits of |x| as an unsigned integer: ordered as the magnitudes are; NaN above +Inf.
-template <sparse_value T>
+template <real_gradient T>
 SQUALL_HOST_DEVICE SQUALL_FORCEINLINE magnitude_key_type<T> magnitude_key(T x) {
   using U = magnitude_key_type<T>;
   U bits;
@@ -52,14 +49,14 @@ SQUALL_HOST_DEVICE SQUALL_FORCEINLINE magnitude_key_type<T> magnitude_key(T x) {
 }
 
 /// The key of +Inf: keys at or above it belong to non-finite elements.
-template <sparse_value T>
+template <real_gradient T>
 inline constexpr magnitude_key_type<T> infinity_key =
     sizeof(T) == 4 ? magnitude_key_type<T>(0x7f800000u)
                    : magnitude_key_type<T>(0x7ff0000000000000ull);
 
 /// Selects every element with key above `key` and the first `ties` elements with key equal to
 /// `key`; `count` is how many that is.
-template <sparse_value T>
+template <real_gradient T>
 struct selection_cut {
   magnitude_key_type<T> key = 0;
   std::size_t ties = 0;
@@ -88,7 +85,7 @@ SQUALL_HOST_DEVICE inline std::uint64_t mul_high(std::uint64_t a, std::uint64_t 
 }
 
 /// Histogram of the digit `key >> shift` (below 2^radix_bits) over `count` elements.
-template <sparse_value T>
+template <real_gradient T>
 SQUALL_HOST_CLONES void key_histogram(const T* SQUALL_RESTRICT in, std::size_t count,
                                       unsigned shift, std::size_t* SQUALL_RESTRICT hist) {
   // Four sub-histograms, so runs of equal digits do not serialize on one counter.
@@ -118,7 +115,7 @@ SQUALL_HOST_CLONES void key_histogram(const T* SQUALL_RESTRICT in, std::size_t c
 
 /// Copies the index and value of every element whose key is at least `low` to `index` and
 /// `value` (room for all of them plus one), in ascending index order; returns how many.
-template <sparse_value T>
+template <real_gradient T>
 SQUALL_HOST_CLONES std::size_t collect_at_least(const T* SQUALL_RESTRICT in, std::size_t count,
                                                 magnitude_key_type<T> low,
                                                 std::size_t* SQUALL_RESTRICT index,
@@ -185,7 +182,7 @@ void cut_among(std::vector<U>& keys, std::size_t m, std::size_t need, unsigned l
 /// nth_element to the exact k-th key; a last pass over the candidates writes the selection.
 /// Scratch: (candidates + 1) x (8 + sizeof(T)) bytes, candidates being the elements of bucket
 /// b and above (about k plus the bucket; all of `in` when every magnitude is equal).
-template <class Index, sparse_value T>
+template <class Index, real_gradient T>
 std::size_t select_topk(const host_backend& /*backend*/, host_view<const T> in, std::size_t k,
                         std::byte* indices, std::byte* values) {
   using U = magnitude_key_type<T>;
@@ -230,7 +227,7 @@ std::size_t select_topk(const host_backend& /*backend*/, host_view<const T> in, 
 }
 
 /// Counts the elements of `in` whose key is at least `key`.
-template <sparse_value T>
+template <real_gradient T>
 SQUALL_HOST_CLONES std::size_t count_at_least(const T* SQUALL_RESTRICT in, std::size_t count,
                                               magnitude_key_type<T> key) {
   std::size_t n = 0;
@@ -255,7 +252,7 @@ SQUALL_HOST_DEVICE inline std::size_t sample_position(std::uint64_t seed, random
 /// and return the cut selecting every element at or above it, if at most `k` pass; if more
 /// pass, return nothing: the caller sends their exact top k, which is the top k of `in`
 /// (`select_topk`), as DGC does.
-template <sparse_value T>
+template <real_gradient T>
 std::optional<selection_cut<T>> sampled_cut(const host_backend& /*backend*/,
                                             host_view<const T> in, std::size_t k,
                                             std::size_t samples, std::uint64_t seed,
@@ -285,7 +282,7 @@ std::optional<selection_cut<T>> sampled_cut(const host_backend& /*backend*/,
 /// Writes the elements `cut` selects in ascending index order: their indices as `Index` to
 /// `indices` and their values (or, with `quantize`, sign(x) x `level`) as `T` to `values`
 /// (both unaligned). Returns how many were written (`cut.count`).
-template <class Index, sparse_value T>
+template <class Index, real_gradient T>
 SQUALL_HOST_CLONES std::size_t write_selected(const T* SQUALL_RESTRICT in, std::size_t count,
                                               magnitude_key_type<T> cut_key, std::size_t ties,
                                               std::byte* SQUALL_RESTRICT indices,
@@ -329,7 +326,7 @@ SQUALL_HOST_CLONES std::size_t write_selected(const T* SQUALL_RESTRICT in, std::
 }
 
 /// The first element of `in` that is NaN or infinite, or `in.count()` if all are finite.
-template <sparse_value T>
+template <real_gradient T>
 SQUALL_HOST_CLONES std::size_t first_non_finite(const host_backend& /*backend*/,
                                                 host_view<const T> in) {
   const T* p = in.data();
@@ -346,6 +343,14 @@ SQUALL_HOST_CLONES std::size_t first_non_finite(const host_backend& /*backend*/,
     if (magnitude_key(p[i]) >= infinity_key<T>) return i;
   }
   return count;
+}
+
+/// Throws `invalid_argument` naming `operation` and the first NaN or infinite element of
+/// `in`, if any (the compressors' `check_finite`).
+template <real_gradient T>
+void require_finite(std::string_view operation, host_view<const T> in) {
+  const std::size_t i = first_non_finite(host_backend{}, in);
+  if (i != in.count()) throw_not_finite(operation, i, std::isnan(in[i]) ? "NaN" : "infinite");
 }
 
 /// The stratum layout of random-k: [0, count) split into k strata, the first count % k of
@@ -382,7 +387,7 @@ inline void randomk_indices(const host_backend& /*backend*/, std::size_t count, 
 }
 
 /// Gathers random-k's values: `values[j] = in[pick(j)]` (unaligned `T`s).
-template <sparse_value T>
+template <real_gradient T>
 void randomk_gather(const host_backend& /*backend*/, host_view<const T> in, std::size_t k,
                     std::uint64_t seed, std::uint64_t step, std::byte* values) {
   const strata s{in.count(), k};
@@ -393,7 +398,7 @@ void randomk_gather(const host_backend& /*backend*/, host_view<const T> in, std:
 }
 
 /// Scatters random-k's values: `out[pick(j)] = values[j]`, every other element 0.
-template <sparse_value T>
+template <real_gradient T>
 void randomk_scatter(const host_backend& /*backend*/, const std::byte* values, std::size_t k,
                      std::uint64_t seed, std::uint64_t step, host_view<T> out) {
   std::fill(out.begin(), out.end(), T(0));

@@ -10,6 +10,7 @@
 #include <squall/core/buffer.hpp>
 #include <squall/core/config.hpp>
 #include <squall/core/random.hpp>
+#include <squall/kernels/host/select.hpp>
 
 #include <algorithm>  // min, fill, heap functions
 #include <bit>        // bit_cast, countr_zero, rotr
@@ -194,46 +195,25 @@ void count_sketch_estimate(const host_backend& /*backend*/, const T* sketch,
   }
 }
 
-/// Keeps the `k` entries of `values` largest in magnitude, ties to the lower index, and
-/// writes zero elsewhere. NaN ranks above every number (its |bits| order above infinity's),
-/// so the order is total and the selection deterministic. O(count log k) worst case, one
-/// heap of k (key, index) pairs.
-template <class T>
-void keep_largest_magnitudes(const host_backend& /*backend*/, host_view<T> values, std::size_t k) {
+/// Keeps the `k` entries of `values` largest in magnitude and writes zero elsewhere: top-k's
+/// own selection (`select_topk`, kernels/host/select.hpp), so the same order (NaN above every
+/// number) and the same tie rule (lower index first).
+template <real_gradient T>
+void keep_largest_magnitudes(const host_backend& backend, host_view<T> values, std::size_t k) {
   const std::size_t count = values.count();
   if (k >= count) return;
   if (k == 0) {
     std::fill(values.data(), values.data() + count, T(0));
     return;
   }
-  // key: the bits of |x| as a double, monotone in |x| for non-negative doubles, NaN highest
-  const auto key = [](T x) {
-    return std::bit_cast<std::uint64_t>(std::fabs(static_cast<double>(x)));
-  };
-  struct entry {
-    std::uint64_t key;
-    std::size_t index;
-  };
-  // the heap's top is the worst kept entry: smallest key, then highest index
-  const auto better = [](const entry& a, const entry& b) {
-    return a.key > b.key || (a.key == b.key && a.index < b.index);
-  };
-  std::vector<entry> heap;
-  heap.reserve(k);
-  for (std::size_t i = 0; i < k; ++i) heap.push_back({key(values[i]), i});
-  std::make_heap(heap.begin(), heap.end(), better);
-  for (std::size_t i = k; i < count; ++i) {
-    const std::uint64_t x = key(values[i]);
-    if (x > heap.front().key) {  // equal keys lose: the kept one has the lower index
-      std::pop_heap(heap.begin(), heap.end(), better);
-      heap.back() = {x, i};
-      std::push_heap(heap.begin(), heap.end(), better);
-    }
-  }
+  std::vector<std::uint64_t> indices(k);
   std::vector<T> kept(k);
-  for (std::size_t e = 0; e < k; ++e) kept[e] = values[heap[e].index];
+  const std::size_t n =
+      select_topk<std::uint64_t>(backend, host_view<const T>(values), k,
+                                 reinterpret_cast<std::byte*>(indices.data()),
+                                 reinterpret_cast<std::byte*>(kept.data()));
   std::fill(values.data(), values.data() + count, T(0));
-  for (std::size_t e = 0; e < k; ++e) values[heap[e].index] = kept[e];
+  for (std::size_t e = 0; e < n; ++e) values[static_cast<std::size_t>(indices[e])] = kept[e];
 }
 
 // ---- PowerSGD: products of the m x c view --------------------------------------------------
