@@ -224,6 +224,31 @@ TEST_SUITE("quantize") {
     CHECK(encode(c, g, stream) != encode(c, g, {77, 4}));
   }
 
+  TEST_CASE("the lane-parallel Philox equals Random123's, word for word") {
+    // philox_fill computes 32 blocks per pass; check partial passes, a block counter that
+    // carries into its high word, and keys with both halves set.
+    for (const std::uint64_t first : {std::uint64_t{0}, std::uint64_t{5}, (std::uint64_t{1} << 32) - 7}) {
+      for (const std::size_t blocks : {std::size_t{1}, std::size_t{31}, std::size_t{32}, std::size_t{77}}) {
+        CAPTURE(first);
+        CAPTURE(blocks);
+        const std::uint64_t seed = 0xfedcba9876543210ull + first;
+        const random_stream stream{0x1'0000'0003ull, 0xdeadbeefu};
+        std::vector<std::uint32_t> words(4 * blocks);
+        squall::philox_fill(seed, stream, first, blocks, words.data());
+        for (std::size_t j = 0; j < blocks; ++j) {
+          const std::uint64_t b = first + j;
+          const r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(b),
+                                                   static_cast<std::uint32_t>(b >> 32), 3u,
+                                                   0xdeadbeefu}};
+          const r123::Philox4x32::key_type key = {{static_cast<std::uint32_t>(seed),
+                                                   static_cast<std::uint32_t>(seed >> 32)}};
+          const auto r = r123::Philox4x32{}(ctr, key);
+          for (std::size_t t = 0; t < 4; ++t) REQUIRE(words[4 * j + t] == r.v[t]);
+        }
+      }
+    }
+  }
+
   TEST_CASE_TEMPLATE("bits on the wire per element follow the formula of docs/compressors.md", T,
                      float, double) {
     // 8 x (32 + ceil(n / bucket) x sizeof(T) + ceil(n x width / 8)) / n
@@ -305,6 +330,22 @@ TEST_SUITE("quantize") {
     rejects(with(24, std::uint32_t{5}), "5 levels");
     rejects(with(28, std::uint32_t{1}), "reserved word");
     rejects(good, "elements decoded into", n - 1);
+    // 2s + 1 = 9 levels in 4-bit codes: the codes 9..15 are no level. The last byte holds
+    // elements 998 (low nibble) and 999.
+    rejects(with(good.size() - 1, std::uint8_t{0xf9}), "code of element 998 is above the top level 8");
+    rejects(with(good.size() - 1, std::uint8_t{0x98}), "code of element 999 is above the top level 8");
+    {
+      // terngrad: 3 levels in 2-bit codes (code 3 is none); int8: 255 levels in bytes (255)
+      auto corrupt_last = [&](const auto& c2, std::uint8_t last, const char* what) {
+        auto p = encode(c2, g);
+        p.back() = std::byte{last};
+        std::vector<float> o(n);
+        CHECK_THROWS_WITH_AS(c2.decode(host_backend{}, host_view<const std::byte>(p), host_view<float>(o)),
+                             doctest::Contains(what), squall::invalid_argument);
+      };
+      corrupt_last(squall::terngrad_compressor{}, 0xc0, "code of element 999 is above the top level 2");
+      corrupt_last(squall::int8_compressor{}, 0xff, "code of element 999 is above the top level 254");
+    }
     std::vector<double> wrong_type(n);
     CHECK_THROWS_AS(c.decode(host_backend{}, host_view<const std::byte>(good), host_view<double>(wrong_type)),
                     squall::invalid_argument);

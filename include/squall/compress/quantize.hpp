@@ -111,8 +111,9 @@ struct quantize_compressor {
   }
 
   /// Decodes a payload into `out`: checks the header, the bucket (a multiple of 8 or one bucket,
-  /// and not 0), the levels, the reserved word and the exact size, then dequantizes. Throws
-  /// `invalid_argument` naming the first inconsistency.
+  /// and not 0), the levels, the reserved word and the exact size, then dequantizes, checking
+  /// that every code is a level (at most 2s). Throws `invalid_argument` naming the first
+  /// inconsistency (`out` is then unspecified).
   template <class B, real_gradient T>
   void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
@@ -152,7 +153,12 @@ struct quantize_compressor {
     const T* scales = reinterpret_cast<const T*>(payload.data() + body_offset);
     const auto* codes = reinterpret_cast<const std::uint8_t*>(
         payload.data() + body_offset + buckets(count, bucket_size) * sizeof(T));
-    dequantize<scheme>(backend, scales, codes, count, bucket_size, out.data());
+    const std::size_t bad = dequantize<scheme>(backend, scales, codes, count, bucket_size, out.data());
+    if (bad != count) {
+      throw invalid_argument(where, "payload's code of element " + std::to_string(bad) +
+                                        " is above the top level " +
+                                        std::to_string(2 * scheme.levels));
+    }
   }
 
  private:

@@ -19,6 +19,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+#include <immintrin.h>  // the AVX2 Philox of philox_fill
+#define SQUALL_HAS_AVX2_PHILOX 1
+#endif
+
 namespace squall {
 
 /// Which call of which rank an encode is: with the compressor's seed, it keys every draw.
@@ -44,6 +49,110 @@ SQUALL_HOST_DEVICE inline philox_block philox(std::uint64_t seed, random_stream 
        static_cast<std::uint32_t>(stream.step), stream.rank}};
   const r123::Philox4x32::ctr_type r = r123::Philox4x32{}(counter, key);
   return {{r.v[0], r.v[1], r.v[2], r.v[3]}};
+}
+
+namespace detail {
+
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+/// Blocks per pass of the AVX2 Philox: Groups independent groups of eight, interleaved so that
+/// the ten dependent rounds of one group overlap the others' (a round's multiply has a latency
+/// of several cycles; one group alone leaves the multipliers idle).
+inline constexpr std::size_t philox_avx2_groups = 4;
+inline constexpr std::size_t philox_avx2_blocks = 8 * philox_avx2_groups;
+
+/// `philox_avx2_blocks` Philox4x32-10 blocks in AVX2 registers, lane l of group g's c0..c3
+/// holding word 0..3 of block first + 8 g + l. `_mm256_mul_epu32` multiplies the even 32-bit
+/// lanes into 64-bit products; the odd lanes go through a shuffle; blends put each
+/// product's high and low words back in their lanes. The round is Random123's (philox.h, with
+/// its multipliers and key increments): (hi0, lo0) = M0 x c0, (hi1, lo1) = M1 x c2,
+/// c = (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0), then k += (W0, W1), ten times.
+/// Needs the block numbers to share their high 32 bits (the caller checks).
+__attribute__((target("avx2"))) inline void philox_blocks_avx2(std::uint64_t seed,
+                                                               random_stream stream,
+                                                               std::uint64_t first,
+                                                               std::uint32_t* words) {
+  constexpr std::size_t G = philox_avx2_groups;
+  const __m256i m0 = _mm256_set1_epi64x(PHILOX_M4x32_0);
+  const __m256i m1 = _mm256_set1_epi64x(PHILOX_M4x32_1);
+  const __m256i low = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(first)));
+  __m256i c0[G], c1[G], c2[G], c3[G];
+  for (std::size_t g = 0; g < G; ++g) {
+    const int base = static_cast<int>(8 * g);
+    c0[g] = _mm256_add_epi32(low, _mm256_setr_epi32(base, base + 1, base + 2, base + 3,
+                                                    base + 4, base + 5, base + 6, base + 7));
+    c1[g] = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(first >> 32)));
+    c2[g] = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(stream.step)));
+    c3[g] = _mm256_set1_epi32(static_cast<int>(stream.rank));
+  }
+  std::uint32_t k0 = static_cast<std::uint32_t>(seed);
+  std::uint32_t k1 = static_cast<std::uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0));
+    const __m256i key1 = _mm256_set1_epi32(static_cast<int>(k1));
+    for (std::size_t g = 0; g < G; ++g) {
+      // word moves by shuffles (0xf5: words 1, 1, 3, 3; 0xa0: words 0, 0, 2, 2), which run
+      // beside the multiplies rather than on their ports as 64-bit shifts would
+      const __m256i even0 = _mm256_mul_epu32(c0[g], m0);
+      const __m256i odd0 = _mm256_mul_epu32(_mm256_shuffle_epi32(c0[g], 0xf5), m0);
+      const __m256i even1 = _mm256_mul_epu32(c2[g], m1);
+      const __m256i odd1 = _mm256_mul_epu32(_mm256_shuffle_epi32(c2[g], 0xf5), m1);
+      const __m256i hi0 = _mm256_blend_epi32(_mm256_shuffle_epi32(even0, 0xf5), odd0, 0xaa);
+      const __m256i lo0 = _mm256_blend_epi32(even0, _mm256_shuffle_epi32(odd0, 0xa0), 0xaa);
+      const __m256i hi1 = _mm256_blend_epi32(_mm256_shuffle_epi32(even1, 0xf5), odd1, 0xaa);
+      const __m256i lo1 = _mm256_blend_epi32(even1, _mm256_shuffle_epi32(odd1, 0xa0), 0xaa);
+      c0[g] = _mm256_xor_si256(_mm256_xor_si256(hi1, c1[g]), key0);
+      c2[g] = _mm256_xor_si256(_mm256_xor_si256(hi0, c3[g]), key1);
+      c1[g] = lo1;
+      c3[g] = lo0;
+    }
+    k0 += PHILOX_W32_0;
+    k1 += PHILOX_W32_1;
+  }
+  // transpose each group to block order: (c0, c1, c2, c3) of its block 0, then block 1, ...
+  auto* out = reinterpret_cast<__m256i*>(words);
+  for (std::size_t g = 0; g < G; ++g) {
+    const __m256i a = _mm256_unpacklo_epi32(c0[g], c1[g]);  // blocks 0, 1 | 4, 5: words 0, 1
+    const __m256i b = _mm256_unpacklo_epi32(c2[g], c3[g]);  // blocks 0, 1 | 4, 5: words 2, 3
+    const __m256i c = _mm256_unpackhi_epi32(c0[g], c1[g]);  // blocks 2, 3 | 6, 7: words 0, 1
+    const __m256i d = _mm256_unpackhi_epi32(c2[g], c3[g]);  // blocks 2, 3 | 6, 7: words 2, 3
+    const __m256i b04 = _mm256_unpacklo_epi64(a, b);
+    const __m256i b15 = _mm256_unpackhi_epi64(a, b);
+    const __m256i b26 = _mm256_unpacklo_epi64(c, d);
+    const __m256i b37 = _mm256_unpackhi_epi64(c, d);
+    _mm256_storeu_si256(out + 4 * g + 0, _mm256_permute2x128_si256(b04, b15, 0x20));
+    _mm256_storeu_si256(out + 4 * g + 1, _mm256_permute2x128_si256(b26, b37, 0x20));
+    _mm256_storeu_si256(out + 4 * g + 2, _mm256_permute2x128_si256(b04, b15, 0x31));
+    _mm256_storeu_si256(out + 4 * g + 3, _mm256_permute2x128_si256(b26, b37, 0x31));
+  }
+}
+
+inline bool cpu_has_avx2() noexcept { return __builtin_cpu_supports("avx2"); }
+#endif
+
+}  // namespace detail
+
+/// Writes `words[4 j + t] = philox(seed, stream, first + j).word[t]` for j < `blocks`: the
+/// same numbers as `philox`, 32 blocks per pass in AVX2 registers when the running CPU has
+/// AVX2 (about 4x the scalar rate), else block by block. Host only: a CUDA thread calls
+/// `philox` for its own block. The test "the lane-parallel Philox equals Random123's" checks
+/// it word for word, across a carry into the block number's high word.
+inline void philox_fill(std::uint64_t seed, random_stream stream, std::uint64_t first,
+                        std::size_t blocks, std::uint32_t* words) {
+  std::size_t j = 0;
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+  if (detail::cpu_has_avx2()) {
+    constexpr std::size_t pass = detail::philox_avx2_blocks;
+    for (; j + pass <= blocks; j += pass) {
+      const std::uint64_t block = first + j;
+      if (static_cast<std::uint32_t>(block) > 0xffffffffu - (pass - 1)) break;  // a carry: go scalar
+      detail::philox_blocks_avx2(seed, stream, block, words + 4 * j);
+    }
+  }
+#endif
+  for (; j < blocks; ++j) {
+    const philox_block r = philox(seed, stream, first + j);
+    for (std::size_t t = 0; t < 4; ++t) words[4 * j + t] = r.word[t];
+  }
 }
 
 /// The 32-bit word of `element` in the stream (seed, step, rank).

@@ -116,13 +116,14 @@ __global__ void __launch_bounds__(quantize_threads)
 template <std::uint32_t Levels, unsigned Width, int Scale, bool Stochastic, bool SignOnly, class T>
 __global__ void __launch_bounds__(quantize_threads)
     dequantize_kernel(const T* scales, const std::uint8_t* codes, std::size_t count,
-                      std::size_t bucket, T* out) {
+                      std::size_t bucket, T* out, unsigned long long* first_bad) {
   constexpr quantize_scheme q = scheme_of<Levels, Width, Scale, Stochastic, SignOnly>();
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * quantize_threads;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * quantize_threads + threadIdx.x;
        i < count; i += stride) {
     const unsigned bit = static_cast<unsigned>((i * Width) % 8);
     const auto code = static_cast<std::uint8_t>((codes[i * Width / 8] >> bit) & ((1u << Width) - 1));
+    if (code > (q.sign_only ? 1u : 2u * q.levels)) atomicMin(first_bad, static_cast<unsigned long long>(i));
     out[i] = dequantize_code(q, code, scales[i / bucket]);
   }
 }
@@ -130,6 +131,40 @@ __global__ void __launch_bounds__(quantize_threads)
 inline unsigned quantize_grid(std::size_t blocks) {
   return static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
 }
+
+}  // namespace detail
+
+namespace detail {
+
+/// A device word where a kernel records the first bad element's index by atomicMin: set to
+/// `none` on the stream, read back (waiting for the stream) by `read`, freed by either.
+class first_index_slot {
+ public:
+  first_index_slot(const cuda_backend& backend, std::size_t none) : backend_(backend), none_(none) {
+    SQUALL_CUDA_CHECK(cudaMallocAsync(&word_, sizeof *word_, backend_.stream));
+    SQUALL_CUDA_CHECK(cudaMemcpyAsync(word_, &none_, sizeof none_, cudaMemcpyHostToDevice, backend_.stream));
+  }
+  first_index_slot(const first_index_slot&) = delete;
+  first_index_slot& operator=(const first_index_slot&) = delete;
+  ~first_index_slot() {
+    if (word_ != nullptr) (void)cudaFreeAsync(word_, backend_.stream);
+  }
+  unsigned long long* get() const noexcept { return word_; }
+  /// The recorded index, or `none` if no thread recorded one.
+  std::size_t read() {
+    unsigned long long index = none_;
+    SQUALL_CUDA_CHECK(cudaMemcpyAsync(&index, word_, sizeof index, cudaMemcpyDeviceToHost, backend_.stream));
+    SQUALL_CUDA_CHECK(cudaFreeAsync(word_, backend_.stream));
+    word_ = nullptr;
+    SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend_.stream));
+    return static_cast<std::size_t>(index);
+  }
+
+ private:
+  const cuda_backend& backend_;
+  unsigned long long none_;
+  unsigned long long* word_ = nullptr;
+};
 
 }  // namespace detail
 
@@ -142,31 +177,27 @@ std::size_t quantize(const cuda_backend& backend, const T* in, std::size_t count
                      random_stream stream) {
   if (count == 0) return 0;
   squall::detail::device_guard guard(backend.device);
-  unsigned long long* first_bad = nullptr;
-  SQUALL_CUDA_CHECK(cudaMallocAsync(&first_bad, sizeof *first_bad, backend.stream));
-  const unsigned long long none = count;
-  SQUALL_CUDA_CHECK(cudaMemcpyAsync(first_bad, &none, sizeof none, cudaMemcpyHostToDevice, backend.stream));
+  detail::first_index_slot first_bad(backend, count);
   detail::quantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only>
       <<<detail::quantize_grid((count + bucket - 1) / bucket), detail::quantize_threads, 0,
-         backend.stream>>>(in, count, bucket, scales, codes, seed, stream, first_bad);
+         backend.stream>>>(in, count, bucket, scales, codes, seed, stream, first_bad.get());
   SQUALL_CUDA_CHECK(cudaGetLastError());
-  unsigned long long bad = count;
-  SQUALL_CUDA_CHECK(cudaMemcpyAsync(&bad, first_bad, sizeof bad, cudaMemcpyDeviceToHost, backend.stream));
-  SQUALL_CUDA_CHECK(cudaFreeAsync(first_bad, backend.stream));
-  SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend.stream));
-  return static_cast<std::size_t>(bad);
+  return first_bad.read();
 }
 
-/// Device twin of the host `dequantize`.
+/// Device twin of the host `dequantize`: returns the first element whose code is not a level
+/// (or `count`), so it waits for the stream once.
 template <quantize_scheme Q, class T>
-void dequantize(const cuda_backend& backend, const T* scales, const std::uint8_t* codes,
-                std::size_t count, std::size_t bucket, T* out) {
-  if (count == 0) return;
+std::size_t dequantize(const cuda_backend& backend, const T* scales, const std::uint8_t* codes,
+                       std::size_t count, std::size_t bucket, T* out) {
+  if (count == 0) return 0;
   squall::detail::device_guard guard(backend.device);
+  detail::first_index_slot first_bad(backend, count);
   detail::dequantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only>
       <<<detail::quantize_grid((count + detail::quantize_threads - 1) / detail::quantize_threads),
-         detail::quantize_threads, 0, backend.stream>>>(scales, codes, count, bucket, out);
+         detail::quantize_threads, 0, backend.stream>>>(scales, codes, count, bucket, out, first_bad.get());
   SQUALL_CUDA_CHECK(cudaGetLastError());
+  return first_bad.read();
 }
 
 /// Copies `size` host bytes into device memory at `dst` (stream-ordered; the host source is

@@ -159,10 +159,17 @@ void quantize_block_wide(const T* in, std::size_t n, double scale, const std::ui
   }
 }
 
+/// Decodes `n` codes; returns whether every code is a level (at most 2s; sign codes always are).
 template <quantize_scheme Q, class T>
-SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void dequantize_block_loop(const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n,
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bool dequantize_block_loop(const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n,
                                               T scale, T* SQUALL_RESTRICT out) {
-  for (std::size_t k = 0; k < n; ++k) out[k] = dequantize_code(Q, codes[k], scale);
+  constexpr unsigned top = Q.sign_only ? 1u : 2u * Q.levels;
+  unsigned over = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    over |= static_cast<unsigned>(codes[k] > top);
+    out[k] = dequantize_code(Q, codes[k], scale);
+  }
+  return over == 0;
 }
 
 /// Packs `n` codes of W bits, element k at bits [k W, (k + 1) W) of the stream, low bits first.
@@ -251,10 +258,7 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
         std::memset(block_codes, Q.sign_only ? 0 : static_cast<int>(Q.levels), m);
       } else {
         if constexpr (Q.stochastic) {
-          for (std::size_t k = 0; k < m; k += 4) {
-            const philox_block r = philox(seed, stream, (first + k) / 4);
-            for (std::size_t t = 0; t < 4; ++t) words[k + t] = r.word[t];
-          }
+          philox_fill(seed, stream, first / 4, (m + 3) / 4, words);
         }
         if (std::isfinite(inverse)) {
           detail::quantize_block_loop<Q>(in + first, m, inverse, words, block_codes);
@@ -268,10 +272,13 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
   return first_bad;
 }
 
-/// Decodes what `quantize` wrote: `count` elements from `scales` and packed `codes`.
+/// Decodes what `quantize` wrote: `count` elements from `scales` and packed `codes`. Returns
+/// the index of the first element whose code is not a level (above 2s: a corrupt payload, as
+/// 2s + 1 levels need not fill the code width), or `count` if all are levels.
 template <quantize_scheme Q, class T>
-void dequantize(const host_backend& /*backend*/, const T* scales, const std::uint8_t* codes,
-                std::size_t count, std::size_t bucket, T* out) {
+std::size_t dequantize(const host_backend& /*backend*/, const T* scales, const std::uint8_t* codes,
+                       std::size_t count, std::size_t bucket, T* out) {
+  std::size_t first_bad = count;
   std::uint8_t block_codes[detail::quantize_block];
   for (std::size_t begin = 0, b = 0; begin < count; begin += bucket, ++b) {
     const std::size_t n = count - begin < bucket ? count - begin : bucket;
@@ -281,9 +288,14 @@ void dequantize(const host_backend& /*backend*/, const T* scales, const std::uin
       detail::unpack_codes<Q.width>(codes + first * Q.width / 8, m, block_codes);
       T scale;
       std::memcpy(&scale, scales + b, sizeof scale);  // payloads need not be aligned
-      detail::dequantize_block_loop<Q>(block_codes, m, scale, out + first);
+      if (!detail::dequantize_block_loop<Q>(block_codes, m, scale, out + first) && first_bad == count) {
+        std::size_t k = 0;
+        while (block_codes[k] <= 2 * Q.levels) ++k;
+        first_bad = first + k;
+      }
     }
   }
+  return first_bad;
 }
 
 }  // namespace squall::kernels
