@@ -8,11 +8,13 @@
 #include <squall/backend/host.hpp>
 #include <squall/compress/cast.hpp>
 #include <squall/compress/error_feedback.hpp>
+#include <squall/compress/linear_body.hpp>
 #include <squall/compress/none.hpp>
 #include <squall/compress/payload.hpp>
 #include <squall/compress/quantize.hpp>
 #include <squall/compress/sketch.hpp>
 #include <squall/compress/sparsify.hpp>
+#include <squall/compress/state.hpp>
 #include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>

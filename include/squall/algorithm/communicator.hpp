@@ -1,10 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// `communicator<Transport, Topology, Compressor, Backend>`: the dense collectives.
+/// `communicator<Transport, Topology, Compressor, Backend>`: the dense collectives, and the
+/// compressed allreduce with `Compressor`.
 ///
 ///   squall::communicator<squall::shm_transport, squall::automatic_topology> comm{
 ///       squall::shm_transport{}};
 ///   comm.allreduce(squall::host_view<float>(grad), squall::avg_op{});
+///
+///   squall::communicator<squall::shm_transport, squall::ring_topology,
+///                        squall::error_feedback<squall::topk_compressor>> sparse{
+///       squall::shm_transport{}, {}, squall::error_feedback<squall::topk_compressor>{}};
+///   auto state = sparse.make_state<float>(grad.size());   // one per tensor, kept by the caller
+///   sparse.allreduce(squall::host_view<float>(grad), state, squall::avg_op{});
 ///
 /// Contracts:
 /// - Every collective is blocking: it returns once this rank's result is complete and every
@@ -23,7 +30,10 @@
 
 #include <squall/algorithm/detail/executor.hpp>
 #include <squall/backend/host.hpp>
+#include <squall/compress/linear_body.hpp>
 #include <squall/compress/none.hpp>
+#include <squall/compress/state.hpp>
+#include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
@@ -55,6 +65,16 @@
 
 namespace squall {
 
+/// The bytes one collective moved on one rank (`communicator::last_transfer`): what it
+/// sent (messages, writes into peers' memory, and what peers read out of its window or
+/// memory, once per reading peer) and what it received (messages, reads out of peers'
+/// window or memory, and peers' writes into its memory). The mismatch check's signature
+/// exchange counts too where it travels as messages.
+struct transfer_stats {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+};
+
 /// The collectives, as the mismatch check and squall-bench name them.
 enum class collective : std::uint8_t { allreduce = 1, allgather, reduce_scatter, broadcast, barrier };
 
@@ -75,11 +95,11 @@ namespace detail {
 struct call_signature {
   std::uint64_t sequence = 0;
   std::uint64_t count = 0;
-  std::int32_t root = -1;
+  std::int32_t root = -1;  ///< broadcast's root; a compressed call's step (low 31 bits)
   std::uint8_t kind = 0;
   std::uint8_t type = 0;
   std::uint8_t op = 0;
-  std::uint8_t unused = 0;
+  std::uint8_t compressed = 0;  ///< 1 for a compressed collective
 };
 static_assert(sizeof(call_signature) == 24);
 
@@ -99,7 +119,11 @@ inline std::string describe(const call_signature& s) {
   text += " of " + std::to_string(s.count) + " " +
           std::string(to_string(static_cast<dtype>(s.type)));
   if (s.op != 0) text += " " + std::string(ops[std::min<std::size_t>(s.op, 4)]);
-  if (s.root >= 0) text += " from root " + std::to_string(s.root);
+  if (s.compressed != 0) {
+    text += ", compressed, at step " + std::to_string(s.root) + " (mod 2^31)";
+  } else if (s.root >= 0) {
+    text += " from root " + std::to_string(s.root);
+  }
   return text;
 }
 
@@ -130,9 +154,10 @@ concept has_broadcast = requires(const T& t, int r) {
 /// `hierarchical_topology` (so that "nodes" can be tested on one host).
 inline constexpr const char* ranks_per_node_env_var = "SQUALL_RANKS_PER_NODE";
 
-/// The dense collectives over `Transport`, scheduled by `Topology`. Owns the transport.
-/// Compressed collectives (`Compressor` other than `identity_compressor`) and the CUDA
-/// backend come with their own issues; this class states so at compile time.
+/// The collectives over `Transport`, scheduled by `Topology`. Owns the transport. The dense
+/// collectives ignore `Compressor`; the compressed allreduce (the overload taking a
+/// `compression_state`) uses it. The CUDA backend comes with its own issue; this class
+/// states so at compile time.
 template <transport Transport, topology Topology = automatic_topology,
           compressor Compressor = identity_compressor, backend Backend = host_backend>
 class communicator {
@@ -140,14 +165,13 @@ class communicator {
   static_assert(check_topology<Topology>());
   static_assert(check_compressor<Compressor>());
   static_assert(check_backend<Backend>());
-  static_assert(std::same_as<Compressor, identity_compressor>,
-                "squall: communicator runs dense collectives (identity_compressor) so far");
   static_assert(std::same_as<Backend, host_backend>,
                 "squall: communicator runs on host_backend so far");
 
  public:
   using transport_type = Transport;
   using topology_type = Topology;
+  using compressor_type = Compressor;
 
   /// Builds a communicator over `transport`, a collective call on every rank. With
   /// `automatic_topology` and an uncalibrated model, it measures every candidate schedule
@@ -171,10 +195,30 @@ class communicator {
     }
   }
 
+  /// The same, with the compressor the compressed collectives use (its tuned parameters:
+  /// ratio, bits, rank, seed). Every rank must pass the same parameters.
+  template <std::same_as<Compressor> C>
+  communicator(Transport transport, Topology topology, C compressor, const options& opts = {},
+               const collective_tuning& tuning = {})
+      : communicator(std::move(transport), std::move(topology), opts, tuning) {
+    compressor_ = std::move(compressor);
+  }
+
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
   Transport& transport() { return transport_; }
   const Topology& topology() const { return topology_; }
+  const Compressor& compressor() const { return compressor_; }
+
+  /// A fresh compression state for a tensor of `count` elements of `T`, for this
+  /// communicator's compressor (PowerSGD's Q drawn from its seed and shape).
+  template <real_gradient T>
+  compression_state<Compressor, T> make_state(std::size_t count) const {
+    return compression_state<Compressor, T>(compressor_, count);
+  }
+
+  /// The bytes this rank moved in its last collective (counted from its start).
+  transfer_stats last_transfer() const { return {buffers_.bytes_sent, buffers_.bytes_received}; }
 
   /// The schedule an allreduce of `bytes` runs: the topology's name, or
   /// "automatic:<chosen>" for `automatic_topology`.
@@ -200,6 +244,54 @@ class communicator {
     signature(collective::allreduce, dtype_of<T>, Op::name, in.count());
     place_check(in, out);
     allreduce_into(in.data(), out, op);
+  }
+
+  /// The compressed allreduce, in place: `data` = the sum (`sum_op`) or mean (`avg_op`) over
+  /// ranks of what `Compressor` sends of each rank's `data`; every rank gets bitwise the same
+  /// result. `state` is this tensor's (`make_state`); its step keys the compressor's draws
+  /// and advances by one; its residual (error feedback) and Q (PowerSGD) are updated. The
+  /// algorithm follows the compressor's aggregation class:
+  ///
+  /// - linear with a `linear_body` (cast, randomk, count_sketch): encode, reduce the
+  ///   payloads' bodies through the topology's own allreduce schedule, decode;
+  /// - PowerSGD: P = M Q, summed; orthogonalize P; Q = M^T P, summed and kept; data = P Q^T;
+  ///   with error feedback M = residual + data and residual = M - P Q_mine^T, the rank's own
+  ///   share (so the residuals and the results add up to the inputs);
+  /// - requantize, sparse, vote (and linear compressors without a body): every rank encodes
+  ///   once, the payloads are gathered (sizes first unless fixed size, padded to the
+  ///   largest) through the topology's allgather schedule, and every rank decodes all P and
+  ///   sums them in rank order. A vote is element i = sign(sum_q sign(d_q[i])) x
+  ///   sum_q |d_q[i]|, d_q rank q's decoded payload: the majority sign times the sum of the
+  ///   ranks' scales (their mean with `avg_op`); a tie gives 0.
+  ///
+  /// `avg_op` divides the sum by `size()`. Throws `invalid_argument` if `state.count()` is
+  /// not `data.count()` (naming both), what the compressor throws (a bad parameter or
+  /// payload), and the transport's errors. Every rank must call it with the same count,
+  /// op and step.
+  template <real_gradient T, class Op = sum_op>
+  void allreduce(host_view<T> data, compression_state<Compressor, T>& state, Op op = {}) {
+    static_assert(std::same_as<Op, sum_op> || std::same_as<Op, avg_op>,
+                  "squall: a compressed allreduce sums or averages: sum_op or avg_op");
+    if (state.count() != data.count()) {
+      throw invalid_argument({.operation = "compressed allreduce", .rank = rank()},
+                             "a compression state of " + std::to_string(state.count()) +
+                                 " elements used for data of " + std::to_string(data.count()) +
+                                 " elements");
+    }
+    // the step goes in the signature: ranks at different steps would draw differently
+    signature(collective::allreduce, dtype_of<T>, Op::name, data.count(),
+              static_cast<int>(state.step() & 0x7fffffff), true);
+    using Inner = inner_compressor_t<Compressor>;
+    if constexpr (uses_powersgd<Compressor>) {
+      powersgd_allreduce(data, state);
+    } else if constexpr (Compressor::aggregation == aggregation_class::linear &&
+                         has_linear_body<Inner>) {
+      linear_allreduce(data, state);
+    } else {
+      gather_allreduce(data, state);
+    }
+    kernels::finalize(host_backend{}, op, data, static_cast<std::size_t>(size()));
+    state.advance();
   }
 
   // ---- reduce_scatter ---------------------------------------------------------------------
@@ -431,16 +523,19 @@ class communicator {
   // comparison, and the one-shot allreduce fuses it with its own first barrier. Elsewhere
   // they are swapped by messages.
   void signature(collective kind, dtype type, std::string_view op, std::size_t count,
-                 int root = -1) {
+                 int root = -1, bool compressed = false) {
     ++sequence_;
     pending_ = false;
+    buffers_.bytes_sent = 0;
+    buffers_.bytes_received = 0;
     if (!check_ || size() == 1) return;
     const detail::call_signature mine{.sequence = sequence_,
                                       .count = count,
                                       .root = root,
                                       .kind = static_cast<std::uint8_t>(kind),
                                       .type = static_cast<std::uint8_t>(type),
-                                      .op = detail::op_code(op)};
+                                      .op = detail::op_code(op),
+                                      .compressed = static_cast<std::uint8_t>(compressed)};
     signatures_.resize(static_cast<std::size_t>(size()));
     if constexpr (direct_transport<Transport>) {
       if (transport_.local_view().count() >= detail::signature_area) {
@@ -618,6 +713,203 @@ class communicator {
 
   detail::executor<Transport> executor() { return {transport_, buffers_, tuning_}; }
 
+  // ---- compressed allreduce ---------------------------------------------------------------
+
+  // `count` elements of T in `bytes` (grown as needed; operator new aligns it to 16).
+  template <class T>
+  static T* scratch_of(std::vector<std::byte>& bytes, std::size_t count) {
+    if (bytes.size() < count * sizeof(T)) bytes.resize(count * sizeof(T));
+    return reinterpret_cast<T*>(bytes.data());
+  }
+
+  // Encodes `data` into payload_ with this step's stream (through the residual with error
+  // feedback); returns the payload's size.
+  template <class T>
+  std::size_t encode_payload(host_view<T> data, compression_state<Compressor, T>& state) {
+    const std::size_t capacity = compressor_.max_payload_bytes(dtype_of<T>, data.count());
+    if (payload_.size() < capacity) payload_.resize(capacity);
+    const host_view<const T> in(data.data(), data.count());
+    const host_view<std::byte> out(payload_.data(), capacity);
+    const random_stream stream = state.stream(rank());
+    if constexpr (is_error_feedback<Compressor>) {
+      const host_view<T> scratch(scratch_of<T>(decoded_, data.count()), data.count());
+      return compressor_.encode(host_backend{}, state.residual(), in, out, scratch, stream);
+    } else if constexpr (requires { compressor_.encode(host_backend{}, in, out, stream); }) {
+      return compressor_.encode(host_backend{}, in, out, stream);
+    } else {
+      return compressor_.encode(host_backend{}, in, out);
+    }
+  }
+
+  // step 0: encode; step 1: allreduce the payload's body (elements E) with the topology's
+  // schedule, the header fields being equal on every rank; step 2: decode the sum.
+  template <class T>
+  void linear_allreduce(host_view<T> data, compression_state<Compressor, T>& state) {
+    using Inner = inner_compressor_t<Compressor>;
+    using E = typename linear_body<Inner>::template element<T>;
+    const linear_body_range body =
+        linear_body<Inner>::template of<T>(inner_of(compressor_), data.count());
+    const std::size_t bytes = encode_payload(data, state);
+    if (body.offset > bytes || body.count > (bytes - body.offset) / sizeof(E)) {
+      throw error(make_error_code(errc::internal), {.operation = "compressed allreduce"},
+                  "a payload of " + std::to_string(bytes) + " bytes has no body of " +
+                      std::to_string(body.count) + " elements at " + std::to_string(body.offset));
+    }
+    E* values = reinterpret_cast<E*>(payload_.data() + body.offset);
+    if (body.count == 0) {
+      settle();
+    } else {
+      run_allreduce(allreduce_schedule_for(body.count * sizeof(E)), values, values, body.count,
+                    detail::make_reducer<E, sum_op>());
+    }
+    compressor_.decode(host_backend{}, host_view<const std::byte>(payload_.data(), bytes), data);
+  }
+
+  // The sum over ranks of `count` elements at `x`, in place, with the topology's schedule.
+  template <class T>
+  void sum_in_place(T* x, std::size_t count) {
+    if (count == 0) {
+      settle();
+      return;
+    }
+    run_allreduce(allreduce_schedule_for(count * sizeof(T)), x, x, count,
+                  detail::make_reducer<T, sum_op>());
+  }
+
+  // PowerSGD (Vogels et al., NeurIPS 2019, Algorithm 1 with error feedback):
+  // step 0: M = data (or residual + data); P = M Q with Q the state's warm start; sum P.
+  // step 1: orthogonalize P; Q = M^T P (kept as this rank's share); sum Q into the state.
+  // step 2: residual -= P Q_mine^T (error feedback); data = P Q^T.
+  template <class T>
+  void powersgd_allreduce(host_view<T> data, compression_state<Compressor, T>& state) {
+    const powersgd_compressor& c = inner_of(compressor_);
+    powersgd_state<T>& ps = state.powersgd();
+    const std::size_t count = data.count();
+    const powersgd_shape shape = c.shape(count);
+    if (ps.rows() != shape.rows || ps.columns() != shape.columns || ps.rank() != c.rank) {
+      throw invalid_argument({.operation = "compressed allreduce", .rank = rank()},
+                             "a PowerSGD state of " + std::to_string(ps.rows()) + " x " +
+                                 std::to_string(ps.columns()) + " rank " +
+                                 std::to_string(ps.rank()) + " used for " +
+                                 std::to_string(shape.rows) + " x " +
+                                 std::to_string(shape.columns) + " rank " + std::to_string(c.rank));
+    }
+    if (count == 0) {
+      settle();
+      return;
+    }
+    const host_backend b{};
+    const std::size_t p_count = shape.rows * c.rank;
+    const std::size_t q_count = shape.columns * c.rank;
+    const std::size_t q_at = detail::align_up(p_count * sizeof(T), 16) / sizeof(T);
+    T* p = scratch_of<T>(factors_, q_at + q_count);
+    T* mine = p + q_at;
+    host_view<const T> matrix(data.data(), count);
+    if constexpr (is_error_feedback<Compressor>) {
+      kernels::reduce_into(b, sum_op{}, state.residual().residual(), matrix);
+      matrix = host_view<const T>(state.residual().residual().data(), count);
+    }
+    c.multiply(b, matrix, host_view<const T>(ps.q().data(), q_count), host_view<T>(p, p_count));
+    sum_in_place(p, p_count);
+    c.orthogonalize(b, host_view<T>(p, p_count));
+    c.multiply_transposed(b, matrix, host_view<const T>(p, p_count), host_view<T>(mine, q_count));
+    std::memcpy(ps.q().data(), mine, q_count * sizeof(T));
+    sum_in_place(ps.q().data(), q_count);
+    if constexpr (is_error_feedback<Compressor>) {
+      T* share = scratch_of<T>(decoded_, count);
+      c.decompress(b, host_view<const T>(p, p_count), host_view<const T>(mine, q_count),
+                   host_view<T>(share, count));
+      kernels::subtract_into(b, state.residual().residual(), host_view<const T>(share, count));
+    }
+    c.decompress(b, host_view<const T>(p, p_count), host_view<const T>(ps.q().data(), q_count),
+                 data);
+  }
+
+  // A reducer for schedules that only copy (allgather): bytes, never combined.
+  static detail::reducer copy_only_reducer() {
+    return {.element_bytes = 1,
+            .reduce_into =
+                [](std::byte*, const std::byte*, std::size_t) {
+                  throw error(make_error_code(errc::internal), {.operation = "allgather"},
+                              "a copy-only schedule asked for a reduction");
+                },
+            .reduce =
+                [](std::byte*, const std::byte*, const std::byte*, std::size_t) {
+                  throw error(make_error_code(errc::internal), {.operation = "allgather"},
+                              "a copy-only schedule asked for a reduction");
+                }};
+  }
+
+  // Gathers every rank's `bytes` at `mine` into `all`, rank q's at q x `stride` (`stride` >=
+  // every rank's bytes; the rest of each slot zero), with the topology's allgather schedule.
+  void gather_blobs(const std::byte* mine, std::size_t bytes, std::size_t stride, std::byte* all) {
+    const std::size_t total = stride * static_cast<std::size_t>(size());
+    std::byte* slot = all + static_cast<std::size_t>(rank()) * stride;
+    if (bytes != 0) std::memcpy(slot, mine, bytes);
+    if (stride != bytes) std::memset(slot + bytes, 0, stride - bytes);
+    settle();
+    if (size() == 1 || total == 0) return;
+    const schedule s = gather_schedule(total);
+    if constexpr (peer_memory_transport<Transport>) {
+      if (s.one_shot && uses_peer_memory(total)) {
+        executor().allgather_peer_memory(slot, all, stride);
+        return;
+      }
+    }
+    executor().run(s, all, total, copy_only_reducer());
+  }
+
+  // step 0: encode once; step 1: exchange sizes (unless fixed size) and gather every payload;
+  // step 2: decode each and sum in rank order (a vote: count signs, add magnitudes).
+  template <class T>
+  void gather_allreduce(host_view<T> data, compression_state<Compressor, T>& state) {
+    using Inner = inner_compressor_t<Compressor>;
+    const std::size_t count = data.count();
+    const auto p = static_cast<std::size_t>(size());
+    const std::uint64_t mine = encode_payload(data, state);
+    settle();
+    sizes_.assign(p, mine);
+    if constexpr (!compression_traits<Inner>::fixed_size) {
+      if (p > 1) exchange(&mine, sizeof mine, sizes_.data());
+    }
+    std::uint64_t largest = 0;
+    for (const std::uint64_t n : sizes_) largest = std::max(largest, n);
+    const std::size_t stride = detail::align_up(static_cast<std::size_t>(largest), 8);
+    if (gathered_.size() < stride * p) gathered_.resize(stride * p);
+    gather_blobs(payload_.data(), static_cast<std::size_t>(mine), stride, gathered_.data());
+    const auto payload_of = [&](std::size_t q) {
+      return host_view<const std::byte>(gathered_.data() + q * stride,
+                                        static_cast<std::size_t>(sizes_[q]));
+    };
+    const host_backend b{};
+    T* out = data.data();
+    T* decoded = scratch_of<T>(decoded_, count);
+    const host_view<T> d(decoded, count);
+    if constexpr (Compressor::aggregation == aggregation_class::vote) {
+      std::int32_t* votes = scratch_of<std::int32_t>(votes_, count);
+      for (std::size_t q = 0; q < p; ++q) {
+        compressor_.decode(b, payload_of(q), d);
+        for (std::size_t i = 0; i < count; ++i) {
+          const T x = decoded[i];
+          const std::int32_t v =
+              static_cast<std::int32_t>(x > T(0)) - static_cast<std::int32_t>(x < T(0));
+          const T magnitude = x < T(0) ? -x : x;
+          votes[i] = q == 0 ? v : votes[i] + v;
+          out[i] = q == 0 ? magnitude : out[i] + magnitude;
+        }
+      }
+      for (std::size_t i = 0; i < count; ++i) {
+        out[i] = votes[i] > 0 ? out[i] : votes[i] < 0 ? -out[i] : T(0) * out[i];
+      }
+    } else {
+      compressor_.decode(b, payload_of(0), data);
+      for (std::size_t q = 1; q < p; ++q) {
+        compressor_.decode(b, payload_of(q), d);
+        kernels::reduce_into(b, sum_op{}, data, host_view<const T>(decoded, count));
+      }
+    }
+  }
+
   // The allreduce schedule for `bytes`, kept for the next call of the same size, so that a
   // training loop's repeated allreduce builds no schedule (and allocates nothing).
   const schedule& allreduce_schedule_for(std::size_t bytes) {
@@ -638,6 +930,13 @@ class communicator {
   std::size_t window_round_ = 0;
   detail::executor_buffers<Transport> buffers_;
   std::vector<std::byte> work_;
+  Compressor compressor_{};
+  std::vector<std::byte> payload_;    // this rank's payload
+  std::vector<std::byte> gathered_;   // every rank's payload, each at a multiple of 8 bytes
+  std::vector<std::byte> decoded_;    // a decoded payload, or error feedback's scratch
+  std::vector<std::byte> factors_;    // PowerSGD's P and this rank's Q
+  std::vector<std::byte> votes_;      // a vote's sums of signs
+  std::vector<std::uint64_t> sizes_;  // every rank's payload size
   std::vector<detail::call_signature> signatures_;
   bool cached_ = false;
   std::size_t cached_bytes_ = 0;

@@ -10,6 +10,7 @@
 #include <squall/core/error.hpp>
 #include <squall/core/types.hpp>
 #include <squall/kernels/host/convert.hpp>
+#include <squall/kernels/host/reduce.hpp>
 
 #include <cstddef>  // byte, size_t
 #include <cstring>  // memcpy
@@ -48,9 +49,9 @@ struct cast_compressor {
   }
 
   /// Writes the header and `in` rounded to `To`; returns the payload's size. Throws
-  /// `invalid_argument` if `payload` is too small.
+  /// `invalid_argument` if `payload` is too small or not 2-byte aligned.
   template <class B, castable T>
-  std::size_t encode(const B& /*backend*/, buffer_view<const T, typename B::memory_space> in,
+  std::size_t encode(const B& backend, buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload) const {
     const std::size_t size = max_payload_bytes(dtype_of<T>, in.count());
     if (payload.count() < size) {
@@ -59,28 +60,24 @@ struct cast_compressor {
                                                       " bytes for " + std::to_string(size));
     }
     require_payload_alignment(name, payload.data(), alignof(To));
-    write_payload_header({.kind = kind, .type = dtype_of<T>, .count = in.count()},
-                         payload.data());
+    // the header is built on the host and stored into the payload (host or device memory)
+    std::byte head[payload_header::bytes];
+    write_payload_header({.kind = kind, .type = dtype_of<T>, .count = in.count()}, head);
+    store_bytes(backend, payload.data(), head, sizeof head);
     To* body = reinterpret_cast<To*>(payload.data() + payload_header::bytes);
-    if constexpr (std::same_as<T, To>) {
-      if (!in.empty()) std::memcpy(body, in.data(), in.size_bytes());
-    } else if constexpr (std::same_as<T, float>) {
-      kernels::detail::narrow(in.data(), body, in.count());
-    } else if constexpr (std::same_as<T, double>) {
-      for (std::size_t i = 0; i < in.count(); ++i) body[i] = To(in[i]);  // one rounding
-    } else {
-      // the other 16-bit type: exact in float, then one rounding
-      for (std::size_t i = 0; i < in.count(); ++i) body[i] = To(static_cast<float>(in[i]));
-    }
+    convert(backend, in.data(), body, in.count());
     return size;
   }
 
   /// Reads a payload back into `out`: validates the header (kind, version, element type,
   /// count), the size and the address (2-byte aligned), then widens. Throws `invalid_argument` on any inconsistency.
   template <class B, castable T>
-  void decode(const B& /*backend*/, buffer_view<const std::byte, typename B::memory_space> payload,
+  void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
-    read_payload_header(name, payload.data(), payload.count(), kind, dtype_of<T>, out.count());
+    std::byte head[payload_header::bytes] = {};  // copied to the host and checked there
+    load_bytes(backend, head, payload.data(),
+               payload.count() < sizeof head ? payload.count() : sizeof head);
+    read_payload_header(name, head, payload.count(), kind, dtype_of<T>, out.count());
     if (payload.count() != payload_header::bytes + out.count() * sizeof(To)) {
       throw invalid_argument({.operation = name},
                              "payload of " + std::to_string(payload.count()) + " bytes for " +
@@ -88,13 +85,7 @@ struct cast_compressor {
     }
     require_payload_alignment(name, payload.data(), alignof(To));
     const To* body = reinterpret_cast<const To*>(payload.data() + payload_header::bytes);
-    if constexpr (std::same_as<T, To>) {
-      if (!out.empty()) std::memcpy(out.data(), body, out.size_bytes());
-    } else if constexpr (std::same_as<T, float>) {
-      kernels::detail::widen(body, out.data(), out.count());
-    } else {
-      for (std::size_t i = 0; i < out.count(); ++i) out[i] = T(static_cast<float>(body[i]));
-    }
+    convert(backend, body, out.data(), out.count());
   }
 };
 static_assert(compressor<cast_compressor<float16>>);

@@ -12,10 +12,13 @@
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
+#include <squall/core/ops.hpp>
 #include <squall/core/random.hpp>
 #include <squall/core/types.hpp>
+#include <squall/kernels/host/reduce.hpp>
 
-#include <cstddef>  // byte, size_t
+#include <concepts>  // same_as
+#include <cstddef>   // byte, size_t
 #include <cstdint>
 #include <cstring>  // memcpy
 #include <string>
@@ -93,7 +96,9 @@ struct error_feedback {
   /// residual += in; writes C(residual) to `payload`; residual -= decode(payload). Returns the
   /// payload's size. `state.count()` must equal `in.count()` (`invalid_argument` otherwise);
   /// `scratch` holds `in.count()` elements (the decoded payload). `stream` goes to a stochastic
-  /// `C`'s encode (its draws for this step and rank).
+  /// `C`'s encode (its draws for this step and rank). The state lives in host memory: with a
+  /// device backend its residual is copied to device scratch and back on every call; keep a
+  /// device residual and use the overload below to avoid that.
   template <class B, element T>
   std::size_t encode(const B& backend, error_feedback_state<T>& state,
                      buffer_view<const T, typename B::memory_space> in,
@@ -106,16 +111,49 @@ struct error_feedback {
                                  std::to_string(scratch.count()) + " elements for a gradient of " +
                                  std::to_string(in.count()));
     }
-    host_view<T> r = state.residual();
-    for (std::size_t i = 0; i < in.count(); ++i) r[i] = static_cast<T>(r[i] + in[i]);
-    std::size_t written;
-    if constexpr (requires { inner.encode(backend, host_view<const T>(r), payload, stream); }) {
-      written = inner.encode(backend, host_view<const T>(r), payload, stream);
+    using M = typename B::memory_space;
+    if constexpr (std::same_as<M, host_memory>) {
+      return encode(backend, state.residual(), in, payload, scratch, stream);
     } else {
-      written = inner.encode(backend, host_view<const T>(r), payload);
+      const std::size_t n = in.count();
+      auto r = allocate_scratch<T>(backend, n);
+      store_bytes(backend, reinterpret_cast<std::byte*>(r.data()), state.residual().data(),
+                  n * sizeof(T));
+      const std::size_t written =
+          encode(backend, buffer_view<T, M>(r.data(), n), in, payload, scratch, stream);
+      load_bytes(backend, state.residual().data(), reinterpret_cast<const std::byte*>(r.data()),
+                 n * sizeof(T));
+      return written;
     }
-    inner.decode(backend, host_view<const std::byte>(payload.data(), written), scratch);
-    for (std::size_t i = 0; i < in.count(); ++i) r[i] = static_cast<T>(r[i] - scratch[i]);
+  }
+
+  /// The same step with the caller's residual as a view in the backend's memory (a device
+  /// residual with `cuda_backend`): residual += in (`reduce_into` with `sum_op`); encode;
+  /// residual -= decode (`subtract_into`). `residual` and `scratch` hold `in.count()` elements
+  /// (`invalid_argument` otherwise).
+  template <class B, element T>
+  std::size_t encode(const B& backend, buffer_view<T, typename B::memory_space> residual,
+                     buffer_view<const T, typename B::memory_space> in,
+                     buffer_view<std::byte, typename B::memory_space> payload,
+                     buffer_view<T, typename B::memory_space> scratch,
+                     random_stream stream = {}) const {
+    using M = typename B::memory_space;
+    if (residual.count() != in.count() || scratch.count() != in.count()) {
+      throw invalid_argument({.operation = name},
+                             "residual of " + std::to_string(residual.count()) +
+                                 " and scratch of " + std::to_string(scratch.count()) +
+                                 " elements for a gradient of " + std::to_string(in.count()));
+    }
+    reduce_into(backend, sum_op{}, residual, in);
+    const buffer_view<const T, M> r(residual);
+    std::size_t written;
+    if constexpr (requires { inner.encode(backend, r, payload, stream); }) {
+      written = inner.encode(backend, r, payload, stream);
+    } else {
+      written = inner.encode(backend, r, payload);
+    }
+    inner.decode(backend, buffer_view<const std::byte, M>(payload.data(), written), scratch);
+    subtract_into(backend, residual, buffer_view<const T, M>(scratch));
     return written;
   }
 

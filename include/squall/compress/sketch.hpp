@@ -32,6 +32,8 @@
 #include <squall/core/error.hpp>
 #include <squall/core/random.hpp>
 #include <squall/core/types.hpp>
+#include <squall/detail/bytes.hpp>
+#include <squall/kernels/host/reduce.hpp>
 #include <squall/kernels/host/sketch.hpp>
 
 #include <algorithm>  // fill
@@ -125,13 +127,15 @@ struct count_sketch_compressor {
                      random_stream stream = {}) const {
     const std::size_t size = max_payload_bytes(dtype_of<T>, in.count());
     detail::require_room(name, payload.count(), size);
-    if (check_finite) kernels::require_finite(name, in);
+    if (check_finite) require_finite(backend, name, in);
+    // header, seed, step, rows, cols: built on the host, stored into the payload
+    std::byte head[body_offset] = {};
     write_payload_header({.kind = kind,
                           .type = dtype_of<T>,
                           .parameter = static_cast<std::uint16_t>(Rows),
                           .count = in.count()},
-                         payload.data());
-    std::byte* body = payload.data() + payload_header::bytes;
+                         head);
+    std::byte* body = head + payload_header::bytes;
     const std::uint64_t step = stream.step;
     const std::uint32_t r32 = static_cast<std::uint32_t>(Rows);
     const std::uint32_t c32 = static_cast<std::uint32_t>(Cols);
@@ -139,19 +143,24 @@ struct count_sketch_compressor {
     std::memcpy(body + 8, &step, 8);
     std::memcpy(body + 16, &r32, 4);
     std::memcpy(body + 20, &c32, 4);
+    store_bytes(backend, payload.data(), head, body_offset);
     kernels::sketch_row_hash hash[Rows];
     for (std::size_t r = 0; r < Rows; ++r) {
       hash[r] = kernels::make_sketch_row_hash(seed, {step, shared_rank}, r);
     }
+    using M = typename B::memory_space;
     std::byte* values = payload.data() + body_offset;
     if (reinterpret_cast<std::uintptr_t>(values) % alignof(T) == 0) {
       T* sketch = reinterpret_cast<T*>(values);  // accumulate in place
-      std::fill(sketch, sketch + Rows * Cols, T(0));
+      fill_zero(backend, buffer_view<T, M>(sketch, Rows * Cols));
       accumulate(backend, in, hash, sketch);
     } else {
-      std::vector<T> sketch(Rows * Cols, T(0));
+      auto sketch = allocate_scratch<T>(backend, Rows * Cols);
+      const buffer_view<T, M> view(sketch.data(), Rows * Cols);
+      fill_zero(backend, view);
       accumulate(backend, in, hash, sketch.data());
-      std::memcpy(values, sketch.data(), Rows * Cols * sizeof(T));
+      copy(backend, buffer_view<std::byte, M>(values, Rows * Cols * sizeof(T)),
+           detail::as_bytes(view));
     }
     return size;
   }
@@ -162,8 +171,13 @@ struct count_sketch_compressor {
   template <class B, real_gradient T>
   void estimate(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
                 buffer_view<T, typename B::memory_space> out) const {
+    using M = typename B::memory_space;
     kernels::sketch_row_hash hash[Rows];
-    const std::vector<T> sketch = read<T>(payload, out.count(), hash);
+    check<T>(backend, payload, out.count(), hash);
+    // the sketch values copied: the payload need not be aligned for T
+    auto sketch = allocate_scratch<T>(backend, Rows * Cols);
+    copy(backend, detail::as_writable_bytes(buffer_view<T, M>(sketch.data(), Rows * Cols)),
+         payload.subview(body_offset, Rows * Cols * sizeof(T)));
     count_sketch_estimate<Rows, Cols>(backend, sketch.data(), hash, out);
   }
 
@@ -184,13 +198,17 @@ struct count_sketch_compressor {
     count_sketch_accumulate<Rows, Cols>(backend, in, hash, sketch);
   }
 
-  // Validates `payload` and returns its sketch values (copied: the payload need not be
-  // aligned for T) and the row hashes its seed and step give.
-  template <class T>
-  static std::vector<T> read(host_view<const std::byte> payload, std::size_t count,
-                             kernels::sketch_row_hash (&hash)[Rows]) {
+  // Validates `payload` (its fixed fields copied to the host) and sets the row hashes its
+  // seed and step give.
+  template <class T, class B>
+  static void check(const B& backend,
+                    buffer_view<const std::byte, typename B::memory_space> payload,
+                    std::size_t count, kernels::sketch_row_hash (&hash)[Rows]) {
+    std::byte head[body_offset] = {};
+    load_bytes(backend, head, payload.data(),
+               payload.count() < body_offset ? payload.count() : body_offset);
     const payload_header h =
-        read_payload_header(name, payload.data(), payload.count(), kind, dtype_of<T>, count);
+        read_payload_header(name, head, payload.count(), kind, dtype_of<T>, count);
     const error_context where{.operation = name};
     if (h.parameter != Rows) {
       throw invalid_argument(where, "header's parameter " + std::to_string(h.parameter) +
@@ -200,7 +218,7 @@ struct count_sketch_compressor {
       throw invalid_argument(where, "payload of " + std::to_string(payload.count()) +
                                         " bytes has no room for seed, step, rows and cols");
     }
-    const std::byte* body = payload.data() + payload_header::bytes;
+    const std::byte* body = head + payload_header::bytes;
     std::uint64_t seed = 0;
     std::uint64_t step = 0;
     std::uint32_t r32 = 0;
@@ -222,9 +240,6 @@ struct count_sketch_compressor {
     for (std::size_t r = 0; r < Rows; ++r) {
       hash[r] = kernels::make_sketch_row_hash(seed, {step, shared_rank}, r);
     }
-    std::vector<T> sketch(Rows * Cols);
-    std::memcpy(sketch.data(), payload.data() + body_offset, Rows * Cols * sizeof(T));
-    return sketch;
   }
 };
 static_assert(compressor<count_sketch_compressor<1, 1>>);
@@ -460,8 +475,19 @@ struct powersgd_compressor {
               " rank " + std::to_string(state.rank()) + " used for " + std::to_string(s.rows) +
               " x " + std::to_string(s.columns) + " rank " + std::to_string(rank));
     }
-    const std::size_t written = iterate(backend, in, state.q(), payload);
-    return written;
+    using M = typename B::memory_space;
+    if constexpr (std::same_as<M, host_memory>) {
+      return iterate(backend, in, state.q(), payload);
+    } else {
+      // the state lives in host memory: Q goes through backend scratch and comes back
+      const std::size_t n = state.q().count();
+      auto q = allocate_scratch<T>(backend, n);
+      store_bytes(backend, reinterpret_cast<std::byte*>(q.data()), state.q().data(), n * sizeof(T));
+      const std::size_t written = iterate(backend, in, buffer_view<T, M>(q.data(), n), payload);
+      load_bytes(backend, state.q().data(), reinterpret_cast<const std::byte*>(q.data()),
+                 n * sizeof(T));
+      return written;
+    }
   }
 
   /// The stateless encode (the `compressor_for` signature): Q drawn uniform in [-1, 1) from
@@ -472,9 +498,10 @@ struct powersgd_compressor {
                      random_stream stream = {}) const {
     check_rank();
     const powersgd_shape s = shape(in.count());
-    std::vector<T> q(s.columns * rank);
-    powersgd_random_factor(backend, seed, {stream.step, shared_rank}, q.data(), q.size());
-    return iterate(backend, in, host_view<T>(q), payload);
+    const std::size_t n = s.columns * rank;
+    auto q = allocate_scratch<T>(backend, n);
+    powersgd_random_factor(backend, seed, {stream.step, shared_rank}, q.data(), n);
+    return iterate(backend, in, buffer_view<T, typename B::memory_space>(q.data(), n), payload);
   }
 
   /// Writes P Q^T truncated to out.count(). Throws `invalid_argument` unless the payload is a
@@ -483,8 +510,12 @@ struct powersgd_compressor {
   template <class B, real_gradient T>
   void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
+    using M = typename B::memory_space;
+    std::byte head[body_offset] = {};  // header, m, c: copied to the host and checked there
+    load_bytes(backend, head, payload.data(),
+               payload.count() < body_offset ? payload.count() : body_offset);
     const payload_header h =
-        read_payload_header(name, payload.data(), payload.count(), kind, dtype_of<T>, out.count());
+        read_payload_header(name, head, payload.count(), kind, dtype_of<T>, out.count());
     const error_context where{.operation = name};
     if (h.parameter != rank) {
       throw invalid_argument(where, "payload of rank " + std::to_string(h.parameter) +
@@ -496,8 +527,8 @@ struct powersgd_compressor {
     }
     std::uint64_t m = 0;
     std::uint64_t c = 0;
-    std::memcpy(&m, payload.data() + payload_header::bytes, 8);
-    std::memcpy(&c, payload.data() + payload_header::bytes + 8, 8);
+    std::memcpy(&m, head + payload_header::bytes, 8);
+    std::memcpy(&c, head + payload_header::bytes + 8, 8);
     const powersgd_shape s = shape(out.count());
     if (m != s.rows || c != s.columns) {
       throw invalid_argument(where, "a " + std::to_string(m) + " x " + std::to_string(c) +
@@ -510,13 +541,15 @@ struct powersgd_compressor {
       throw invalid_argument(where, "payload of " + std::to_string(payload.count()) +
                                         " bytes where the factors take " + std::to_string(size));
     }
-    std::vector<T> p(s.rows * rank);
-    std::vector<T> q(s.columns * rank);
-    if (!p.empty()) std::memcpy(p.data(), payload.data() + body_offset, p.size() * sizeof(T));
-    if (!q.empty()) {
-      std::memcpy(q.data(), payload.data() + body_offset + p.size() * sizeof(T),
-                  q.size() * sizeof(T));
-    }
+    // the factors copied out: the payload need not be aligned for T
+    const std::size_t p_count = s.rows * rank;
+    const std::size_t q_count = s.columns * rank;
+    auto p = allocate_scratch<T>(backend, p_count);
+    auto q = allocate_scratch<T>(backend, q_count);
+    copy(backend, detail::as_writable_bytes(buffer_view<T, M>(p.data(), p_count)),
+         payload.subview(body_offset, p_count * sizeof(T)));
+    copy(backend, detail::as_writable_bytes(buffer_view<T, M>(q.data(), q_count)),
+         payload.subview(body_offset + p_count * sizeof(T), q_count * sizeof(T)));
     powersgd_decompress(backend, p.data(), q.data(), s.rows, s.columns, rank, out);
   }
 
@@ -547,27 +580,30 @@ struct powersgd_compressor {
   std::size_t iterate(const B& backend, buffer_view<const T, typename B::memory_space> in,
                       buffer_view<T, typename B::memory_space> q,
                       buffer_view<std::byte, typename B::memory_space> payload) const {
+    using M = typename B::memory_space;
     const std::size_t size = max_payload_bytes(dtype_of<T>, in.count());
     detail::require_room(name, payload.count(), size);
     const powersgd_shape s = shape(in.count());
-    std::vector<T> p(s.rows * rank);
+    const std::size_t p_count = s.rows * rank;
+    auto p = allocate_scratch<T>(backend, p_count);
     powersgd_multiply(backend, in, s.rows, s.columns, rank, q.data(), p.data());
     powersgd_orthogonalize(backend, p.data(), s.rows, rank);
     powersgd_multiply_transposed(backend, in, s.rows, s.columns, rank, p.data(), q.data());
+    std::byte head[body_offset] = {};  // header, m, c: built on the host, stored
     write_payload_header({.kind = kind,
                           .type = dtype_of<T>,
                           .parameter = static_cast<std::uint16_t>(rank),
                           .count = in.count()},
-                         payload.data());
+                         head);
     const std::uint64_t m = s.rows;
     const std::uint64_t c = s.columns;
-    std::memcpy(payload.data() + payload_header::bytes, &m, 8);
-    std::memcpy(payload.data() + payload_header::bytes + 8, &c, 8);
-    if (!p.empty()) std::memcpy(payload.data() + body_offset, p.data(), p.size() * sizeof(T));
-    if (q.count() != 0) {
-      std::memcpy(payload.data() + body_offset + p.size() * sizeof(T), q.data(),
-                  q.count() * sizeof(T));
-    }
+    std::memcpy(head + payload_header::bytes, &m, 8);
+    std::memcpy(head + payload_header::bytes + 8, &c, 8);
+    store_bytes(backend, payload.data(), head, body_offset);
+    const auto p_bytes = detail::as_bytes(buffer_view<const T, M>(p.data(), p_count));
+    const auto q_bytes = detail::as_bytes(buffer_view<const T, M>(q));
+    copy(backend, payload.subview(body_offset, p_bytes.count()), p_bytes);
+    copy(backend, payload.subview(body_offset + p_bytes.count(), q_bytes.count()), q_bytes);
     return size;
   }
 };

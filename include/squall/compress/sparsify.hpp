@@ -33,6 +33,7 @@
 #include <squall/core/error.hpp>
 #include <squall/core/random.hpp>
 #include <squall/core/types.hpp>
+#include <squall/kernels/host/reduce.hpp>
 #include <squall/kernels/host/select.hpp>
 
 #include <algorithm>  // fill, clamp
@@ -80,19 +81,24 @@ inline std::size_t payload_bytes(std::string_view operation, std::size_t fixed, 
 }
 
 
-/// Writes the header and k of a sparse payload of `k` entries, then calls
-/// `write(Index{}, indices, values)` to fill its index and value arrays (Index u32 or u64 as
-/// the layout says), which returns how many entries it wrote (k). Returns the payload's size.
-template <real_gradient T, class Write>
-std::size_t encode_sparse(std::string_view operation, payload_kind kind, host_view<const T> in,
-                          host_view<std::byte> payload, std::size_t k, Write write) {
+/// Writes the header and k of a sparse payload of `k` entries (built on the host, stored with
+/// the backend's `store_bytes`), then calls `write(Index{}, indices, values)` to fill its index
+/// and value arrays (Index u32 or u64 as the layout says; pointers into the payload, in the
+/// backend's memory), which returns how many entries it wrote (k). Returns the payload's size.
+template <class B, real_gradient T, class Write>
+std::size_t encode_sparse(const B& backend, std::string_view operation, payload_kind kind,
+                          buffer_view<const T, typename B::memory_space> in,
+                          buffer_view<std::byte, typename B::memory_space> payload, std::size_t k,
+                          Write write) {
   const std::size_t count = in.count();
   const std::size_t index_bytes = sparse_index_bytes(count);
   const std::size_t size = payload_bytes(operation, 8, k, index_bytes + sizeof(T));
   require_room(operation, payload.count(), size);
-  write_payload_header({.kind = kind, .type = dtype_of<T>, .count = count}, payload.data());
+  std::byte head[24] = {};
+  write_payload_header({.kind = kind, .type = dtype_of<T>, .count = count}, head);
   const std::uint64_t k64 = k;
-  std::memcpy(payload.data() + 16, &k64, 8);
+  std::memcpy(head + 16, &k64, 8);
+  store_bytes(backend, payload.data(), head, sizeof head);
   std::byte* indices = payload.data() + 24;
   std::byte* values = indices + k * index_bytes;
   std::size_t written = 0;
@@ -110,69 +116,62 @@ std::size_t encode_sparse(std::string_view operation, payload_kind kind, host_vi
 
 /// Writes a sparse payload of the elements `cut` selects (sign x `level`, NaN kept, if
 /// `quantize`); returns its size.
-template <real_gradient T>
-std::size_t encode_cut(std::string_view operation, payload_kind kind, host_view<const T> in,
-                       host_view<std::byte> payload, const kernels::selection_cut<T>& cut,
-                       bool quantize = false, T level = T(0)) {
-  return encode_sparse(operation, kind, in, payload, cut.count,
+template <class B, real_gradient T>
+std::size_t encode_cut(const B& backend, std::string_view operation, payload_kind kind,
+                       buffer_view<const T, typename B::memory_space> in,
+                       buffer_view<std::byte, typename B::memory_space> payload,
+                       const kernels::selection_cut<T>& cut, bool quantize = false,
+                       T level = T(0)) {
+  return encode_sparse(backend, operation, kind, in, payload, cut.count,
                        [&](auto index, std::byte* indices, std::byte* values) {
-                         return kernels::write_selected<decltype(index)>(
-                             in.data(), in.count(), cut.key, cut.ties, indices, values, quantize,
-                             level);
+                         return write_selected<decltype(index)>(backend, in, cut.key, cut.ties,
+                                                                indices, values, quantize, level);
                        });
 }
 
-template <class Index>
-void check_sparse_indices(std::string_view operation, const std::byte* indices, std::size_t k,
-                          std::size_t count) {
-  std::uint64_t previous = 0;
-  for (std::size_t j = 0; j < k; ++j) {
-    Index raw;
-    std::memcpy(&raw, indices + j * sizeof(Index), sizeof raw);
-    const std::uint64_t index = raw;
-    if (index >= count) {
-      throw invalid_argument({.operation = operation},
-                             "index " + std::to_string(index) + " at position " +
-                                 std::to_string(j) + " is out of range for " +
-                                 std::to_string(count) + " elements");
-    }
-    if (j != 0 && index <= previous) {
-      throw invalid_argument({.operation = operation},
-                             "index " + std::to_string(index) + " at position " +
-                                 std::to_string(j) + (index == previous ? " repeats" : " is not above") +
-                                 " the previous " + std::to_string(previous));
-    }
-    previous = index;
+/// Throws `invalid_argument` naming the first index of the `k` at `indices` (in the backend's
+/// memory) that is out of range or not above the one before it.
+template <class Index, class B>
+void check_sparse_indices(const B& backend, std::string_view operation, const std::byte* indices,
+                          std::size_t k, std::size_t count) {
+  const std::size_t j = sparse_index_fault<Index>(backend, indices, k, count);
+  if (j == k) return;
+  Index pair[2] = {};  // the index before position j, and j's
+  const std::size_t first = j == 0 ? 0 : j - 1;
+  load_bytes(backend, pair + (j == 0 ? 1 : 0), indices + first * sizeof(Index),
+             (j - first + 1) * sizeof(Index));
+  const std::uint64_t index = pair[1];
+  const std::uint64_t previous = pair[0];
+  if (index >= count) {
+    throw invalid_argument({.operation = operation},
+                           "index " + std::to_string(index) + " at position " + std::to_string(j) +
+                               " is out of range for " + std::to_string(count) + " elements");
   }
-}
-
-template <class Index, class T>
-void scatter_sparse(const std::byte* indices, const std::byte* values, std::size_t k, T* out) {
-  for (std::size_t j = 0; j < k; ++j) {
-    Index index;
-    T value;
-    std::memcpy(&index, indices + j * sizeof(Index), sizeof index);
-    std::memcpy(&value, values + j * sizeof(T), sizeof value);
-    out[index] = value;
-  }
+  throw invalid_argument({.operation = operation},
+                         "index " + std::to_string(index) + " at position " + std::to_string(j) +
+                             (index == previous ? " repeats" : " is not above") + " the previous " +
+                             std::to_string(previous));
 }
 
 /// Decodes a sparse payload of `kind` into `out`: checks the header, k <= count, the exact
 /// size and every index (in range, strictly increasing) before writing anything, then zeroes
 /// `out` and scatters. Throws `invalid_argument` naming the first fault; `out` is untouched then.
-template <real_gradient T>
-void decode_sparse(std::string_view operation, payload_kind kind,
-                   host_view<const std::byte> payload, host_view<T> out) {
+template <class B, real_gradient T>
+void decode_sparse(const B& backend, std::string_view operation, payload_kind kind,
+                   buffer_view<const std::byte, typename B::memory_space> payload,
+                   buffer_view<T, typename B::memory_space> out) {
   const std::size_t size = payload.count();
   const std::size_t count = out.count();
-  read_payload_header(operation, payload.data(), size, kind, dtype_of<T>, count);
+  std::byte head[24] = {};  // header and k, copied to the host and checked there
+  load_bytes(backend, head, payload.data(), size < sizeof head ? size : sizeof head);
+  read_payload_header(operation, head, size, kind, dtype_of<T>, count);
   const error_context where{.operation = operation};
   if (size < 24) {
     throw invalid_argument(where, "payload of " + std::to_string(size) +
                                       " bytes ends before its entry count");
   }
   std::uint64_t k64 = 0;
-  std::memcpy(&k64, payload.data() + 16, 8);
+  std::memcpy(&k64, head + 16, 8);
   if (k64 > count) {
     throw invalid_argument(where, "payload of " + std::to_string(k64) + " entries for " +
                                       std::to_string(count) + " elements");
@@ -188,15 +187,11 @@ void decode_sparse(std::string_view operation, payload_kind kind,
   const std::byte* indices = payload.data() + 24;
   const std::byte* values = indices + k * index_bytes;
   if (index_bytes == 4) {
-    check_sparse_indices<std::uint32_t>(operation, indices, k, count);
+    check_sparse_indices<std::uint32_t>(backend, operation, indices, k, count);
+    scatter_sparse<std::uint32_t>(backend, indices, values, k, out);
   } else {
-    check_sparse_indices<std::uint64_t>(operation, indices, k, count);
-  }
-  std::fill(out.begin(), out.end(), T(0));
-  if (index_bytes == 4) {
-    scatter_sparse<std::uint32_t>(indices, values, k, out.data());
-  } else {
-    scatter_sparse<std::uint64_t>(indices, values, k, out.data());
+    check_sparse_indices<std::uint64_t>(backend, operation, indices, k, count);
+    scatter_sparse<std::uint64_t>(backend, indices, values, k, out);
   }
 }
 
@@ -259,7 +254,7 @@ struct topk_compressor {
   std::size_t encode(const B& backend, buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload,
                      random_stream stream = {}) const {
-    if (check_finite) kernels::require_finite(name, in);
+    if (check_finite) require_finite(backend, name, in);
     const std::size_t count = in.count();
     const std::size_t k = entries(count);
     if (k != 0 && method == topk_method::sampled_threshold) {
@@ -270,10 +265,10 @@ struct topk_compressor {
       }
       const std::size_t samples = detail::sparse_k(name, sample_ratio, count);
       const auto cut = sampled_cut(backend, in, k, samples, seed, stream);
-      if (cut) return detail::encode_cut(name, kind, in, payload, *cut);
+      if (cut) return detail::encode_cut(backend, name, kind, in, payload, *cut);
       // more than k passed the estimate: send their exact top k, the top k of `in`
     }
-    return detail::encode_sparse(name, kind, in, payload, k,
+    return detail::encode_sparse(backend, name, kind, in, payload, k,
                                  [&](auto index, std::byte* indices, std::byte* values) {
                                    return select_topk<decltype(index)>(backend, in, k, indices,
                                                                        values);
@@ -283,9 +278,9 @@ struct topk_compressor {
   /// Zeroes `out` and scatters the payload's entries into it, after checking the header, k,
   /// the size and every index. Throws `invalid_argument` naming the fault (`out` untouched).
   template <class B, real_gradient T>
-  void decode(const B& /*backend*/, buffer_view<const std::byte, typename B::memory_space> payload,
+  void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
-    detail::decode_sparse(name, kind, payload, out);
+    detail::decode_sparse(backend, name, kind, payload, out);
   }
 };
 static_assert(compressor<topk_compressor>);
@@ -339,14 +334,15 @@ struct randomk_compressor {
   std::size_t encode(const B& backend, buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload,
                      random_stream stream = {}) const {
-    if (check_finite) kernels::require_finite(name, in);
+    if (check_finite) require_finite(backend, name, in);
     const std::size_t k = entries(in.count());
     const std::size_t size = detail::payload_bytes(name, 24, k, sizeof(T));
     detail::require_room(name, payload.count(), size);
-    write_payload_header({.kind = kind, .type = dtype_of<T>, .count = in.count()},
-                         payload.data());
+    std::byte head[40] = {};  // header, seed, step, k
+    write_payload_header({.kind = kind, .type = dtype_of<T>, .count = in.count()}, head);
     const std::uint64_t fields[3] = {seed, stream.step, k};
-    std::memcpy(payload.data() + 16, fields, sizeof fields);
+    std::memcpy(head + 16, fields, sizeof fields);
+    store_bytes(backend, payload.data(), head, sizeof head);
     randomk_gather(backend, in, k, seed, stream.step, payload.data() + 40);
     return size;
   }
@@ -359,14 +355,16 @@ struct randomk_compressor {
               buffer_view<T, typename B::memory_space> out) const {
     const std::size_t size = payload.count();
     const std::size_t count = out.count();
-    read_payload_header(name, payload.data(), size, kind, dtype_of<T>, count);
+    std::byte head[40] = {};  // header, seed, step, k: copied to the host and checked there
+    load_bytes(backend, head, payload.data(), size < sizeof head ? size : sizeof head);
+    read_payload_header(name, head, size, kind, dtype_of<T>, count);
     const error_context where{.operation = name};
     if (size < 40) {
       throw invalid_argument(where, "payload of " + std::to_string(size) +
                                         " bytes ends before its seed, step and k");
     }
     std::uint64_t fields[3];
-    std::memcpy(fields, payload.data() + 16, sizeof fields);
+    std::memcpy(fields, head + 16, sizeof fields);
     const std::size_t k = entries(count);
     if (fields[2] != k) {
       throw invalid_argument(where, "payload of " + std::to_string(fields[2]) +
@@ -411,14 +409,14 @@ struct threshold_compressor {
   /// `invalid_argument` for a bad tau, a too small `payload`, or (with `check_finite`) an
   /// element that is not finite. Deterministic: the stream is not used.
   template <class B, real_gradient T>
-  std::size_t encode(const B& /*backend*/, buffer_view<const T, typename B::memory_space> in,
+  std::size_t encode(const B& backend, buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload,
                      random_stream /*stream*/ = {}) const {
     if (!std::isfinite(tau) || !(tau > 0)) {
       throw invalid_argument({.operation = name},
                              "tau " + std::to_string(tau) + " is not a finite value > 0");
     }
-    if (check_finite) kernels::require_finite(name, in);
+    if (check_finite) require_finite(backend, name, in);
     // The smallest T at or above tau: |g| >= it in T exactly when |g| >= tau.
     const bool beyond = tau > static_cast<double>(std::numeric_limits<T>::max());
     T low = beyond ? std::numeric_limits<T>::infinity() : static_cast<T>(tau);
@@ -427,15 +425,15 @@ struct threshold_compressor {
     const auto key = kernels::magnitude_key(low);  // > 0, as low > 0
     kernels::selection_cut<T> cut{.key = static_cast<kernels::magnitude_key_type<T>>(key - 1),
                                   .ties = 0,
-                                  .count = kernels::count_at_least(in.data(), in.count(), key)};
-    return detail::encode_cut(name, kind, in, payload, cut, true, level);
+                                  .count = count_at_least(backend, in, key)};
+    return detail::encode_cut(backend, name, kind, in, payload, cut, true, level);
   }
 
   /// Zeroes `out` and scatters the payload's entries; checks as topk's decode does.
   template <class B, real_gradient T>
-  void decode(const B& /*backend*/, buffer_view<const std::byte, typename B::memory_space> payload,
+  void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
-    detail::decode_sparse(name, kind, payload, out);
+    detail::decode_sparse(backend, name, kind, payload, out);
   }
 };
 static_assert(compressor<threshold_compressor>);

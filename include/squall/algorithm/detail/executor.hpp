@@ -71,6 +71,13 @@ struct executor_buffers {
   std::vector<std::uint64_t> addresses;
   std::vector<completion_of<Transport>> pending;  ///< a step's receives, or an exchange
   std::deque<completion_of<Transport>> sends;     ///< sends in flight
+  /// Bytes this rank moved to peers since the last reset (the communicator resets them at
+  /// the start of every collective): what it sent, wrote into peers' memory, or published
+  /// in its window or memory for peers to read, counted once per peer that reads it.
+  std::uint64_t bytes_sent = 0;
+  /// Bytes this rank got from peers since the last reset: what it received, read out of
+  /// peers' memory or windows, or had written into its memory by peers.
+  std::uint64_t bytes_received = 0;
 };
 
 /// Runs schedules for one communicator, over its transport and `executor_buffers`. Built per
@@ -88,6 +95,8 @@ class executor {
         addresses_(buffers.addresses),
         pending_(buffers.pending),
         sends_(buffers.sends),
+        sent_(buffers.bytes_sent),
+        received_(buffers.bytes_received),
         tuning_(tuning) {}
   executor(const executor&) = delete;
   executor& operator=(const executor&) = delete;
@@ -143,6 +152,12 @@ class executor {
       // step 1: reduce slice `me` out of every window into this rank's own window, in
       // cache-sized pieces so the destination stays in cache across the P-1 sources.
       const index_range mine = split_range(m, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
+      // Accounting: this rank reads its slice out of P - 1 windows and the other slices back
+      // from their owners; the peers read as much out of its window.
+      const std::uint64_t moved =
+          (static_cast<std::uint64_t>(size - 1) * mine.count + (m - mine.count)) * r.element_bytes;
+      sent_ += moved;
+      received_ += moved;
       for (std::size_t i = 0; i < mine.count; i += sub) {
         const std::size_t n = std::min(sub, mine.count - i);
         std::byte* dst = window(me) + (mine.begin + i) * r.element_bytes;
@@ -182,6 +197,10 @@ class executor {
     auto output_of = [&](int q) { return addresses_[2 * static_cast<std::size_t>(q) + 1]; };
     const std::size_t e = r.element_bytes;
     const index_range block = split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
+    // Accounting: the peers read the other blocks of this rank's input and write their
+    // reduced blocks into its output (its own reads and writes count where they happen).
+    sent_ += (count - block.count) * e;
+    received_ += (count - block.count) * e;
     // step 0, per piece of block `me`: reduce every rank's piece into this rank's output,
     // then write the result, still in cache, into every peer's output.
     reduce_block_from_peers(2, in + block.begin * e, out + block.begin * e, block, r,
@@ -190,6 +209,7 @@ class executor {
                                 const int q = wrap(me + k, size);
                                 transport_.write_peer(q, output_of(q) + at,
                                                       {out + at, n * e});
+                                sent_ += n * e;
                               }
                             });
     // step 1: every block is everywhere once every rank is here.
@@ -210,6 +230,7 @@ class executor {
     addresses_.resize(static_cast<std::size_t>(size));
     exchange(&mine, sizeof mine, addresses_.data());
     const index_range block = split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
+    sent_ += (count - block.count) * r.element_bytes;  // the peers read the other blocks
     reduce_block_from_peers(1, in + block.begin * r.element_bytes, out, block, r,
                             [](std::size_t, std::size_t) {});
     transport_.barrier().wait();
@@ -230,6 +251,8 @@ class executor {
       const int q = wrap(me + k, size);
       transport_.write_peer(q, addresses_[static_cast<std::size_t>(q)] + at, {in, block_bytes});
     }
+    sent_ += static_cast<std::uint64_t>(size - 1) * block_bytes;
+    received_ += static_cast<std::uint64_t>(size - 1) * block_bytes;  // the peers' writes
     if (in != out + at) std::memcpy(out + at, in, block_bytes);
     transport_.barrier().wait();
   }
@@ -244,6 +267,9 @@ class executor {
     exchange(&mine, sizeof mine, addresses_.data());
     if (transport_.rank() != root) {
       transport_.read_peer(root, addresses_[static_cast<std::size_t>(root)], {data, bytes});
+      received_ += bytes;
+    } else {
+      sent_ += static_cast<std::uint64_t>(transport_.size() - 1) * bytes;  // the peers' reads
     }
     transport_.barrier().wait();
   }
@@ -265,6 +291,8 @@ class executor {
     }
     for (auto& c : pending) c.wait();
     pending.clear();
+    sent_ += static_cast<std::uint64_t>(size - 1) * bytes;
+    received_ += static_cast<std::uint64_t>(size - 1) * bytes;
   }
 
  private:
@@ -287,6 +315,7 @@ class executor {
         const int q = wrap(me + k, size);
         transport_.read_peer(q, addresses_[stride * static_cast<std::size_t>(q)] + at,
                              {scratch_.data(), n * e});
+        received_ += n * e;
         if (k == 1 && own != out) {
           r.reduce(out + i * e, own + i * e, scratch_.data(), n);
         } else {
@@ -331,6 +360,7 @@ class executor {
                                   ? scratch_.data() + b * slot_bytes
                                   : data + p.begin * r.element_bytes;
             recvs.push_back(transport_.recv(st.recv_from, {into, p.count * r.element_bytes}));
+            received_ += p.count * r.element_bytes;
           }
         }
         if (st.send_to != nobody) {
@@ -339,6 +369,7 @@ class executor {
             if (p.count == 0) continue;
             sends_.push_back(transport_.send(
                 st.send_to, {data + p.begin * r.element_bytes, p.count * r.element_bytes}));
+            sent_ += p.count * r.element_bytes;
           }
         }
         std::size_t k = 0;
@@ -377,6 +408,8 @@ class executor {
   std::vector<std::uint64_t>& addresses_;
   std::vector<completion_type>& pending_;
   std::deque<completion_type>& sends_;
+  std::uint64_t& sent_;
+  std::uint64_t& received_;
   collective_tuning tuning_;
 };
 

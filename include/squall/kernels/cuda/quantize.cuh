@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// CUDA twins of kernels/host/quantize.hpp (`quantize`, `dequantize`) and of the payload byte
-/// transfers (`store_bytes`, `load_bytes`): the same signatures over device memory and the
-/// same per-element math (`quantize_code`, `dequantize_code`, Philox from Random123), so a
-/// device payload equals the host's byte for byte. One block per bucket: CUB's BlockReduce
+/// CUDA twins of kernels/host/quantize.hpp (`quantize`, `dequantize`): the same signatures
+/// over device memory and the same per-element math (`quantize_code`, `dequantize_code`,
+/// Philox from Random123), so a device payload equals the host's byte for byte. One block per bucket: CUB's BlockReduce
 /// gives the scale (sum in double, or the max of the magnitudes' bit patterns, as on the host);
 /// each thread then codes 8 consecutive elements into `width` whole bytes.
 
 #include <squall/backend/cuda.cuh>
 #include <squall/core/random.hpp>
+#include <squall/kernels/cuda/reduce.cuh>  // store_bytes, load_bytes
 #include <squall/kernels/host/quantize.hpp>
 
 #include <cub/block/block_reduce.cuh>
@@ -200,21 +200,5 @@ std::size_t dequantize(const cuda_backend& backend, const T* scales, const std::
   return first_bad.read();
 }
 
-/// Copies `size` host bytes into device memory at `dst` (stream-ordered; the host source is
-/// staged by the driver, so it may be reused when the call returns).
-inline void store_bytes(const cuda_backend& backend, std::byte* dst, const void* src, std::size_t size) {
-  if (size == 0) return;
-  squall::detail::device_guard guard(backend.device);
-  SQUALL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyHostToDevice, backend.stream));
-  SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend.stream));
-}
-
-/// Copies `size` device bytes at `src` to the host, after the stream's earlier work.
-inline void load_bytes(const cuda_backend& backend, void* dst, const std::byte* src, std::size_t size) {
-  if (size == 0) return;
-  squall::detail::device_guard guard(backend.device);
-  SQUALL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyDeviceToHost, backend.stream));
-  SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend.stream));
-}
 
 }  // namespace squall::kernels

@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// CUDA twins of kernels/host/reduce.hpp: the same signatures over device views, the same
-/// per-element functors (core/ops.hpp), so the host tests pin down the device math.
+/// per-element functors (core/ops.hpp), so the host tests pin down the device math. Also the
+/// device side of the compressors' generic helpers: `subtract_into` (error feedback),
+/// `fill_zero`, the payload byte transfers `store_bytes` / `load_bytes` (host bytes to and
+/// from device memory), and `allocate_scratch` (stream-ordered `cudaMallocAsync` scratch, which the
+/// other CUDA kernels use for CUB's temporary storage through `detail::run_cub`).
 
 #include <squall/backend/cuda.cuh>
 #include <squall/core/buffer.hpp>
@@ -13,8 +17,11 @@
 
 #include <cuda_runtime.h>
 
-#include <cstddef>  // size_t
+#include <cstddef>  // byte, size_t
+#include <limits>
+#include <string>
 #include <type_traits>
+#include <utility>  // exchange
 
 namespace squall::kernels {
 namespace detail {
@@ -57,6 +64,13 @@ __global__ void __launch_bounds__(Threads)
   });
 }
 
+template <int Threads, int Items, class T>
+__global__ void __launch_bounds__(Threads)
+    subtract_kernel(T* dst, const T* src, std::size_t count) {
+  for_each_index<kernel_tuning{Threads, Items}>(
+      count, [&](std::size_t i) { dst[i] = difference(dst[i], src[i]); });
+}
+
 template <kernel_tuning Tuning>
 unsigned grid_for(std::size_t count) {
   const std::size_t tile =
@@ -74,6 +88,95 @@ void launch_reduce(const cuda_backend& backend, Op op, T* dst, const T* a, const
       <<<grid_for<Tuning>(count), Tuning.threads_per_block, 0, backend.stream>>>(dst, a, b, count,
                                                                                  op);
   SQUALL_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
+
+/// Device scratch for `count` elements of `T`: `cudaMallocAsync` on the backend's stream when
+/// made, `cudaFreeAsync` on it when destroyed, so it is stream-ordered with the kernels that
+/// use it (contents unspecified). Move-only.
+template <class T>
+class device_scratch {
+ public:
+  device_scratch(const cuda_backend& backend, std::size_t count)
+      : backend_(backend), count_(count) {
+    if (count == 0) return;
+    if (count > std::numeric_limits<std::size_t>::max() / sizeof(T)) {
+      throw invalid_argument({.operation = "allocate_scratch"},
+                             "scratch of " + std::to_string(count) + " elements overflows");
+    }
+    squall::detail::device_guard guard(backend.device);
+    void* p = nullptr;
+    SQUALL_CUDA_CHECK(cudaMallocAsync(&p, count * sizeof(T), backend.stream));
+    data_ = static_cast<T*>(p);
+  }
+  ~device_scratch() { release(); }
+  device_scratch(device_scratch&& other) noexcept
+      : backend_(other.backend_),
+        data_(std::exchange(other.data_, nullptr)),
+        count_(std::exchange(other.count_, 0)) {}
+  device_scratch& operator=(device_scratch&& other) noexcept {
+    if (this != &other) {
+      release();
+      backend_ = other.backend_;
+      data_ = std::exchange(other.data_, nullptr);
+      count_ = std::exchange(other.count_, 0);
+    }
+    return *this;
+  }
+  device_scratch(const device_scratch&) = delete;
+  device_scratch& operator=(const device_scratch&) = delete;
+
+  T* data() const noexcept { return data_; }
+  std::size_t count() const noexcept { return count_; }
+  device_view<T> view() const { return {data_, count_}; }
+
+ private:
+  // No throwing here: errors of the free surface at the stream's next checked call.
+  void release() noexcept {
+    if (data_ == nullptr) return;
+    int previous = 0;
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != backend_.device &&
+                          cudaSetDevice(backend_.device) == cudaSuccess;
+    cudaFreeAsync(data_, backend_.stream);
+    if (switched) cudaSetDevice(previous);
+    data_ = nullptr;
+  }
+
+  cuda_backend backend_;
+  T* data_ = nullptr;
+  std::size_t count_ = 0;
+};
+
+/// Device twin of the host `allocate_scratch`: `count` elements of `T` in device memory,
+/// stream-ordered on the backend's stream.
+template <class T>
+device_scratch<T> allocate_scratch(const cuda_backend& backend, std::size_t count) {
+  return device_scratch<T>(backend, count);
+}
+
+namespace detail {
+
+/// Runs a CUB device-wide algorithm: `call(temp, bytes)` is called once with a null `temp` to
+/// size the temporary storage, then with stream-ordered scratch of that size (at least one
+/// byte, so the second call is never taken for a size query). `call` returns CUB's
+/// `cudaError_t`, which is checked.
+template <class Call>
+void run_cub(const cuda_backend& backend, Call call) {
+  std::size_t bytes = 0;
+  SQUALL_CUDA_CHECK(call(static_cast<void*>(nullptr), bytes));
+  device_scratch<std::byte> temp(backend, bytes == 0 ? 1 : bytes);
+  SQUALL_CUDA_CHECK(call(static_cast<void*>(temp.data()), bytes));
+}
+
+/// The value at `device` copied to the host, after the stream's earlier work (one sync).
+template <class V>
+V read_back(const cuda_backend& backend, const V* device) {
+  V value{};
+  SQUALL_CUDA_CHECK(
+      cudaMemcpyAsync(&value, device, sizeof value, cudaMemcpyDeviceToHost, backend.stream));
+  SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend.stream));
+  return value;
 }
 
 }  // namespace detail
@@ -109,6 +212,31 @@ void copy(const cuda_backend& backend, device_view<T> dst,
                                     cudaMemcpyDeviceToDevice, backend.stream));
 }
 
+/// Device twin of the host `subtract_into`: `dst[i] = dst[i] - src[i]` in the accumulator
+/// type, rounded once (integers wrap), enqueued on the backend's stream. Equal to the host bit
+/// for bit except NaN payloads (the GPU's float arithmetic returns its canonical NaN) and, for
+/// float16, the NaN a rounding returns.
+template <element T, kernel_tuning Tuning = elementwise_tuning>
+void subtract_into(const cuda_backend& backend, device_view<T> dst,
+                   device_view<const std::type_identity_t<T>> src) {
+  detail::require_same_count("subtract_into", dst.count(), src.count());
+  if (dst.empty()) return;
+  squall::detail::device_guard guard(backend.device);
+  detail::subtract_kernel<Tuning.threads_per_block, Tuning.items_per_thread>
+      <<<detail::grid_for<Tuning>(dst.count()), Tuning.threads_per_block, 0, backend.stream>>>(
+          dst.data(), src.data(), dst.count());
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Device twin of the host `fill_zero`: every byte of `dst` set to zero (`cudaMemsetAsync`).
+template <class T>
+requires std::is_trivially_copyable_v<T>
+void fill_zero(const cuda_backend& backend, device_view<T> dst) {
+  if (dst.empty()) return;
+  squall::detail::device_guard guard(backend.device);
+  SQUALL_CUDA_CHECK(cudaMemsetAsync(dst.data(), 0, dst.size_bytes(), backend.stream));
+}
+
 /// `op.finalize` on every element on the device; a no-op for ops without one.
 template <element T, reduction_op<T> Op, kernel_tuning Tuning = elementwise_tuning>
 void finalize(const cuda_backend& backend, Op op, device_view<T> dst, std::size_t contributions) {
@@ -123,6 +251,23 @@ void finalize(const cuda_backend& backend, Op op, device_view<T> dst, std::size_
             dst.data(), dst.count(), contributions, op);
     SQUALL_CUDA_CHECK(cudaGetLastError());
   }
+}
+
+/// Copies `size` host bytes into device memory at `dst` (stream-ordered; the host source is
+/// staged by the driver, so it may be reused when the call returns).
+inline void store_bytes(const cuda_backend& backend, std::byte* dst, const void* src, std::size_t size) {
+  if (size == 0) return;
+  squall::detail::device_guard guard(backend.device);
+  SQUALL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyHostToDevice, backend.stream));
+  SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend.stream));
+}
+
+/// Copies `size` device bytes at `src` to the host, after the stream's earlier work.
+inline void load_bytes(const cuda_backend& backend, void* dst, const std::byte* src, std::size_t size) {
+  if (size == 0) return;
+  squall::detail::device_guard guard(backend.device);
+  SQUALL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyDeviceToHost, backend.stream));
+  SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend.stream));
 }
 
 }  // namespace squall::kernels

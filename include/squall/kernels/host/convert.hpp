@@ -5,10 +5,13 @@
 /// nearest even) when the running CPU has them, chosen at run time; otherwise, and for
 /// bfloat16, the branch-free routines of core/types.hpp, which give the same bits.
 
+#include <squall/backend/host.hpp>
 #include <squall/core/config.hpp>
 #include <squall/core/types.hpp>
 
-#include <cstddef>  // size_t
+#include <concepts>  // same_as
+#include <cstddef>   // size_t
+#include <cstring>   // memcpy
 #include <type_traits>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
@@ -79,3 +82,33 @@ void narrow(const float* SQUALL_RESTRICT src, T* SQUALL_RESTRICT dst, std::size_
 }
 
 }  // namespace squall::kernels::detail
+
+namespace squall::kernels {
+
+/// The element types `convert` takes: float, double, float16 and bfloat16.
+template <class T>
+concept convertible_element = std::same_as<T, float> || std::same_as<T, double> || float16_like<T>;
+
+/// `out[i] = To(in[i])` for `count` elements, at least one of `From` and `To` 16-bit (the cast
+/// compressor's body, kernels/cuda/convert.cuh is the twin): float and double round to the
+/// 16-bit type to nearest even (double once, not through float); 16-bit values widen exactly;
+/// one 16-bit type becomes the other through float (exact) and one rounding; the same type is
+/// copied. NaN stays NaN (quieted, top payload bits kept), as core/types.hpp rounds it.
+template <convertible_element To, convertible_element From>
+void convert(const host_backend& /*backend*/, const From* SQUALL_RESTRICT in,
+             To* SQUALL_RESTRICT out, std::size_t count) {
+  if constexpr (std::same_as<From, To>) {
+    if (count != 0) std::memcpy(out, in, count * sizeof(To));
+  } else if constexpr (std::same_as<From, float> && float16_like<To>) {
+    detail::narrow(in, out, count);
+  } else if constexpr (float16_like<From> && std::same_as<To, float>) {
+    detail::widen(in, out, count);
+  } else if constexpr (std::same_as<From, double>) {
+    for (std::size_t i = 0; i < count; ++i) out[i] = To(in[i]);  // one rounding
+  } else {
+    // a 16-bit type to double or to the other 16-bit type: exact in float, then To
+    for (std::size_t i = 0; i < count; ++i) out[i] = To(static_cast<float>(in[i]));
+  }
+}
+
+}  // namespace squall::kernels

@@ -13,10 +13,11 @@
 
 #include <cstddef>  // size_t
 #include <cstdint>  // uintptr_t
-#include <cstring>  // memmove
+#include <cstring>  // memmove, memset
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 namespace squall::kernels {
 namespace detail {
@@ -47,6 +48,17 @@ template <class T, class Op>
 SQUALL_HOST_CLONES void reduce_into_loop(T* SQUALL_RESTRICT dst, const T* SQUALL_RESTRICT src,
                                          std::size_t count, Op op) {
   for (std::size_t i = 0; i < count; ++i) dst[i] = combine<T>(op, dst[i], src[i]);
+}
+
+/// `a - b` in the accumulator type, rounded to `T`; integers wrap (no overflow UB).
+template <element T>
+SQUALL_HOST_DEVICE SQUALL_FORCEINLINE T difference(T a, T b) noexcept {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) - static_cast<U>(b)));
+  } else {
+    return from_accumulator<T>(to_accumulator(a) - to_accumulator(b));
+  }
 }
 
 /// Elements per block of the 16-bit loops: two float blocks of 8 KiB stay in L1.
@@ -130,6 +142,32 @@ inline void store_bytes(const host_backend&, std::byte* dst, const void* src, st
 /// header, to validate it on the host); complete when the call returns.
 inline void load_bytes(const host_backend&, void* dst, const std::byte* src, std::size_t size) {
   if (size != 0) std::memcpy(dst, src, size);
+}
+
+/// `dst[i] = dst[i] - src[i]` for every i, in the accumulator type and rounded to `T` once
+/// (integers wrap, as `sum_op` does): error feedback's residual update. `src` may be `dst`;
+/// a count mismatch throws `invalid_argument`.
+template <element T>
+void subtract_into(const host_backend&, host_view<T> dst,
+                   host_view<const std::type_identity_t<T>> src) {
+  detail::require_same_count("subtract_into", dst.count(), src.count());
+  T* d = dst.data();
+  const T* s = src.data();
+  for (std::size_t i = 0; i < dst.count(); ++i) d[i] = detail::difference(d[i], s[i]);
+}
+
+/// Sets every element's bytes to zero (+0 for the floating-point types).
+template <class T>
+requires std::is_trivially_copyable_v<T>
+void fill_zero(const host_backend&, host_view<T> dst) {
+  if (!dst.empty()) std::memset(static_cast<void*>(dst.data()), 0, dst.size_bytes());
+}
+
+/// Scratch for `count` elements of `T` in the backend's memory, freed with the returned object
+/// (its contents are unspecified; `data()` is its address). For the host, a `std::vector`.
+template <class T>
+std::vector<T> allocate_scratch(const host_backend&, std::size_t count) {
+  return std::vector<T>(count);
 }
 
 /// Applies `op.finalize` to every element (avg: divide by `contributions`); a no-op for ops

@@ -45,7 +45,7 @@ SQUALL_HOST_DEVICE SQUALL_FORCEINLINE magnitude_key_type<T> magnitude_key(T x) {
   using U = magnitude_key_type<T>;
   U bits;
   std::memcpy(&bits, &x, sizeof bits);
-  return bits & (std::numeric_limits<U>::max() >> 1);
+  return bits & static_cast<U>(static_cast<U>(~U{0}) >> 1);  // no numeric_limits: device code
 }
 
 /// The key of +Inf: keys at or above it belong to non-finite elements.
@@ -325,6 +325,23 @@ SQUALL_HOST_CLONES std::size_t write_selected(const T* SQUALL_RESTRICT in, std::
   return n;
 }
 
+/// `count_at_least` over a view: the elements of `in` whose key is at least `key`.
+template <real_gradient T>
+std::size_t count_at_least(const host_backend& /*backend*/, host_view<const T> in,
+                           magnitude_key_type<T> key) {
+  return count_at_least(in.data(), in.count(), key);
+}
+
+/// `write_selected` over a view: writes the elements the cut (`cut_key`, `ties`) selects, in
+/// ascending index order (kernels/cuda/select.cuh is the twin). Returns how many.
+template <class Index, real_gradient T>
+std::size_t write_selected(const host_backend& /*backend*/, host_view<const T> in,
+                           magnitude_key_type<T> cut_key, std::size_t ties, std::byte* indices,
+                           std::byte* values, bool quantize, T level) {
+  return write_selected<Index>(in.data(), in.count(), cut_key, ties, indices, values, quantize,
+                               level);
+}
+
 /// The first element of `in` that is NaN or infinite, or `in.count()` if all are finite.
 template <real_gradient T>
 SQUALL_HOST_CLONES std::size_t first_non_finite(const host_backend& /*backend*/,
@@ -351,6 +368,47 @@ template <real_gradient T>
 void require_finite(std::string_view operation, host_view<const T> in) {
   const std::size_t i = first_non_finite(host_backend{}, in);
   if (i != in.count()) throw_not_finite(operation, i, std::isnan(in[i]) ? "NaN" : "infinite");
+}
+
+/// `require_finite` with the backend first, so that the compressors reach the device twin
+/// (kernels/cuda/select.cuh) for device views.
+template <real_gradient T>
+void require_finite(const host_backend& /*backend*/, std::string_view operation,
+                    host_view<const T> in) {
+  require_finite(operation, in);
+}
+
+/// The first position j < k of a sparse payload's index array (`k` unaligned `Index`es at
+/// `indices`) whose index is out of range (>= `count`) or not above the index before it; `k`
+/// if every index is in range and they strictly increase.
+template <class Index>
+std::size_t sparse_index_fault(const host_backend& /*backend*/, const std::byte* indices,
+                               std::size_t k, std::size_t count) {
+  std::uint64_t previous = 0;
+  for (std::size_t j = 0; j < k; ++j) {
+    Index raw;
+    std::memcpy(&raw, indices + j * sizeof(Index), sizeof raw);
+    const std::uint64_t index = raw;
+    if (index >= count || (j != 0 && index <= previous)) return j;
+    previous = index;
+  }
+  return k;
+}
+
+/// Zeroes `out` and writes value j (unaligned `T`s at `values`) at index j (unaligned
+/// `Index`es at `indices`), for j < k. The indices must be in range and distinct
+/// (`sparse_index_fault` returned k).
+template <class Index, real_gradient T>
+void scatter_sparse(const host_backend& /*backend*/, const std::byte* indices,
+                    const std::byte* values, std::size_t k, host_view<T> out) {
+  std::fill(out.begin(), out.end(), T(0));
+  for (std::size_t j = 0; j < k; ++j) {
+    Index index;
+    T value;
+    std::memcpy(&index, indices + j * sizeof(Index), sizeof index);
+    std::memcpy(&value, values + j * sizeof(T), sizeof value);
+    out[static_cast<std::size_t>(index)] = value;
+  }
 }
 
 /// The stratum layout of random-k: [0, count) split into k strata, the first count % k of

@@ -1,0 +1,273 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// `compression_state<C, T>`: what one tensor's compressed allreduce carries from call to
+/// call, owned by the caller (DESIGN: "its state belongs to one tensor, is explicit"):
+///
+/// - the step, which keys the draws of stochastic compressors (`random_stream{step, rank}`)
+///   and of the shared ones (randomk's indices, count_sketch's hashes); each compressed
+///   collective advances it by one, so every rank must start from the same step;
+/// - the residual (`error_feedback_state<T>`) when `C` is `error_feedback<Inner>`;
+/// - PowerSGD's warm-started Q (`powersgd_state<T>`) when `C` or `Inner` is
+///   `powersgd_compressor`.
+///
+/// `save()` gives checked bytes (layout below) and `restore()` takes them back, refusing a
+/// state of another compressor, element type or count.
+///
+/// Saved layout (little-endian):
+///
+///   offset 0   u32 magic "SQCS"       offset 4   u16 version 1
+///   offset 6   u8  dtype of T         offset 7   u8  payload kind of the (inner) compressor
+///   offset 8   u64 count              offset 16  u64 step
+///   offset 24  48 bytes: the compressor's label (`compressor_label<C>()`), zero padded
+///   offset 72  u64 residual bytes R (0 without error feedback), then R bytes of
+///              `error_feedback_state<T>::save()`
+///   then       u64 PowerSGD bytes S (0 without PowerSGD), then S bytes of
+///              `powersgd_state<T>::save()`
+
+#include <squall/compress/error_feedback.hpp>
+#include <squall/compress/payload.hpp>
+#include <squall/compress/sketch.hpp>
+#include <squall/concepts.hpp>
+#include <squall/core/buffer.hpp>
+#include <squall/core/error.hpp>
+#include <squall/core/random.hpp>
+#include <squall/core/types.hpp>
+
+#include <algorithm>  // min
+#include <concepts>   // same_as
+#include <cstddef>    // byte, size_t
+#include <cstdint>
+#include <cstring>  // memcpy, memcmp
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace squall {
+
+/// `Inner` when `C` is `error_feedback<Inner>`, else `C` itself.
+template <class C>
+struct inner_compressor {
+  using type = C;
+};
+template <class C>
+struct inner_compressor<error_feedback<C>> {
+  using type = C;
+};
+template <class C>
+using inner_compressor_t = typename inner_compressor<C>::type;
+
+/// Whether `C` is an `error_feedback<Inner>`.
+template <class C>
+inline constexpr bool is_error_feedback = !std::same_as<inner_compressor_t<C>, C>;
+
+/// Whether `C` (or its `Inner`) is PowerSGD, whose allreduce runs the power iteration
+/// across ranks and keeps Q in the state.
+template <class C>
+inline constexpr bool uses_powersgd = std::same_as<inner_compressor_t<C>, powersgd_compressor>;
+
+/// The compressor `c` wraps (`c.inner` for error feedback), or `c` itself.
+template <class C>
+const inner_compressor_t<C>& inner_of(const C& c) {
+  if constexpr (is_error_feedback<C>) {
+    return c.inner;
+  } else {
+    return c;
+  }
+}
+
+/// The name a saved state records for `C`: `C::name`, or "error_feedback<" + the inner
+/// compressor's name + ">".
+template <compressor C>
+std::string compressor_label() {
+  if constexpr (is_error_feedback<C>) {
+    return "error_feedback<" + compressor_label<inner_compressor_t<C>>() + ">";
+  } else {
+    return std::string(C::name);
+  }
+}
+
+/// The payload kind of `C` (of its inner compressor), or 0 for one without (identity).
+template <compressor C>
+constexpr std::uint8_t compressor_kind() {
+  using I = inner_compressor_t<C>;
+  if constexpr (requires { I::kind; }) {
+    return static_cast<std::uint8_t>(I::kind);
+  } else {
+    return 0;
+  }
+}
+
+/// The per-tensor state of a compressed collective with compressor `C` over `count` elements
+/// of `T` (float or double). See the file comment.
+template <compressor C, real_gradient T>
+class compression_state {
+ public:
+  using compressor_type = C;
+  using value_type = T;
+
+  /// A fresh state at step 0: a zero residual, and PowerSGD's Q drawn from the compressor's
+  /// seed (the same on every rank). Throws `invalid_argument` for a PowerSGD rank outside
+  /// 1..65535.
+  compression_state(const C& c, std::size_t count) : count_(count) {
+    if constexpr (is_error_feedback<C>) residual_.emplace(count);
+    if constexpr (uses_powersgd<C>) powersgd_.emplace(inner_of(c).template make_state<T>(count));
+  }
+  /// A fresh state for a default-constructed `C`.
+  explicit compression_state(std::size_t count) : compression_state(C{}, count) {}
+
+  /// The elements of the tensor this state belongs to.
+  std::size_t count() const { return count_; }
+  /// The step the next collective draws with.
+  std::uint64_t step() const { return step_; }
+  /// Sets the step (every rank must set the same).
+  void set_step(std::uint64_t step) { step_ = step; }
+  /// Moves to the next step; each compressed collective calls it once.
+  void advance() { ++step_; }
+  /// The draws of `rank` at this step.
+  random_stream stream(int rank) const { return {step_, static_cast<std::uint32_t>(rank)}; }
+
+  /// The error-feedback residual (only with `error_feedback<Inner>`).
+  error_feedback_state<T>& residual() requires is_error_feedback<C> { return *residual_; }
+  const error_feedback_state<T>& residual() const requires is_error_feedback<C> {
+    return *residual_;
+  }
+  /// PowerSGD's state, Q (only with PowerSGD).
+  powersgd_state<T>& powersgd() requires uses_powersgd<C> { return *powersgd_; }
+  const powersgd_state<T>& powersgd() const requires uses_powersgd<C> { return *powersgd_; }
+
+  /// The state as bytes (layout in the file comment).
+  std::vector<std::byte> save() const {
+    std::vector<std::byte> out(fixed_bytes);
+    const std::uint32_t magic = save_magic;
+    const std::uint16_t version = 1;
+    const auto type = static_cast<std::uint8_t>(dtype_of<T>);
+    const std::uint8_t kind = compressor_kind<C>();
+    const std::uint64_t fields[2] = {count_, step_};
+    const std::string label = compressor_label<C>();
+    std::memcpy(out.data(), &magic, 4);
+    std::memcpy(out.data() + 4, &version, 2);
+    std::memcpy(out.data() + 6, &type, 1);
+    std::memcpy(out.data() + 7, &kind, 1);
+    std::memcpy(out.data() + 8, fields, 16);
+    std::memcpy(out.data() + 24, label.data(), std::min(label.size(), label_bytes));
+    append_blob(out, residual_ ? residual_->save() : std::vector<std::byte>{});
+    append_blob(out, powersgd_ ? powersgd_->save() : std::vector<std::byte>{});
+    return out;
+  }
+
+  /// Replaces this state by `save()`'s bytes. Throws `invalid_argument` (and leaves this
+  /// state unchanged) unless they are a version-1 state of the same compressor (label and
+  /// kind), element type and count, with the sub-states this compressor has, each valid and
+  /// of this state's shape (residual count; PowerSGD's m, c and rank).
+  void restore(host_view<const std::byte> bytes) {
+    const error_context where{.operation = "compression_state restore"};
+    if (bytes.count() < fixed_bytes + 8) {
+      throw invalid_argument(where, std::to_string(bytes.count()) + " bytes, fewer than " +
+                                        std::to_string(fixed_bytes + 8));
+    }
+    std::uint32_t magic = 0;
+    std::uint16_t version = 0;
+    std::uint8_t type = 0;
+    std::uint8_t kind = 0;
+    std::uint64_t fields[2] = {};
+    char label[label_bytes + 1] = {};
+    std::memcpy(&magic, bytes.data(), 4);
+    std::memcpy(&version, bytes.data() + 4, 2);
+    std::memcpy(&type, bytes.data() + 6, 1);
+    std::memcpy(&kind, bytes.data() + 7, 1);
+    std::memcpy(fields, bytes.data() + 8, 16);
+    std::memcpy(label, bytes.data() + 24, label_bytes);
+    if (magic != save_magic) throw invalid_argument(where, "not a saved compression state");
+    if (version != 1) {
+      throw invalid_argument(where, "version " + std::to_string(version) + " is not 1");
+    }
+    const std::string want = compressor_label<C>().substr(0, label_bytes);
+    if (std::string_view(label) != want || kind != compressor_kind<C>()) {
+      throw invalid_argument(where, "a state of compressor '" + std::string(label) + "' (kind " +
+                                        std::to_string(kind) + ") restored for '" + want +
+                                        "' (kind " + std::to_string(compressor_kind<C>()) + ")");
+    }
+    if (type != static_cast<std::uint8_t>(dtype_of<T>)) {
+      throw invalid_argument(where,
+                             "a state of " + std::string(to_string(static_cast<dtype>(type))) +
+                                 " elements restored as " + std::string(to_string(dtype_of<T>)));
+    }
+    if (fields[0] != count_) {
+      throw invalid_argument(where, "a state of " + std::to_string(fields[0]) +
+                                        " elements restored for " + std::to_string(count_));
+    }
+    std::size_t at = fixed_bytes;
+    const host_view<const std::byte> residual_bytes = take_blob(bytes, at, where);
+    const host_view<const std::byte> powersgd_bytes = take_blob(bytes, at, where);
+    if (at != bytes.count()) {
+      throw invalid_argument(where,
+                             std::to_string(bytes.count() - at) + " bytes after the sub-states");
+    }
+    std::optional<error_feedback_state<T>> residual;
+    std::optional<powersgd_state<T>> powersgd;
+    if constexpr (is_error_feedback<C>) {
+      residual.emplace(error_feedback_state<T>::restore(residual_bytes));
+      if (residual->count() != count_) {
+        throw invalid_argument(where, "a residual of " + std::to_string(residual->count()) +
+                                          " elements for " + std::to_string(count_));
+      }
+    } else if (!residual_bytes.empty()) {
+      throw invalid_argument(where, "a residual, where the compressor keeps none");
+    }
+    if constexpr (uses_powersgd<C>) {
+      powersgd.emplace(powersgd_state<T>::restore(powersgd_bytes));
+      if (powersgd->rows() != powersgd_->rows() || powersgd->columns() != powersgd_->columns() ||
+          powersgd->rank() != powersgd_->rank()) {
+        throw invalid_argument(where, "a PowerSGD state of " + std::to_string(powersgd->rows()) +
+                                          " x " + std::to_string(powersgd->columns()) + " rank " +
+                                          std::to_string(powersgd->rank()) + " restored for " +
+                                          std::to_string(powersgd_->rows()) + " x " +
+                                          std::to_string(powersgd_->columns()) + " rank " +
+                                          std::to_string(powersgd_->rank()));
+      }
+    } else if (!powersgd_bytes.empty()) {
+      throw invalid_argument(where, "a PowerSGD state, where the compressor keeps none");
+    }
+    step_ = fields[1];
+    if constexpr (is_error_feedback<C>) residual_ = std::move(residual);
+    if constexpr (uses_powersgd<C>) powersgd_ = std::move(powersgd);
+  }
+
+ private:
+  static constexpr std::uint32_t save_magic = 0x53435153;  // "SQCS"
+  static constexpr std::size_t label_bytes = 48;
+  static constexpr std::size_t fixed_bytes = 24 + label_bytes;
+
+  static void append_blob(std::vector<std::byte>& out, const std::vector<std::byte>& blob) {
+    const std::uint64_t n = blob.size();
+    const std::size_t at = out.size();
+    out.resize(at + 8 + blob.size());
+    std::memcpy(out.data() + at, &n, 8);
+    if (!blob.empty()) std::memcpy(out.data() + at + 8, blob.data(), blob.size());
+  }
+
+  // The length-prefixed blob at `at`; advances `at` past it. Throws if it overruns `bytes`.
+  static host_view<const std::byte> take_blob(host_view<const std::byte> bytes, std::size_t& at,
+                                              const error_context& where) {
+    if (bytes.count() - at < 8) throw invalid_argument(where, "ends inside a sub-state's length");
+    std::uint64_t n = 0;
+    std::memcpy(&n, bytes.data() + at, 8);
+    at += 8;
+    if (n > bytes.count() - at) {
+      throw invalid_argument(where, "a sub-state of " + std::to_string(n) + " bytes where " +
+                                        std::to_string(bytes.count() - at) + " remain");
+    }
+    const host_view<const std::byte> blob(bytes.data() + at, static_cast<std::size_t>(n));
+    at += static_cast<std::size_t>(n);
+    return blob;
+  }
+
+  std::size_t count_ = 0;
+  std::uint64_t step_ = 0;
+  std::optional<error_feedback_state<T>> residual_;
+  std::optional<powersgd_state<T>> powersgd_;
+};
+
+}  // namespace squall
