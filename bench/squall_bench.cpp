@@ -7,8 +7,15 @@
 //                [--transport shm|mpi] [--dtype float|double|int32|int64|float16|bfloat16]
 //                [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] [--chunk BYTES]
 //                [--peer-memory BYTES] [--no-check] [--csv FILE] [--json FILE]
+//                [--compressor none|cast:bf16|topk:0.01+ef|qsgd:4|powersgd:4|...[,..]]
 //
 // --chunk and --peer-memory override collective_tuning's chunk_bytes and peer_memory_bytes.
+//
+// --compressor runs the compressed allreduce (float only) of each listed compressor on each
+// topology, beside the dense one ("none", always run) in the same run, on near-Gaussian
+// inputs: each row then gives the most bytes any rank sent in one call (wire_bytes), the
+// dense allreduce's bytes over these (compression ratio) and ||result - exact|| / ||exact||
+// of a first call from a fresh state (rel_error), in place of #wrong.
 //
 // It starts its own P ranks: when MPI is built it re-runs itself under mpiexec (so the same
 // processes can time MPI's collective), else it forks them (squall::launch) and the MPI
@@ -33,6 +40,8 @@
 #include <mpi.h>
 #endif
 
+#include "squall_bench.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -47,27 +56,14 @@
 #include <unistd.h>
 #include <vector>
 
-namespace {
+namespace squall_bench {
 
-using clock_type = std::chrono::steady_clock;
-
-struct settings {
-  int ranks = 0;
-  std::string op = "allreduce";
-  std::vector<std::string> topologies;
-  std::string transport = "shm";
-  std::string dtype = "float";
-  std::size_t min_bytes = std::size_t{4} << 10;
-  std::size_t max_bytes = std::size_t{256} << 20;
-  std::size_t factor = 4;
-  int iters = 0;  // 0: from the size
-  int warmup = 2;
-  std::size_t chunk = 0;       // 0: the default collective_tuning
-  std::size_t peer_memory = 0;  // 0: the default collective_tuning
-  bool check = true;
-  std::string csv;
-  std::string json;
-};
+const std::vector<std::string>& compressor_names() {
+  static const std::vector<std::string> names = {
+      "none", "cast", "int8", "sign", "sign_vote", "terngrad", "qsgd", "topk", "topk_sampled",
+      "randomk", "threshold", "count_sketch", "powersgd"};
+  return names;
+}
 
 const std::vector<std::string> all_topologies = {"ring",         "tree",        "direct",
                                                  "halving_doubling", "hierarchical", "automatic"};
@@ -78,9 +74,39 @@ const std::vector<std::string> all_topologies = {"ring",         "tree",        
                "reduce_scatter|broadcast] [--topology all|ring|tree|direct|halving_doubling|"
                "hierarchical|automatic[,...]] [--transport shm|mpi] [--dtype float|double|int32|"
                "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
-               "[--chunk BYTES] [--peer-memory BYTES] [--no-check] [--csv FILE] [--json FILE]\n",
+               "[--chunk BYTES] [--peer-memory BYTES] [--no-check] [--csv FILE] [--json FILE] "
+               "[--compressor NAME[:PARAMETER][+ef][,...]] (names: none cast:fp16|bf16 int8 sign "
+               "sign_vote terngrad qsgd:4|16|127 topk:RATIO topk_sampled:RATIO randomk:RATIO "
+               "threshold:TAU count_sketch powersgd:RANK)\n",
                why.c_str());
   std::exit(2);
+}
+
+}  // namespace squall_bench
+
+namespace {
+
+using namespace squall_bench;
+
+compressor_spec parse_compressor(const std::string& text) {
+  compressor_spec spec;
+  spec.text = text;
+  std::string body = text;
+  if (body.size() > 3 && body.compare(body.size() - 3, 3, "+ef") == 0) {
+    spec.error_feedback = true;
+    body.resize(body.size() - 3);
+  }
+  const std::size_t colon = body.find(':');
+  spec.name = body.substr(0, colon);
+  if (colon != std::string::npos) spec.parameter = body.substr(colon + 1);
+  const auto& names = compressor_names();
+  if (std::find(names.begin(), names.end(), spec.name) == names.end()) {
+    usage("unknown compressor '" + text + "'");
+  }
+  if (spec.dense() && (spec.error_feedback || !spec.parameter.empty())) {
+    usage("--compressor none takes no parameter and no +ef");
+  }
+  return spec;
 }
 
 std::size_t parse_size(const std::string& text) {
@@ -99,6 +125,7 @@ std::size_t parse_size(const std::string& text) {
 settings parse(int argc, char** argv) {
   settings s;
   std::string topology = "all";
+  std::string compressors;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -120,6 +147,7 @@ settings parse(int argc, char** argv) {
     else if (a == "--no-check") s.check = false;
     else if (a == "--csv") s.csv = value();
     else if (a == "--json") s.json = value();
+    else if (a == "--compressor" || a == "-c") compressors = value();
     else if (a == "-h" || a == "--help") usage("help");
     else usage("unknown argument '" + a + "'");
   }
@@ -137,6 +165,19 @@ settings parse(int argc, char** argv) {
       at = comma + 1;
     }
   }
+  if (!compressors.empty()) {
+    // the dense allreduce first: the baseline of every compressed row
+    s.compressors.push_back(parse_compressor("none"));
+    std::size_t at = 0;
+    while (at <= compressors.size()) {
+      const std::size_t comma = std::min(compressors.find(',', at), compressors.size());
+      const compressor_spec spec = parse_compressor(compressors.substr(at, comma - at));
+      if (!spec.dense()) s.compressors.push_back(spec);
+      at = comma + 1;
+    }
+    if (s.op != "allreduce") usage("--compressor needs --op allreduce");
+    if (s.dtype != "float") usage("--compressor needs --dtype float");
+  }
   if (s.op != "allreduce" && s.op != "allgather" && s.op != "reduce_scatter" && s.op != "broadcast") {
     usage("unknown op '" + s.op + "'");
   }
@@ -148,15 +189,6 @@ settings parse(int argc, char** argv) {
 #endif
   return s;
 }
-
-// ---- what one rank sees of the job -------------------------------------------------------------
-
-struct job {
-  int rank = 0;
-  int size = 1;
-  bool mpi = false;          // MPI is initialised: time MPI's collective, reduce times with it
-  std::string shm_name;      // the base name of the shm jobs
-};
 
 // Inputs: small integers, so every summation order is exact (nccl-tests' trick) and #wrong
 // counts real errors.
@@ -180,33 +212,6 @@ MPI_Datatype mpi_type() {
   else return MPI_DATATYPE_NULL;  // 16-bit types: MPI has none; no comparison
 }
 #endif
-
-struct row {
-  std::string topology;
-  std::size_t bytes = 0;
-  std::size_t count = 0;
-  double time_us = 0;
-  double algbw = 0;
-  double busbw = 0;
-  long wrong = 0;
-  double mpi_us = -1;  // < 0: none
-  double mpi_busbw = 0;
-};
-
-// One communicator per topology, all built up front, so that each size measures every
-// topology back to back (the machine's noise then hits them alike).
-template <class T>
-struct runner_base {
-  std::string name;
-  virtual ~runner_base() = default;
-  virtual void call(std::vector<T>& in, std::vector<T>& out, std::size_t count) = 0;
-  /// "ring", or "automatic:<chosen>"
-  virtual std::string label(std::size_t bytes) const = 0;
-  /// The slowest rank's value (max) or the sum over ranks.
-  virtual double across(double v, bool sum) = 0;
-  virtual void barrier() = 0;
-  virtual std::size_t block_offset(std::size_t count) const = 0;
-};
 
 template <class Transport, class Topology, class T>
 struct runner final : runner_base<T> {
@@ -234,20 +239,10 @@ struct runner final : runner_base<T> {
     if (s_.op == "allreduce") return comm.schedule_for(bytes);
     return this->name;
   }
-  double across(double v, bool sum) override {
-#if SQUALL_BENCH_WITH_MPI
-    if (j_.mpi) {
-      double out = 0;
-      MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, sum ? MPI_SUM : MPI_MAX, MPI_COMM_WORLD);
-      return out;
-    }
-#endif
-    if (sum) comm.allreduce(squall::host_view<double>(&v, 1), squall::sum_op{});
-    else comm.allreduce(squall::host_view<double>(&v, 1), squall::max_op{});
-    return v;
-  }
+  double across(double v, bool sum) override { return across_ranks(comm, j_, v, sum); }
   void barrier() override { comm.transport().barrier().wait(); }
   std::size_t block_offset(std::size_t count) const override { return comm.block_offset(count); }
+  std::uint64_t bytes_sent() const override { return comm.last_transfer().bytes_sent; }
 
   squall::communicator<Transport, Topology> comm;
   const settings& s_;
@@ -340,11 +335,18 @@ class bench {
   }
 
   template <class Topology, class T>
-  std::unique_ptr<runner_base<T>> make_runner(const std::string& name);
+  std::unique_ptr<runner_base<T>> make_runner(const std::string& name, const compressor_spec& spec,
+                                              std::size_t index);
 
   template <class T>
-  row measure(runner_base<T>& r, std::size_t bytes, std::vector<T>& in, std::vector<T>& out,
-              double mpi_us);
+  row measure(runner_base<T>& r, const compressor_spec& spec, std::size_t bytes, std::vector<T>& in,
+              std::vector<T>& out, double mpi_us, const std::vector<row>& earlier);
+
+  // A compressed row's first call from a fresh state: rel_error against the exact sum (in
+  // double) of every rank's input, wire bytes, and whether every rank got the same bits.
+  template <class T>
+  void first_call(runner_base<T>& run, std::vector<T>& in, std::vector<T>& out, std::size_t count,
+                  row& r);
 
   const settings& s_;
   const job& j_;
@@ -362,13 +364,25 @@ std::size_t count_for(const settings& s, std::size_t bytes, std::size_t element,
 
 template <class Transport>
 template <class Topology, class T>
-std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string& name) {
+std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string& name,
+                                                              const compressor_spec& spec,
+                                                              std::size_t index) {
   squall::options opts;
   opts.check_mismatch = s_.check;
   squall::collective_tuning tuning;
   if (s_.chunk != 0) tuning.chunk_bytes = s_.chunk;
   if (s_.peer_memory != 0) tuning.peer_memory_bytes = s_.peer_memory;
-  auto r = std::make_unique<runner<Transport, Topology, T>>(name, make_transport(name), s_, j_, opts, tuning);
+  // one shm job per communicator: the topology, and the compressor's place in the list
+  const std::string job_name = index == 0 ? name : name + "-c" + std::to_string(index);
+  if constexpr (std::is_same_v<T, float>) {
+    if (!spec.dense()) {
+      auto r = make_compressed_runner<Transport, Topology>(spec, name, make_transport(job_name), s_, j_,
+                                                           opts, tuning);
+      if (r == nullptr) usage("unknown compressor '" + spec.text + "'");
+      return r;
+    }
+  }
+  auto r = std::make_unique<runner<Transport, Topology, T>>(name, make_transport(job_name), s_, j_, opts, tuning);
   if constexpr (std::is_same_v<Topology, squall::automatic_topology>) {
     // The model automatic chooses from: each candidate's measured time per size.
     if (j_.rank == 0) {
@@ -385,21 +399,63 @@ std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string&
 
 template <class Transport>
 template <class T>
-row bench<Transport>::measure(runner_base<T>& run, std::size_t bytes, std::vector<T>& in,
-                              std::vector<T>& out, double mpi_us) {
+void bench<Transport>::first_call(runner_base<T>& run, std::vector<T>& in, std::vector<T>& out,
+                                  std::size_t count, row& r) {
+  const int p = j_.size;
+  run.reset(count);
+  run.call(in, out, count);
+  r.wire_bytes = run.across(static_cast<double>(run.bytes_sent()), false);
+  // every rank hashes its result; rank 0 alone (all hold the same bits, checked below)
+  // recomputes the exact sum
+  double error = 0;
+  double norm = 0;
+  std::uint64_t hash = 0x9e3779b97f4a7c15ull;
+  for (std::size_t i = 0; i < count; ++i) {
+    const double got = as_double(out[i]);
+    if (j_.rank == 0) {
+      double exact = 0;
+      for (int q = 0; q < p; ++q) exact += static_cast<double>(gradient_value(q, i));
+      error += (got - exact) * (got - exact);
+      norm += exact * exact;
+    }
+    std::uint64_t bits = 0;
+    const float f = static_cast<float>(got);
+    std::memcpy(&bits, &f, sizeof f);
+    hash = (hash ^ bits) * 0x100000001b3ull;
+  }
+  r.rel_error = run.across(norm > 0 ? std::sqrt(error / norm) : std::sqrt(error), false);
+  // every rank the same bits: the largest and the smallest hash (its 52 low bits) agree
+  const double h = static_cast<double>(hash & ((std::uint64_t{1} << 52) - 1));
+  r.wrong = run.across(h, false) != -run.across(-h, false) ? 1 : 0;
+}
+
+template <class Transport>
+template <class T>
+row bench<Transport>::measure(runner_base<T>& run, const compressor_spec& spec, std::size_t bytes,
+                              std::vector<T>& in, std::vector<T>& out, double mpi_us,
+                              const std::vector<row>& earlier) {
   const int p = j_.size;
   const std::size_t count = count_for(s_, bytes, sizeof(T), p);
   const int iters = iterations(bytes);
-  for (std::size_t i = 0; i < count; ++i) in[i] = input_value<T>(j_.rank, i);
+  row r;
+  r.compressor = spec.text;
+  if (s_.compressed()) {
+    for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<T>(gradient_value(j_.rank, i));
+    first_call(run, in, out, count, r);
+  } else {
+    for (std::size_t i = 0; i < count; ++i) in[i] = input_value<T>(j_.rank, i);
+  }
   for (int w = 0; w < s_.warmup; ++w) run.call(in, out, count);
   run.barrier();
   const auto start = clock_type::now();
   for (int it = 0; it < iters; ++it) run.call(in, out, count);
   const double mine = std::chrono::duration<double>(clock_type::now() - start).count() / iters;
   const double t = run.across(mine, false);
-  const std::size_t offset = s_.op == "reduce_scatter" ? run.block_offset(count) : 0;
-  row r;
-  r.wrong = static_cast<long>(run.across(static_cast<double>(count_wrong(in, out, count, offset)), true));
+  if (!s_.compressed()) {
+    const std::size_t offset = s_.op == "reduce_scatter" ? run.block_offset(count) : 0;
+    r.wrong = static_cast<long>(run.across(static_cast<double>(count_wrong(in, out, count, offset)), true));
+    r.wire_bytes = run.across(static_cast<double>(run.bytes_sent()), false);
+  }
   r.topology = run.label(count * sizeof(T));
   r.bytes = bytes;
   r.count = count;
@@ -408,9 +464,22 @@ row bench<Transport>::measure(runner_base<T>& run, std::size_t bytes, std::vecto
   r.busbw = r.algbw * bus_factor(s_.op, p);
   r.mpi_us = mpi_us;
   if (r.mpi_us > 0) r.mpi_busbw = static_cast<double>(bytes) / (r.mpi_us * 1e-6) / 1e9 * bus_factor(s_.op, p);
+  for (const row& dense : earlier) {
+    if (s_.compressed() && dense.compressor == "none" && dense.topology == r.topology &&
+        dense.bytes == r.bytes && r.wire_bytes > 0) {
+      r.compression_ratio = dense.wire_bytes / r.wire_bytes;
+    }
+  }
+  if (spec.dense()) r.compression_ratio = 1;
   if (j_.rank == 0) {
-    std::printf("%12zu %12zu %9s %28s %11.1f %8.2f %8.2f %7ld", r.bytes, r.count, s_.dtype.c_str(),
-                r.topology.c_str(), r.time_us, r.algbw, r.busbw, r.wrong);
+    if (s_.compressed()) {
+      std::printf("%12zu %12zu %16s %28s %11.1f %8.2f %8.2f %10.3g %13.0f %8.1f %6ld", r.bytes, r.count,
+                  r.compressor.c_str(), r.topology.c_str(), r.time_us, r.algbw, r.busbw, r.rel_error,
+                  r.wire_bytes, r.compression_ratio, r.wrong);
+    } else {
+      std::printf("%12zu %12zu %9s %28s %11.1f %8.2f %8.2f %7ld", r.bytes, r.count, s_.dtype.c_str(),
+                  r.topology.c_str(), r.time_us, r.algbw, r.busbw, r.wrong);
+    }
     if (r.mpi_us > 0) std::printf(" %11.1f %9.2f %8.2f\n", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
     else std::printf(" %11s %9s %8s\n", "-", "-", "-");
     std::fflush(stdout);
@@ -427,16 +496,32 @@ std::vector<row> bench<Transport>::run() {
   const std::size_t most = count_for(s_, s_.max_bytes, sizeof(T), p);
   std::vector<T> in(std::max<std::size_t>(most, 1));
   std::vector<T> out(std::max<std::size_t>(s_.op == "allgather" ? most * static_cast<std::size_t>(p) : most, 1));
+  // Every (compressor, topology) pair, the dense ones first (the compressed rows' baseline).
+  const std::vector<compressor_spec> specs =
+      s_.compressed() ? s_.compressors : std::vector<compressor_spec>{parse_compressor("none")};
   std::vector<std::unique_ptr<runner_base<T>>> runners;
-  for (const std::string& name : s_.topologies) {
-    if (name == "ring") runners.push_back(make_runner<squall::ring_topology, T>(name));
-    else if (name == "tree") runners.push_back(make_runner<squall::tree_topology, T>(name));
-    else if (name == "direct") runners.push_back(make_runner<squall::direct_topology, T>(name));
-    else if (name == "halving_doubling") runners.push_back(make_runner<squall::halving_doubling_topology, T>(name));
-    else if (name == "hierarchical") runners.push_back(make_runner<squall::hierarchical_topology<>, T>(name));
-    else runners.push_back(make_runner<squall::automatic_topology, T>(name));
+  std::vector<const compressor_spec*> spec_of;
+  for (std::size_t c = 0; c < specs.size(); ++c) {
+    for (const std::string& name : s_.topologies) {
+      const compressor_spec& spec = specs[c];
+      if (name == "ring") runners.push_back(make_runner<squall::ring_topology, T>(name, spec, c));
+      else if (name == "tree") runners.push_back(make_runner<squall::tree_topology, T>(name, spec, c));
+      else if (name == "direct") runners.push_back(make_runner<squall::direct_topology, T>(name, spec, c));
+      else if (name == "halving_doubling") runners.push_back(make_runner<squall::halving_doubling_topology, T>(name, spec, c));
+      else if (name == "hierarchical") runners.push_back(make_runner<squall::hierarchical_topology<>, T>(name, spec, c));
+      else runners.push_back(make_runner<squall::automatic_topology, T>(name, spec, c));
+      spec_of.push_back(&spec);
+    }
   }
   if (j_.rank == 0) {
+    if (s_.compressed()) {
+      std::printf("# %10s %12s %16s %28s %11s %8s %8s %10s %13s %8s %6s %11s %9s %8s\n", "size", "count",
+                  "compressor", "topology", "time_us", "algbw", "busbw", "rel_err", "wire_bytes", "ratio",
+                  "#wrong", "mpi_us", "mpi_busbw", "speedup");
+    } else {
+      std::printf("# %10s %12s %9s %28s %11s %8s %8s %7s %11s %9s %8s\n", "size", "count", "type", "topology",
+                  "time_us", "algbw", "busbw", "#wrong", "mpi_us", "mpi_busbw", "speedup");
+    }
     std::fflush(stdout);
   }
   std::vector<row> rows;
@@ -444,9 +529,13 @@ std::vector<row> bench<Transport>::run() {
     const std::size_t count = count_for(s_, bytes, sizeof(T), p);
     if (count == 0) continue;
     // MPI first, on the same inputs, then every topology.
-    for (std::size_t i = 0; i < count; ++i) in[i] = input_value<T>(j_.rank, i);
+    for (std::size_t i = 0; i < count; ++i) {
+      in[i] = s_.compressed() ? static_cast<T>(gradient_value(j_.rank, i)) : input_value<T>(j_.rank, i);
+    }
     const double mpi_us = time_mpi(in, out, count, iterations(bytes));
-    for (auto& r : runners) rows.push_back(measure(*r, bytes, in, out, mpi_us));
+    for (std::size_t k = 0; k < runners.size(); ++k) {
+      rows.push_back(measure(*runners[k], *spec_of[k], bytes, in, out, mpi_us, rows));
+    }
   }
   return rows;
 }
@@ -477,33 +566,52 @@ double memcpy_gbs(const job& j, std::size_t bytes) {
   return gbs;
 }
 
+// A value of a compressed-run column, or empty where it was not measured.
+std::string optional_number(double v, const char* format) {
+  if (v < 0) return "";
+  char text[64];
+  std::snprintf(text, sizeof text, format, v);
+  return text;
+}
+
 void write_files(const settings& s, const job& j, const std::vector<row>& rows) {
-  const std::string compressor = "none";
   if (!s.csv.empty()) {
     std::FILE* f = std::fopen(s.csv.c_str(), "w");
     if (f == nullptr) throw std::runtime_error("cannot write " + s.csv);
     std::fprintf(f, "op,transport,topology,compressor,dtype,ranks,size_bytes,count,time_us,algbw_gbs,"
-                    "busbw_gbs,wrong,mpi_time_us,mpi_busbw_gbs,speedup_vs_mpi\n");
+                    "busbw_gbs,wrong,mpi_time_us,mpi_busbw_gbs,speedup_vs_mpi,wire_bytes_per_rank,"
+                    "compression_ratio,rel_error\n");
     for (const row& r : rows) {
       std::fprintf(f, "%s,%s,%s,%s,%s,%d,%zu,%zu,%.3f,%.4f,%.4f,%ld,", s.op.c_str(), s.transport.c_str(),
-                   r.topology.c_str(), compressor.c_str(), s.dtype.c_str(), j.size, r.bytes, r.count,
+                   r.topology.c_str(), r.compressor.c_str(), s.dtype.c_str(), j.size, r.bytes, r.count,
                    r.time_us, r.algbw, r.busbw, r.wrong);
-      if (r.mpi_us > 0) std::fprintf(f, "%.3f,%.4f,%.4f\n", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
-      else std::fprintf(f, ",,\n");
+      if (r.mpi_us > 0) std::fprintf(f, "%.3f,%.4f,%.4f,", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
+      else std::fprintf(f, ",,,");
+      std::fprintf(f, "%s,%s,%s\n", optional_number(r.wire_bytes, "%.0f").c_str(),
+                   optional_number(r.compression_ratio, "%.3f").c_str(),
+                   optional_number(r.rel_error, "%.6g").c_str());
     }
     std::fclose(f);
   }
   if (!s.json.empty()) {
     std::FILE* f = std::fopen(s.json.c_str(), "w");
     if (f == nullptr) throw std::runtime_error("cannot write " + s.json);
-    std::fprintf(f, "{\"op\": \"%s\", \"transport\": \"%s\", \"compressor\": \"%s\", \"dtype\": \"%s\", "
+    std::fprintf(f, "{\"op\": \"%s\", \"transport\": \"%s\", \"dtype\": \"%s\", "
                     "\"ranks\": %d, \"results\": [",
-                 s.op.c_str(), s.transport.c_str(), compressor.c_str(), s.dtype.c_str(), j.size);
+                 s.op.c_str(), s.transport.c_str(), s.dtype.c_str(), j.size);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const row& r = rows[i];
-      std::fprintf(f, "%s\n  {\"topology\": \"%s\", \"size_bytes\": %zu, \"count\": %zu, \"time_us\": %.3f, "
-                      "\"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, \"wrong\": %ld, ",
-                   i == 0 ? "" : ",", r.topology.c_str(), r.bytes, r.count, r.time_us, r.algbw, r.busbw, r.wrong);
+      auto or_null = [](double v, const char* format) {
+        const std::string text = optional_number(v, format);
+        return text.empty() ? std::string("null") : text;
+      };
+      std::fprintf(f, "%s\n  {\"topology\": \"%s\", \"compressor\": \"%s\", \"size_bytes\": %zu, "
+                      "\"count\": %zu, \"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, "
+                      "\"wrong\": %ld, \"wire_bytes_per_rank\": %s, \"compression_ratio\": %s, "
+                      "\"rel_error\": %s, ",
+                   i == 0 ? "" : ",", r.topology.c_str(), r.compressor.c_str(), r.bytes, r.count, r.time_us,
+                   r.algbw, r.busbw, r.wrong, or_null(r.wire_bytes, "%.0f").c_str(),
+                   or_null(r.compression_ratio, "%.3f").c_str(), or_null(r.rel_error, "%.6g").c_str());
       if (r.mpi_us > 0) {
         std::fprintf(f, "\"mpi_time_us\": %.3f, \"mpi_busbw_gbs\": %.4f, \"speedup_vs_mpi\": %.4f}", r.mpi_us,
                      r.mpi_busbw, r.mpi_us / r.time_us);
