@@ -16,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "../support/cuda_codec_twin.cuh"
 #include "../support/cuda_device.cuh"
 #include "../support/data.hpp"
 
@@ -62,29 +63,7 @@ std::vector<T> mixed_values(std::size_t count, std::uint64_t seed) {
 
 template <class To, class T>
 void check_cast(std::size_t count) {
-  CAPTURE(count);
-  const squall::cast_compressor<To> c;
-  const auto g = mixed_values<T>(count, 400 + count);
-  const std::size_t size = c.max_payload_bytes(squall::dtype_of<T>, count);
-  std::vector<std::byte> expected(size);
-  CHECK(c.encode(host_backend{}, host_view<const T>(g), host_view<std::byte>(expected)) == size);
-
-  test::device_vector<T> in(g);
-  test::device_vector<std::byte> payload{std::vector<std::byte>(size)};
-  const cuda_backend gpu;
-  CHECK(c.encode(gpu, device_view<const T>(in.view()), payload.view()) == size);
-  gpu.synchronize();
-  REQUIRE(payload.to_host() == expected);
-
-  std::vector<T> host_out(count);
-  c.decode(host_backend{}, host_view<const std::byte>(expected), host_view<T>(host_out));
-  test::device_vector<T> out{std::vector<T>(count)};
-  c.decode(gpu, device_view<const std::byte>(payload.view()), out.view());
-  gpu.synchronize();
-  const auto got = out.to_host();
-  for (std::size_t i = 0; i < count; ++i) {
-    REQUIRE(test::bits_of(got[i]) == test::bits_of(host_out[i]));
-  }
+  test::check_codec_twin(squall::cast_compressor<To>{}, mixed_values<T>(count, 400 + count));
 }
 
 constexpr std::size_t counts[] = {0, 1, 1000, 1024 * 1024 + 3};

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../support/cuda_codec_twin.cuh"
 #include "../support/cuda_device.cuh"
 #include "../support/data.hpp"
 
@@ -25,28 +26,7 @@ namespace {
 
 template <class C, class T>
 void check_twin(C c, std::size_t count) {
-  CAPTURE(count);
-  auto g = test::random_values<T>(count, 300 + count);
-  const std::size_t size = c.max_payload_bytes(squall::dtype_of<T>, count);
-  std::vector<std::byte> expected(size);
-  c.encode(host_backend{}, host_view<const T>(g), host_view<std::byte>(expected),
-           squall::random_stream{5, 1});
-
-  test::device_vector<T> in(g);
-  test::device_vector<std::byte> payload{std::vector<std::byte>(size)};
-  const cuda_backend gpu;
-  CHECK(c.encode(gpu, device_view<const T>(in.view()), payload.view(), squall::random_stream{5, 1}) ==
-        size);
-  gpu.synchronize();
-  REQUIRE(payload.to_host() == expected);
-
-  std::vector<T> host_out(count);
-  c.decode(host_backend{}, host_view<const std::byte>(expected), host_view<T>(host_out));
-  test::device_vector<T> out{std::vector<T>(count)};
-  c.decode(gpu, device_view<const std::byte>(payload.view()), out.view());
-  gpu.synchronize();
-  const auto got = out.to_host();
-  for (std::size_t i = 0; i < count; ++i) REQUIRE(test::bits_of(got[i]) == test::bits_of(host_out[i]));
+  test::check_codec_twin(c, test::random_values<T>(count, 300 + count), squall::random_stream{5, 1});
 }
 
 }  // namespace

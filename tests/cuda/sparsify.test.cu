@@ -20,6 +20,7 @@
 #include <utility>  // swap
 #include <vector>
 
+#include "../support/cuda_codec_twin.cuh"
 #include "../support/cuda_device.cuh"
 #include "../support/data.hpp"
 
@@ -53,37 +54,6 @@ std::vector<T> make_data(data_kind kind, std::size_t count, std::uint64_t seed) 
   return out;
 }
 
-/// Encodes `g` on the host and on the device: the payloads must be equal (sizes and bytes);
-/// then decodes the host payload on both: the tensors must be equal bit for bit.
-template <class C, class T>
-void check_twin(const C& c, const std::vector<T>& g, squall::random_stream stream) {
-  const std::size_t count = g.size();
-  const std::size_t room = c.max_payload_bytes(squall::dtype_of<T>, count);
-  std::vector<std::byte> expected(room);
-  const std::size_t size =
-      c.encode(host_backend{}, host_view<const T>(g), host_view<std::byte>(expected), stream);
-  expected.resize(size);
-
-  test::device_vector<T> in(g);
-  test::device_vector<std::byte> payload{std::vector<std::byte>(room)};
-  const cuda_backend gpu;
-  REQUIRE(c.encode(gpu, device_view<const T>(in.view()), payload.view(), stream) == size);
-  gpu.synchronize();
-  auto got = payload.to_host();
-  got.resize(size);
-  REQUIRE(got == expected);
-
-  std::vector<T> host_out(count);
-  c.decode(host_backend{}, host_view<const std::byte>(expected), host_view<T>(host_out));
-  test::device_vector<std::byte> host_payload(expected);
-  test::device_vector<T> out{std::vector<T>(count, T(7))};  // decode must overwrite all of it
-  c.decode(gpu, device_view<const std::byte>(host_payload.view()), out.view());
-  gpu.synchronize();
-  const auto decoded = out.to_host();
-  for (std::size_t i = 0; i < count; ++i) {
-    REQUIRE(test::bits_of(decoded[i]) == test::bits_of(host_out[i]));
-  }
-}
 
 constexpr std::size_t counts[] = {0, 1, 1000, 1024 * 1024 + 3};
 constexpr data_kind kinds[] = {data_kind::ties, data_kind::continuous, data_kind::non_finite};
@@ -114,14 +84,14 @@ TEST_SUITE("cuda") {
           CAPTURE(ratio);
           squall::topk_compressor c;
           c.ratio = ratio;
-          check_twin(c, g, {});
+          test::check_codec_twin(c, g, {});
           // the sampled threshold: with ties more than k pass and the exact top k is sent,
           // with continuous data the sampled cut is sent
           c.method = squall::topk_method::sampled_threshold;
           c.seed = 11;
-          check_twin(c, g, {3, 2});
+          test::check_codec_twin(c, g, {3, 2});
           c.sample_ratio = 0.2;
-          check_twin(c, g, {4, 1});
+          test::check_codec_twin(c, g, {4, 1});
         }
       }
     }
@@ -139,12 +109,12 @@ TEST_SUITE("cuda") {
           squall::randomk_compressor r;
           r.ratio = ratio;
           r.seed = 21;
-          check_twin(r, g, {9, 4});
+          test::check_codec_twin(r, g, {9, 4});
         }
         for (const double tau : {0.5, 4.0, 1e300}) {
           squall::threshold_compressor t;
           t.tau = tau;
-          check_twin(t, g, {});
+          test::check_codec_twin(t, g, {});
         }
       }
     }
