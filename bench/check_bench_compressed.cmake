@@ -7,23 +7,31 @@
 # - none: float summation, 3 ranks: below 1e-6;
 # - cast:bf16: 8 significant bits, rounded once per hop (at most 2 hops of 3 ranks' partial
 #   sums, each within 2^-9 relative): below 3 x 2^-9 = 0.0059;
-# - int8 (bucket 512, max |g| scale): each rank's error is at most half a step, max|g| / 254,
-#   per element; for near-Gaussian inputs max|g| over 512 is under 4.5 sigma, so the error is
-#   under sqrt(3) x 4.5 / 254 / sqrt(3) of the sum's norm: below 0.02;
-# - topk:1 and randomk:1 (every element sent): the dense sum, below 1e-6;
-# - qsgd:4 (bucket 512): QSGD's variance bound, E||Q(g) - g||^2 <= min(n / s^2, sqrt(n) / s)
-#   ||g||^2 = 5.66 ||g||^2 per rank and bucket; the ranks' errors are independent and their
-#   inputs too, so rel_error^2 is at most 5.66 in expectation: below sqrt(5.66) = 2.38,
-#   plus 10% for one draw of 4096 or more elements: 2.6;
-# - terngrad (bucket 512, scale m = max |g|): E(q - g)^2 = m |g| - g^2 per element, so
-#   rel_error^2 <= m ||g||_1 / ||g||^2 - 1; for near-Gaussian inputs m < 4.5 sigma and
-#   ||g||_1 = 0.8 n sigma: below sqrt(3.6 - 1) = 1.6, plus 10%: 1.8;
+# - int8 (bucket 512, max |g| scale; per hop on ring and tree, gathered elsewhere): every
+#   encode errs by at most half a step, max / 254, uniformly, so by max / 254 / sqrt(3) in rms;
+#   the h-th encode along a ring or tree holds a partial sum of h ranks, whose bucket max is
+#   under 4.5 sigma sqrt(h) for near-Gaussian inputs; the sum's rms is sigma sqrt(3): so
+#   rel_error < 4.5 / 254 / 3 x sqrt(1 + 2 + 3) = 0.0145 at 3 ranks (gathered: one encode per
+#   rank, 0.0059): below 0.02;
+# - topk:1 and randomk:1 (every element sent; gTop-k keeps all: k = count): the dense sum,
+#   below 1e-6;
+# - qsgd:4 and terngrad (bucket 512), per hop on ring and tree: an encode of v adds an
+#   unbiased error of variance at most f ||v||^2: QSGD's bound f = min(n / s^2, sqrt(n) / s)
+#   = 5.66; terngrad's m ||v||_1 / ||v||^2 with m = max |v| < 4.5 sigma and ||v||_1 = 0.8 n
+#   sigma for near-Gaussian v: f = 3.6. Along a ring of 3 ranks an element's block is encoded
+#   3 times and each hop adds the previous encode's error to what it re-encodes:
+#   ||v1||^2 = 1, ||v2||^2 = (1 + f) + 1, ||v3||^2 = (1 + f) ||v2||^2 + 1 (in units of one
+#   rank's ||g||^2), and the errors sum to f (||v1||^2 + ||v2||^2 + ||v3||^2) against the
+#   sum's 3: rel_error^2 <= 114.5 (qsgd) and 40.0 (terngrad): below 10.7 and 6.3 (a tree of 3
+#   ranks encodes less). Gathered, each input is encoded once: below sqrt(5.66) = 2.38 and
+#   sqrt(3.6) = 1.9. The bound is loose (QSGD's f is a worst case); it is what the papers
+#   promise, which is what squall documents;
 # - every other row: below 1.5 (they drop or distort most of the signal: topk 1% keeps the
 #   1% largest per rank, so rel_error near 1 is their honest value).
 cmake_policy(SET CMP0007 NEW)  # keep the CSV's empty fields as list elements
 set(csv "${WORK_DIR}/bench_compressed.csv")
 file(REMOVE "${csv}")
-set(compressors "cast:bf16,cast:fp16,int8,sign,sign_vote,terngrad,qsgd:4,topk:0.01+ef,topk:1,topk_sampled:0.01,randomk:0.01,randomk:1,threshold:1.5,count_sketch,powersgd:2+ef")
+set(compressors "cast:bf16,cast:fp16,int8,int8@gather,sign,sign_vote,terngrad,qsgd:4,topk:0.01+ef,topk:0.01+ef@gtopk,topk:1,topk:1@gtopk,topk_sampled:0.01,randomk:0.01,randomk:1,threshold:1.5,count_sketch,powersgd:2+ef")
 execute_process(COMMAND "${BENCH}" -n 3 -b 16K -e 256K -f 16 --iters 2 --warmup 0
                         --compressor ${compressors} --csv "${csv}"
                 RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 600)
@@ -33,9 +41,9 @@ if(NOT status EQUAL 0)
 endif()
 file(STRINGS "${csv}" lines)
 list(LENGTH lines rows)
-# (15 compressors + none) x 6 topologies x 2 sizes, plus the header
-if(NOT rows EQUAL 193)
-  message(FATAL_ERROR "CSV has ${rows} lines, want 193")
+# (18 compressors + none) x 6 topologies x 2 sizes, plus the header
+if(NOT rows EQUAL 229)
+  message(FATAL_ERROR "CSV has ${rows} lines, want 229")
 endif()
 list(REMOVE_AT lines 0)
 foreach(line IN LISTS lines)
@@ -50,16 +58,16 @@ foreach(line IN LISTS lines)
   if(wire STREQUAL "" OR wire LESS_EQUAL 0)
     message(FATAL_ERROR "no wire bytes: ${line}")
   endif()
-  if(compressor STREQUAL "none" OR compressor STREQUAL "topk:1" OR compressor STREQUAL "randomk:1")
+  if(compressor STREQUAL "none" OR compressor MATCHES "^topk:1(@gtopk)?$" OR compressor STREQUAL "randomk:1")
     set(bound 0.000001)
   elseif(compressor STREQUAL "cast:bf16")
     set(bound 0.0059)
-  elseif(compressor STREQUAL "int8")
+  elseif(compressor MATCHES "^int8")
     set(bound 0.02)
   elseif(compressor STREQUAL "qsgd:4")
-    set(bound 2.6)
+    set(bound 10.7)
   elseif(compressor STREQUAL "terngrad")
-    set(bound 1.8)
+    set(bound 6.3)
   else()
     set(bound 1.5)
   endif()

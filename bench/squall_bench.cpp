@@ -8,6 +8,7 @@
 //                [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] [--chunk BYTES]
 //                [--peer-memory BYTES] [--no-check] [--csv FILE] [--json FILE]
 //                [--compressor none|cast:bf16|topk:0.01+ef|qsgd:4|powersgd:4|...[,..]]
+//                [--sparse-algorithm allgather|gtopk] [--requantize automatic|per_hop|gather]
 //
 // --chunk and --peer-memory override collective_tuning's chunk_bytes and peer_memory_bytes.
 //
@@ -15,7 +16,9 @@
 // topology, beside the dense one ("none", always run) in the same run, on near-Gaussian
 // inputs: each row then gives the most bytes any rank sent in one call (wire_bytes), the
 // dense allreduce's bytes over these (compression ratio) and ||result - exact|| / ||exact||
-// of a first call from a fresh state (rel_error), in place of #wrong.
+// of a first call from a fresh state (rel_error), in place of #wrong. --sparse-algorithm and
+// --requantize set collective_tuning's algorithms for the sparse (topk, threshold) and the
+// requantizing (int8, qsgd, terngrad, sign) compressors.
 //
 // It starts its own P ranks: when MPI is built it re-runs itself under mpiexec (so the same
 // processes can time MPI's collective), else it forks them (squall::launch) and the MPI
@@ -75,9 +78,10 @@ const std::vector<std::string> all_topologies = {"ring",         "tree",        
                "hierarchical|automatic[,...]] [--transport shm|mpi] [--dtype float|double|int32|"
                "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
                "[--chunk BYTES] [--peer-memory BYTES] [--no-check] [--csv FILE] [--json FILE] "
-               "[--compressor NAME[:PARAMETER][+ef][,...]] (names: none cast:fp16|bf16 int8 sign "
+               "[--compressor NAME[:PARAMETER][+ef][@ALGORITHM][,...]] (names: none cast:fp16|bf16 int8 sign "
                "sign_vote terngrad qsgd:4|16|127 topk:RATIO topk_sampled:RATIO randomk:RATIO "
-               "threshold:TAU count_sketch powersgd:RANK)\n",
+               "threshold:TAU count_sketch powersgd:RANK) [--sparse-algorithm allgather|gtopk] "
+               "[--requantize automatic|per_hop|gather]\n",
                why.c_str());
   std::exit(2);
 }
@@ -92,6 +96,14 @@ compressor_spec parse_compressor(const std::string& text) {
   compressor_spec spec;
   spec.text = text;
   std::string body = text;
+  if (const std::size_t at = body.find('@'); at != std::string::npos) {
+    spec.algorithm = body.substr(at + 1);
+    body.resize(at);
+    const bool known = spec.algorithm == "allgather" || spec.algorithm == "gtopk" ||
+                       spec.algorithm == "per_hop" || spec.algorithm == "gather" ||
+                       spec.algorithm == "automatic";
+    if (!known) usage("unknown algorithm in '" + text + "'");
+  }
   if (body.size() > 3 && body.compare(body.size() - 3, 3, "+ef") == 0) {
     spec.error_feedback = true;
     body.resize(body.size() - 3);
@@ -103,8 +115,8 @@ compressor_spec parse_compressor(const std::string& text) {
   if (std::find(names.begin(), names.end(), spec.name) == names.end()) {
     usage("unknown compressor '" + text + "'");
   }
-  if (spec.dense() && (spec.error_feedback || !spec.parameter.empty())) {
-    usage("--compressor none takes no parameter and no +ef");
+  if (spec.dense() && (spec.error_feedback || !spec.parameter.empty() || !spec.algorithm.empty())) {
+    usage("--compressor none takes no parameter, +ef or @algorithm");
   }
   return spec;
 }
@@ -148,6 +160,18 @@ settings parse(int argc, char** argv) {
     else if (a == "--csv") s.csv = value();
     else if (a == "--json") s.json = value();
     else if (a == "--compressor" || a == "-c") compressors = value();
+    else if (a == "--sparse-algorithm") {
+      const std::string v = value();
+      if (v == "allgather") s.sparse = squall::sparse_algorithm::allgather;
+      else if (v == "gtopk") s.sparse = squall::sparse_algorithm::gtopk;
+      else usage("unknown sparse algorithm '" + v + "'");
+    } else if (a == "--requantize") {
+      const std::string v = value();
+      if (v == "automatic") s.requantize = squall::requantize_algorithm::automatic;
+      else if (v == "per_hop") s.requantize = squall::requantize_algorithm::per_hop;
+      else if (v == "gather") s.requantize = squall::requantize_algorithm::gather;
+      else usage("unknown requantize algorithm '" + v + "'");
+    }
     else if (a == "-h" || a == "--help") usage("help");
     else usage("unknown argument '" + a + "'");
   }
@@ -372,6 +396,13 @@ std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string&
   squall::collective_tuning tuning;
   if (s_.chunk != 0) tuning.chunk_bytes = s_.chunk;
   if (s_.peer_memory != 0) tuning.peer_memory_bytes = s_.peer_memory;
+  tuning.sparse = s_.sparse;
+  tuning.requantize = s_.requantize;
+  if (spec.algorithm == "allgather") tuning.sparse = squall::sparse_algorithm::allgather;
+  if (spec.algorithm == "gtopk") tuning.sparse = squall::sparse_algorithm::gtopk;
+  if (spec.algorithm == "automatic") tuning.requantize = squall::requantize_algorithm::automatic;
+  if (spec.algorithm == "per_hop") tuning.requantize = squall::requantize_algorithm::per_hop;
+  if (spec.algorithm == "gather") tuning.requantize = squall::requantize_algorithm::gather;
   // one shm job per communicator: the topology, and the compressor's place in the list
   const std::string job_name = index == 0 ? name : name + "-c" + std::to_string(index);
   if constexpr (std::is_same_v<T, float>) {

@@ -22,12 +22,16 @@ namespace squall_bench {
 
 using clock_type = std::chrono::steady_clock;
 
-/// One `--compressor` entry: "name[:parameter][+ef]", e.g. "topk:0.01+ef", "qsgd:4",
-/// "cast:bf16", "powersgd:4"; "none" is the dense allreduce.
+/// One `--compressor` entry: "name[:parameter][+ef][@algorithm]", e.g. "topk:0.01+ef",
+/// "qsgd:4", "cast:bf16", "powersgd:4", "topk:0.001+ef@gtopk", "int8@gather"; "none" is the
+/// dense allreduce. The algorithm (allgather|gtopk for sparse compressors,
+/// per_hop|gather|automatic for requantizing ones) overrides --sparse-algorithm /
+/// --requantize for this entry, so both can run side by side.
 struct compressor_spec {
   std::string text;       ///< as given
   std::string name;       ///< "topk"
   std::string parameter;  ///< "0.01" ("" if none)
+  std::string algorithm;  ///< "gtopk" ("" if none)
   bool error_feedback = false;
   bool dense() const { return name == "none"; }
 };
@@ -37,6 +41,8 @@ struct settings {
   std::string op = "allreduce";
   std::vector<std::string> topologies;
   std::vector<compressor_spec> compressors;  ///< empty: the dense collectives only
+  squall::sparse_algorithm sparse = squall::sparse_algorithm::allgather;
+  squall::requantize_algorithm requantize = squall::requantize_algorithm::automatic;
   std::string transport = "shm";
   std::string dtype = "float";
   std::size_t min_bytes = std::size_t{4} << 10;

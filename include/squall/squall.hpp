@@ -5,6 +5,7 @@
 
 #include <squall/algorithm/communicator.hpp>
 #include <squall/algorithm/detail/executor.hpp>
+#include <squall/algorithm/detail/gtopk.hpp>
 #include <squall/backend/host.hpp>
 #include <squall/compress/cast.hpp>
 #include <squall/compress/error_feedback.hpp>

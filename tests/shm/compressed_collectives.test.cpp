@@ -37,6 +37,8 @@
 #include "../support/collective_data.hpp"
 #include "../support/compressed_reference.hpp"
 #include "../support/data.hpp"
+#include "../support/gtopk_reference.hpp"
+#include "../support/requantize_reference.hpp"
 #include "../support/result_hash.hpp"
 #include "../support/shm_ranks.hpp"
 #include "../support/topologies.hpp"
@@ -96,13 +98,14 @@ double largest_error(const std::vector<float>& got, const std::vector<double>& w
 /// Runs `steps` compressed allreduces with compressor `c` on `Topology` over 3 processes;
 /// `check(step, result)` returns whether a result is right.
 template <class Topology, class C, class Check>
-void run_on_processes(const C& c, bool exact, Check check) {
+void run_on_processes(const C& c, bool exact, Check check,
+                      const squall::collective_tuning& tuning = {}) {
   const shared_hashes hashes;
   const auto start = std::chrono::steady_clock::now();
   test::expect_ranks_succeed(ranks, [&](const shm_job& me) {
     squall::communicator<shm_transport, Topology, C> comm(
         shm_transport(me, squall::options{.deadline = 60s}), test::make_topology<Topology>(me.size),
-        c);
+        c, squall::options{}, tuning);
     auto state = comm.template make_state<float>(count);
     for (int s = 0; s < steps; ++s) {
       std::vector<float> data = input_of(me.rank, s, exact);
@@ -141,7 +144,7 @@ void gather_on_processes(const C& c) {
                           ? test::vote_reference(c, in, static_cast<std::uint64_t>(s))
                           : test::gather_reference(c, in, static_cast<std::uint64_t>(s));
     return got == want;
-  });
+  }, squall::collective_tuning{.requantize = squall::requantize_algorithm::gather});
 }
 
 }  // namespace
@@ -196,6 +199,28 @@ TEST_SUITE("shm_compressed_collectives") {
     gather_on_processes<squall::hierarchical_topology<>>(squall::sign_vote_compressor{});
   }
 
+  TEST_CASE("per-hop requantization: int8 on a ring, qsgd with error feedback on a tree") {
+    // bitwise the serial re-implementation of the hops (tests/support/requantize_reference.hpp)
+    const squall::int8_compressor q8{};
+    run_on_processes<squall::ring_topology>(
+        q8, false,
+        [&](int s, const std::vector<float>& got) {
+          return got ==
+                 test::ring_reference(q8, inputs_at(s, false), static_cast<std::uint64_t>(s)).out;
+        },
+        squall::collective_tuning{.requantize = squall::requantize_algorithm::per_hop});
+    const squall::qsgd_compressor<4> qsgd{.seed = 12};
+    // each process checks its own steps in order, so the residuals advance step by step
+    std::vector<std::vector<float>> residuals(ranks, std::vector<float>(count, 0.0f));
+    run_on_processes<squall::tree_topology>(
+        squall::error_feedback<squall::qsgd_compressor<4>>{qsgd}, false,
+        [&](int s, const std::vector<float>& got) {
+          return got == test::tree_reference(qsgd, inputs_at(s, false),
+                                             static_cast<std::uint64_t>(s), &residuals)
+                            .out;
+        });  // automatic: per hop on a tree
+  }
+
   TEST_CASE("powersgd on halving-doubling: exact on an input of rank 1") {
     // rank r's input: (r + 1) u v^T on a 10007 x 1 view is rank 1: exact
     const squall::powersgd_compressor c{.rank = 1, .columns = 1, .seed = 8};
@@ -217,5 +242,28 @@ TEST_SUITE("shm_compressed_collectives") {
         C{inner}, false, [&](int s, const std::vector<float>& got) {
           return s != 0 || got == test::gather_reference(inner, inputs_at(0, false), 0);
         });
+  }
+
+  TEST_CASE("gtopk: topk with error feedback and threshold, the serial gTop-k") {
+    const squall::collective_tuning gtopk{.sparse = squall::sparse_algorithm::gtopk};
+    const squall::topk_compressor top{.ratio = 0.01};
+    // each process checks its own steps in order, so the residuals advance step by step
+    std::vector<std::vector<float>> residuals(ranks, std::vector<float>(count, 0.0f));
+    run_on_processes<squall::ring_topology>(
+        squall::error_feedback<squall::topk_compressor>{top}, false,
+        [&](int s, const std::vector<float>& got) {
+          return got == test::gtopk_reference(top, inputs_at(s, false),
+                                              static_cast<std::uint64_t>(s),
+                                              top.entries(count), &residuals);
+        },
+        gtopk);
+    const squall::threshold_compressor thr{.tau = 0.9};
+    run_on_processes<squall::direct_topology>(
+        thr, false,
+        [&](int s, const std::vector<float>& got) {
+          return got == test::gtopk_reference(thr, inputs_at(s, false),
+                                              static_cast<std::uint64_t>(s), 0);
+        },
+        gtopk);
   }
 }

@@ -58,11 +58,14 @@ Topology make_topology(int size) {
   return t;
 }
 
-constexpr squall::collective_tuning tiny_pieces{.chunk_bytes = 64, .pipeline_depth = 3};
+// gather for the requantize class: per-hop requantization has its own tests (requantize.test.cpp)
+constexpr auto gather = squall::requantize_algorithm::gather;
+constexpr squall::collective_tuning tiny_pieces{
+    .chunk_bytes = 64, .pipeline_depth = 3, .requantize = gather};
 constexpr squall::collective_tuning peer_memory{
-    .chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1};
-constexpr squall::collective_tuning messages_only{.peer_memory_bytes =
-                                                      std::numeric_limits<std::size_t>::max()};
+    .chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1, .requantize = gather};
+constexpr squall::collective_tuning messages_only{
+    .peer_memory_bytes = std::numeric_limits<std::size_t>::max(), .requantize = gather};
 
 /// What one rank saw: its result of every step, the bytes of its last call, its final
 /// residual (error feedback) and its saved state.

@@ -29,6 +29,8 @@
 ///   communicator.
 
 #include <squall/algorithm/detail/executor.hpp>
+#include <squall/algorithm/detail/gtopk.hpp>
+#include <squall/algorithm/detail/requantize.hpp>
 #include <squall/backend/host.hpp>
 #include <squall/compress/linear_body.hpp>
 #include <squall/compress/none.hpp>
@@ -257,7 +259,16 @@ class communicator {
   /// - PowerSGD: P = M Q, summed; orthogonalize P; Q = M^T P, summed and kept; data = P Q^T;
   ///   with error feedback M = residual + data and residual = M - P Q_mine^T, the rank's own
   ///   share (so the residuals and the results add up to the inputs);
-  /// - requantize, sparse, vote (and linear compressors without a body): every rank encodes
+  /// - requantize (int8, qsgd, terngrad, sign) on ring or tree with `collective_tuning::
+  ///   requantize` automatic or per_hop: decode, add and re-encode at each hop (CGX): the
+  ///   ring's reduce-scatter of encoded partials, each block's owner encoding the sum once,
+  ///   an allgather of those payloads; the tree's reduce up, the root's payload broadcast
+  ///   down; every rank decodes every final payload (algorithm/detail/requantize.hpp has the
+  ///   streams and the error-feedback rule). per_hop on another topology: `invalid_argument`;
+  /// - sparse (topk, threshold) with `collective_tuning::sparse` gtopk: gTop-k (Shi et al.
+  ///   2019): the local sets merged pairwise up a tree keeping the k largest sums, the global
+  ///   set G broadcast down; data = G (algorithm/detail/gtopk.hpp: tree, ties, error feedback);
+  /// - requantize otherwise, sparse, vote (and linear compressors without a body): every rank encodes
   ///   once, the payloads are gathered (sizes first unless fixed size, padded to the
   ///   largest) through the topology's allgather schedule, and every rank decodes all P and
   ///   sums them in rank order. A vote is element i = sign(sum_q sign(d_q[i])) x
@@ -287,6 +298,18 @@ class communicator {
     } else if constexpr (Compressor::aggregation == aggregation_class::linear &&
                          has_linear_body<Inner>) {
       linear_allreduce(data, state);
+    } else if constexpr (Compressor::aggregation == aggregation_class::requantize) {
+      if (detail::uses_per_hop<Topology, Inner>(tuning_.requantize, rank(), size())) {
+        requantize_allreduce(data, state);
+      } else {
+        gather_allreduce(data, state);
+      }
+    } else if constexpr (detail::gtopk_mergeable<Inner>) {
+      if (tuning_.sparse == sparse_algorithm::gtopk) {
+        gtopk_allreduce(data, state);
+      } else {
+        gather_allreduce(data, state);
+      }
     } else {
       gather_allreduce(data, state);
     }
@@ -351,6 +374,40 @@ class communicator {
     }
     if (in.data() != mine) place(in, host_view<T>(mine, count));
     run(s, out.data(), out.count(), detail::make_reducer<T, sum_op>());
+  }
+
+  /// The compressed allgather: block q of `out` (`out.count()` = `size() * in.count()`) is
+  /// rank q's `in` encoded by `Compressor` with this step's stream (through the residual with
+  /// error feedback, which then keeps what the payload left out) and decoded; every rank gets
+  /// bitwise the same `out`. Payloads are gathered as the gather-then-reduce allreduce gathers
+  /// them (sizes first unless fixed size). `state` is this tensor's, for `in.count()` elements;
+  /// its step advances by one. PowerSGD sends its one-rank payload (one power iteration from
+  /// a Q drawn from its seed and the step; the state's Q is not used). `in` is read before
+  /// `out` is written, so it may lie in `out`. Throws `invalid_argument` if `out.count()` is not
+  /// `size() * in.count()` or `state.count()` not `in.count()`, what the compressor throws,
+  /// and the transport's errors.
+  template <real_gradient T>
+  void allgather(host_view<const T> in, host_view<T> out, compression_state<Compressor, T>& state) {
+    const std::size_t count = in.count();
+    const auto p = static_cast<std::size_t>(size());
+    require_count("compressed allgather", "out", out.count(), count * p);
+    if (state.count() != count) {
+      throw invalid_argument({.operation = "compressed allgather", .rank = rank()},
+                             "a compression state of " + std::to_string(state.count()) +
+                                 " elements used for blocks of " + std::to_string(count) +
+                                 " elements");
+    }
+    signature(collective::allgather, dtype_of<T>, "", count,
+              static_cast<int>(state.step() & 0x7fffffff), true);
+    // step 0: encode; step 1: gather the payloads; step 2: decode rank q's into block q
+    const std::size_t stride = gather_payloads(encode_payload(in, state));
+    for (std::size_t q = 0; q < p; ++q) {
+      compressor_.decode(host_backend{},
+                         host_view<const std::byte>(gathered_.data() + q * stride,
+                                                    static_cast<std::size_t>(sizes_[q])),
+                         host_view<T>(out.data() + q * count, count));
+    }
+    state.advance();
   }
 
   // ---- broadcast ----------------------------------------------------------------------------
@@ -859,17 +916,34 @@ class communicator {
     executor().run(s, all, total, copy_only_reducer());
   }
 
-  // step 0: encode once; step 1: exchange sizes (unless fixed size) and gather every payload;
-  // step 2: decode each and sum in rank order (a vote: count signs, add magnitudes).
+  // Per-hop requantization on the ring or tree (algorithm/detail/requantize.hpp): decode,
+  // add, re-encode at every hop; error feedback through the state's residual.
   template <class T>
-  void gather_allreduce(host_view<T> data, compression_state<Compressor, T>& state) {
-    using Inner = inner_compressor_t<Compressor>;
-    const std::size_t count = data.count();
+  void requantize_allreduce(host_view<T> data, compression_state<Compressor, T>& state) {
+    settle();
+    detail::requantize_hops<Transport, inner_compressor_t<Compressor>, T> hops{
+        .transport = transport_,
+        .c = inner_of(compressor_),
+        .buffers = requantize_,
+        .sent = buffers_.bytes_sent,
+        .received = buffers_.bytes_received,
+        .step = state.step()};
+    if constexpr (is_error_feedback<Compressor>) hops.residual = state.residual().residual().data();
+    if constexpr (std::same_as<Topology, ring_topology>) {
+      hops.ring(data.data(), data.count());
+    } else {
+      hops.tree(data.data(), data.count());
+    }
+  }
+
+  // Gathers every rank's payload (this rank's: the first `mine` bytes of payload_) into
+  // gathered_: the sizes first (into sizes_) unless fixed size, each payload at q x the stride
+  // returned (the largest size rounded up to 8 bytes).
+  std::size_t gather_payloads(std::uint64_t mine) {
     const auto p = static_cast<std::size_t>(size());
-    const std::uint64_t mine = encode_payload(data, state);
     settle();
     sizes_.assign(p, mine);
-    if constexpr (!compression_traits<Inner>::fixed_size) {
+    if constexpr (!compression_traits<inner_compressor_t<Compressor>>::fixed_size) {
       if (p > 1) exchange(&mine, sizeof mine, sizes_.data());
     }
     std::uint64_t largest = 0;
@@ -877,6 +951,22 @@ class communicator {
     const std::size_t stride = detail::align_up(static_cast<std::size_t>(largest), 8);
     if (gathered_.size() < stride * p) gathered_.resize(stride * p);
     gather_blobs(payload_.data(), static_cast<std::size_t>(mine), stride, gathered_.data());
+    return stride;
+  }
+
+  // The encode of a read-only input: `encode_payload` only reads its data.
+  template <class T>
+  std::size_t encode_payload(host_view<const T> in, compression_state<Compressor, T>& state) {
+    return encode_payload(host_view<T>(const_cast<T*>(in.data()), in.count()), state);
+  }
+
+  // step 0: encode once; step 1: exchange sizes (unless fixed size) and gather every payload;
+  // step 2: decode each and sum in rank order (a vote: count signs, add magnitudes).
+  template <class T>
+  void gather_allreduce(host_view<T> data, compression_state<Compressor, T>& state) {
+    const std::size_t count = data.count();
+    const auto p = static_cast<std::size_t>(size());
+    const std::size_t stride = gather_payloads(encode_payload(data, state));
     const auto payload_of = [&](std::size_t q) {
       return host_view<const std::byte>(gathered_.data() + q * stride,
                                         static_cast<std::size_t>(sizes_[q]));
@@ -910,6 +1000,23 @@ class communicator {
     }
   }
 
+  // gTop-k (algorithm/detail/gtopk.hpp): encode (through error feedback), merge the sparse
+  // sets up a tree to rank 0 keeping the k largest, broadcast G back down; data = G.
+  template <class T>
+  void gtopk_allreduce(host_view<T> data, compression_state<Compressor, T>& state) {
+    const std::size_t bytes = encode_payload(data, state);
+    settle();
+    T* residual = nullptr;
+    if constexpr (is_error_feedback<Compressor>) residual = state.residual().residual().data();
+    std::size_t cap = 0;  // threshold: each rank's own entry count
+    if constexpr (requires { inner_of(compressor_).entries(data.count()); }) {
+      cap = inner_of(compressor_).entries(data.count());
+    }
+    detail::gtopk_allreduce(transport_, buffers_,
+                            host_view<const std::byte>(payload_.data(), bytes), cap, data,
+                            residual, gtopk_.template of<T>());
+  }
+
   // The allreduce schedule for `bytes`, kept for the next call of the same size, so that a
   // training loop's repeated allreduce builds no schedule (and allocates nothing).
   const schedule& allreduce_schedule_for(std::size_t bytes) {
@@ -936,7 +1043,9 @@ class communicator {
   std::vector<std::byte> decoded_;    // a decoded payload, or error feedback's scratch
   std::vector<std::byte> factors_;    // PowerSGD's P and this rank's Q
   std::vector<std::byte> votes_;      // a vote's sums of signs
+  detail::requantize_buffers requantize_;  // per-hop requantization's payloads
   std::vector<std::uint64_t> sizes_;  // every rank's payload size
+  detail::gtopk_workspace gtopk_;     // gTop-k's sets
   std::vector<detail::call_signature> signatures_;
   bool cached_ = false;
   std::size_t cached_bytes_ = 0;

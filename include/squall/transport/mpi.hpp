@@ -338,9 +338,12 @@ inline void mpi_completion::wait() {
       // single-copy) moves only inside MPI calls, on both sides. One poll per wake-up would
       // move one batch of fragments per sleep, so after each sleep poll on while polls do work
       // (take long), and back to spinning when one did; give up after a run of idle polls.
+      // The deadline is checked here too: on a loaded machine a poll that is merely
+      // descheduled also takes long, and this loop must not outlive the deadline then.
       for (int idle = 0; idle < detail::mpi_idle_polls;) {
         const auto begin = std::chrono::steady_clock::now();
         if (poll()) return;
+        if (limit.expired()) break;
         if (std::chrono::steady_clock::now() - begin > detail::mpi_busy_poll) {
           idle = 0;
           pause.reset();
