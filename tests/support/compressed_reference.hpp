@@ -7,10 +7,12 @@
 #include <squall/backend/host.hpp>
 #include <squall/compress/state.hpp>
 #include <squall/core/buffer.hpp>
+#include <squall/core/error.hpp>
 #include <squall/core/random.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace squall::test {
@@ -66,6 +68,17 @@ std::vector<T> vote_reference(const C& c, const std::vector<std::vector<T>>& inp
     out[i] = votes[i] > 0 ? magnitude[i] : votes[i] < 0 ? -magnitude[i] : T(0);
   }
   return out;
+}
+
+/// The message of the `invalid_argument` that `f()` throws, or "(nothing thrown)".
+template <class F>
+std::string what_of(const F& f) {
+  try {
+    f();
+  } catch (const squall::invalid_argument& e) {
+    return e.what();
+  }
+  return "(nothing thrown)";
 }
 
 }  // namespace squall::test

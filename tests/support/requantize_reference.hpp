@@ -70,6 +70,21 @@ void encode_hop(const C& c, std::vector<T>& partial, std::size_t begin, std::siz
   }
 }
 
+/// What each rank adds along the hops: its input, or with error feedback (`residuals`) its
+/// residual after residual += input (which this updates).
+template <class T>
+std::vector<std::vector<T>> with_residuals(const std::vector<std::vector<T>>& inputs,
+                                           std::vector<std::vector<T>>* residuals) {
+  if (residuals == nullptr) return inputs;
+  std::vector<std::vector<T>> x(inputs.size());
+  for (std::size_t q = 0; q < inputs.size(); ++q) {
+    auto& r = (*residuals)[q];
+    for (std::size_t i = 0; i < inputs[q].size(); ++i) r[i] += inputs[q][i];
+    x[q] = r;
+  }
+  return x;
+}
+
 /// The ring: block b (of P near-equal blocks) starts at rank b+1 and passes b+2, ..., b+P = b;
 /// the j-th rank of the chain q adds its input to the decoded partial (j > 0) and encodes it
 /// with stream {step, q + P j}; the last (the owner, j = P-1) encodes the final payload.
@@ -82,14 +97,7 @@ hop_reference<T> ring_reference(const C& c, const std::vector<std::vector<T>>& i
   const int p = static_cast<int>(inputs.size());
   const std::size_t count = inputs[0].size();
   hop_reference<T> ref{std::vector<T>(count), std::vector<double>(count), std::vector<double>(count)};
-  std::vector<std::vector<T>> x = inputs;
-  if (residuals != nullptr) {
-    for (int q = 0; q < p; ++q) {
-      auto& r = (*residuals)[static_cast<std::size_t>(q)];
-      for (std::size_t i = 0; i < count; ++i) r[i] += inputs[static_cast<std::size_t>(q)][i];
-      x[static_cast<std::size_t>(q)] = r;
-    }
-  }
+  std::vector<std::vector<T>> x = with_residuals(inputs, residuals);
   if (count == 0) return ref;
   std::vector<T> partial(count);
   for (int b = 0; b < p; ++b) {
@@ -119,14 +127,7 @@ hop_reference<T> tree_reference(const C& c, const std::vector<std::vector<T>>& i
   const int p = static_cast<int>(inputs.size());
   const std::size_t count = inputs[0].size();
   hop_reference<T> ref{std::vector<T>(count), std::vector<double>(count), std::vector<double>(count)};
-  std::vector<std::vector<T>> x = inputs;
-  if (residuals != nullptr) {
-    for (int q = 0; q < p; ++q) {
-      auto& r = (*residuals)[static_cast<std::size_t>(q)];
-      for (std::size_t i = 0; i < count; ++i) r[i] += inputs[static_cast<std::size_t>(q)][i];
-      x[static_cast<std::size_t>(q)] = r;
-    }
-  }
+  std::vector<std::vector<T>> x = with_residuals(inputs, residuals);
   if (count == 0) return ref;
   // children have larger numbers than parents: walk v from P-1 down to 0
   std::vector<std::vector<T>> sent(static_cast<std::size_t>(p));

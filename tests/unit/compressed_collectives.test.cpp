@@ -369,15 +369,7 @@ void check_conservation(const C& c, double tolerance) {
   }
 }
 
-template <class T>
-std::string what_of(const T& f) {
-  try {
-    f();
-  } catch (const squall::invalid_argument& e) {
-    return e.what();
-  }
-  return "(nothing thrown)";
-}
+using squall::test::what_of;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;

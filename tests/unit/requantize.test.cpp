@@ -211,15 +211,7 @@ void check_unbiased(const C& c) {
   }
 }
 
-template <class T>
-std::string what_of(const T& f) {
-  try {
-    f();
-  } catch (const squall::invalid_argument& e) {
-    return e.what();
-  }
-  return "(nothing thrown)";
-}
+using squall::test::what_of;
 
 }  // namespace
 
