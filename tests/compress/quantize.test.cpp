@@ -20,26 +20,25 @@
 #include <random>
 #include <vector>
 
+#include "../support/host_codec.hpp"
+
 namespace {
 
 using squall::host_backend;
 using squall::host_view;
 using squall::random_stream;
 
+// the quantizers' payloads have a fixed size: encode writes all of max_payload_bytes
 template <class C, class T>
 std::vector<std::byte> encode(const C& c, const std::vector<T>& in, random_stream stream = {}) {
-  std::vector<std::byte> payload(c.max_payload_bytes(squall::dtype_of<T>, in.size()));
-  const std::size_t written =
-      c.encode(host_backend{}, host_view<const T>(in), host_view<std::byte>(payload), stream);
-  REQUIRE(written == payload.size());
+  auto payload = squall::test::encode_on_host(c, in, stream);
+  REQUIRE(payload.size() == c.max_payload_bytes(squall::dtype_of<T>, in.size()));
   return payload;
 }
 
 template <class C, class T>
 std::vector<T> decode(const C& c, const std::vector<std::byte>& payload, std::size_t count) {
-  std::vector<T> out(count, T(-12345));
-  c.decode(host_backend{}, host_view<const std::byte>(payload), host_view<T>(out));
-  return out;
+  return squall::test::decode_on_host(c, payload, count, T(-12345));
 }
 
 template <class T>

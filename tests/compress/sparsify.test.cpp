@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "../support/host_codec.hpp"
+
 namespace {
 
 using squall::host_backend;
@@ -34,19 +36,12 @@ using squall::topk_method;
 
 template <class C, class T>
 std::vector<std::byte> encode(const C& c, const std::vector<T>& in, random_stream stream = {}) {
-  std::vector<std::byte> payload(c.max_payload_bytes(squall::dtype_of<T>, in.size()));
-  const std::size_t written =
-      c.encode(host_backend{}, host_view<const T>(in), host_view<std::byte>(payload), stream);
-  REQUIRE(written <= payload.size());
-  payload.resize(written);
-  return payload;
+  return squall::test::encode_on_host(c, in, stream);
 }
 
 template <class C, class T>
 std::vector<T> decode(const C& c, const std::vector<std::byte>& payload, std::size_t count) {
-  std::vector<T> out(count, T(-7));  // decode must overwrite every element
-  c.decode(host_backend{}, host_view<const std::byte>(payload), host_view<T>(out));
-  return out;
+  return squall::test::decode_on_host(c, payload, count, T(-7));  // must overwrite every element
 }
 
 template <class T>
