@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// squall-bench's compressed allreduce runners: `--compressor` names to compressor policies,
-// and one communicator<Transport, Topology, C> per (topology, compressor) with the caller-owned
-// compression state of its tensor. Included by compressed_runners_*.cpp, which instantiate
+// squall-bench's compressed allreduce runners: `--compressor` names to compressor policies
+// (squall::visit_compressor), and one communicator<Transport, Topology, C> per (topology,
+// compressor) with the caller-owned compression state of its tensor. Included by compressed_runners_*.cpp, which instantiate
 // the factory for a few topologies each (so the build compiles them in parallel).
 #pragma once
 
@@ -10,27 +10,16 @@
 #include <squall/transport/mpi.hpp>
 #endif
 
-#include <cstdlib>  // strtod
 #include <cstring>  // memcpy
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "squall_bench.hpp"
 
 namespace squall_bench {
 namespace detail {
-
-/// `spec`'s parameter as a positive number, `fallback` if it has none.
-inline double parameter_of(const compressor_spec& spec, double fallback) {
-  if (spec.parameter.empty()) return fallback;
-  char* end = nullptr;
-  const double v = std::strtod(spec.parameter.c_str(), &end);
-  if (end == spec.parameter.c_str() || *end != '\0' || !(v > 0)) {
-    usage("--compressor " + spec.text + ": '" + spec.parameter + "' is not a positive number");
-  }
-  return v;
-}
 
 template <class Transport, class Topology, class C>
 struct compressed_runner final : runner_base<float> {
@@ -61,20 +50,6 @@ struct compressed_runner final : runner_base<float> {
   const job& j_;
 };
 
-template <class Transport, class Topology, class C>
-std::unique_ptr<runner_base<float>> runner_for(const compressor_spec& spec, C c,
-                                               const std::string& topology, Transport transport,
-                                               const job& j, const squall::options& opts,
-                                               const squall::collective_tuning& tuning) {
-  if (spec.error_feedback) {
-    using E = squall::error_feedback<C>;
-    return std::make_unique<compressed_runner<Transport, Topology, E>>(
-        topology, std::move(transport), E{std::move(c)}, j, opts, tuning);
-  }
-  return std::make_unique<compressed_runner<Transport, Topology, C>>(topology, std::move(transport),
-                                                                      std::move(c), j, opts, tuning);
-}
-
 }  // namespace detail
 
 template <class Transport, class Topology>
@@ -85,50 +60,15 @@ std::unique_ptr<runner_base<float>> make_compressed_runner(const compressor_spec
                                                            const squall::options& opts,
                                                            const squall::collective_tuning& tuning) {
   (void)s;
-  auto make = [&](auto c) {
-    return detail::runner_for<Transport, Topology>(spec, std::move(c), topology, std::move(transport), j,
-                                                   opts, tuning);
-  };
-  const std::string& n = spec.name;
-  const std::string& p = spec.parameter;
-  if (n == "cast") {
-    if (p == "fp16" || p == "float16") return make(squall::cast_compressor<squall::float16>{});
-    if (p.empty() || p == "bf16" || p == "bfloat16") return make(squall::cast_compressor<squall::bfloat16>{});
-    usage("--compressor " + spec.text + ": cast takes fp16 or bf16");
-  }
-  if (n == "int8") return make(squall::int8_compressor{});
-  if (n == "sign") return make(squall::sign_compressor{});
-  if (n == "sign_vote") return make(squall::sign_vote_compressor{});
-  if (n == "terngrad") return make(squall::terngrad_compressor{});
-  if (n == "qsgd") {
-    if (p.empty() || p == "4") return make(squall::qsgd_compressor<4>{});
-    if (p == "16") return make(squall::qsgd_compressor<16>{});
-    if (p == "127") return make(squall::qsgd_compressor<127>{});
-    usage("--compressor " + spec.text + ": qsgd takes 4, 16 or 127 levels");
-  }
-  if (n == "topk" || n == "topk_sampled") {
-    squall::topk_compressor c;
-    c.ratio = detail::parameter_of(spec, 0.01);
-    if (n == "topk_sampled") c.method = squall::topk_method::sampled_threshold;
-    return make(c);
-  }
-  if (n == "randomk") {
-    squall::randomk_compressor c;
-    c.ratio = detail::parameter_of(spec, 0.01);
-    return make(c);
-  }
-  if (n == "threshold") {
-    squall::threshold_compressor c;
-    c.tau = detail::parameter_of(spec, 0.01);
-    return make(c);
-  }
-  if (n == "count_sketch") return make(squall::count_sketch_compressor<3, 65536>{});
-  if (n == "powersgd") {
-    squall::powersgd_compressor c;
-    c.rank = static_cast<std::size_t>(detail::parameter_of(spec, 4));
-    return make(c);
-  }
-  return nullptr;
+  return squall::visit_compressor(spec, [&](auto c) -> std::unique_ptr<runner_base<float>> {
+    using C = decltype(c);
+    if constexpr (std::is_same_v<C, squall::identity_compressor>) {
+      return nullptr;  // the dense runs are not made here
+    } else {
+      return std::make_unique<detail::compressed_runner<Transport, Topology, C>>(
+          topology, std::move(transport), std::move(c), j, opts, tuning);
+    }
+  });
 }
 
 }  // namespace squall_bench

@@ -61,13 +61,6 @@
 
 namespace squall_bench {
 
-const std::vector<std::string>& compressor_names() {
-  static const std::vector<std::string> names = {
-      "none", "cast", "int8", "sign", "sign_vote", "terngrad", "qsgd", "topk", "topk_sampled",
-      "randomk", "threshold", "count_sketch", "powersgd"};
-  return names;
-}
-
 const std::vector<std::string> all_topologies = {"ring",         "tree",        "direct",
                                                  "halving_doubling", "hierarchical", "automatic"};
 
@@ -78,11 +71,9 @@ const std::vector<std::string> all_topologies = {"ring",         "tree",        
                "hierarchical|automatic[,...]] [--transport shm|mpi] [--dtype float|double|int32|"
                "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
                "[--chunk BYTES] [--peer-memory BYTES] [--no-check] [--csv FILE] [--json FILE] "
-               "[--compressor NAME[:PARAMETER][+ef][@ALGORITHM][,...]] (names: none cast:fp16|bf16 int8 sign "
-               "sign_vote terngrad qsgd:4|16|127 topk:RATIO topk_sampled:RATIO randomk:RATIO "
-               "threshold:TAU count_sketch powersgd:RANK) [--sparse-algorithm allgather|gtopk] "
-               "[--requantize automatic|per_hop|gather]\n",
-               why.c_str());
+               "[--compressor NAME[:PARAMETER][+ef][@ALGORITHM][,...]] (%s) "
+               "[--sparse-algorithm allgather|gtopk] [--requantize automatic|per_hop|gather]\n",
+               why.c_str(), squall::compressor_usage().c_str());
   std::exit(2);
 }
 
@@ -93,32 +84,11 @@ namespace {
 using namespace squall_bench;
 
 compressor_spec parse_compressor(const std::string& text) {
-  compressor_spec spec;
-  spec.text = text;
-  std::string body = text;
-  if (const std::size_t at = body.find('@'); at != std::string::npos) {
-    spec.algorithm = body.substr(at + 1);
-    body.resize(at);
-    const bool known = spec.algorithm == "allgather" || spec.algorithm == "gtopk" ||
-                       spec.algorithm == "per_hop" || spec.algorithm == "gather" ||
-                       spec.algorithm == "automatic";
-    if (!known) usage("unknown algorithm in '" + text + "'");
+  try {
+    return squall::parse_compressor(text);
+  } catch (const squall::invalid_argument& e) {
+    usage(e.what());
   }
-  if (body.size() > 3 && body.compare(body.size() - 3, 3, "+ef") == 0) {
-    spec.error_feedback = true;
-    body.resize(body.size() - 3);
-  }
-  const std::size_t colon = body.find(':');
-  spec.name = body.substr(0, colon);
-  if (colon != std::string::npos) spec.parameter = body.substr(colon + 1);
-  const auto& names = compressor_names();
-  if (std::find(names.begin(), names.end(), spec.name) == names.end()) {
-    usage("unknown compressor '" + text + "'");
-  }
-  if (spec.dense() && (spec.error_feedback || !spec.parameter.empty() || !spec.algorithm.empty())) {
-    usage("--compressor none takes no parameter, +ef or @algorithm");
-  }
-  return spec;
 }
 
 std::size_t parse_size(const std::string& text) {
@@ -398,19 +368,17 @@ std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string&
   if (s_.peer_memory != 0) tuning.peer_memory_bytes = s_.peer_memory;
   tuning.sparse = s_.sparse;
   tuning.requantize = s_.requantize;
-  if (spec.algorithm == "allgather") tuning.sparse = squall::sparse_algorithm::allgather;
-  if (spec.algorithm == "gtopk") tuning.sparse = squall::sparse_algorithm::gtopk;
-  if (spec.algorithm == "automatic") tuning.requantize = squall::requantize_algorithm::automatic;
-  if (spec.algorithm == "per_hop") tuning.requantize = squall::requantize_algorithm::per_hop;
-  if (spec.algorithm == "gather") tuning.requantize = squall::requantize_algorithm::gather;
+  tuning = spec.tuned(tuning);
   // one shm job per communicator: the topology, and the compressor's place in the list
   const std::string job_name = index == 0 ? name : name + "-c" + std::to_string(index);
   if constexpr (std::is_same_v<T, float>) {
     if (!spec.dense()) {
-      auto r = make_compressed_runner<Transport, Topology>(spec, name, make_transport(job_name), s_, j_,
+      try {
+        return make_compressed_runner<Transport, Topology>(spec, name, make_transport(job_name), s_, j_,
                                                            opts, tuning);
-      if (r == nullptr) usage("unknown compressor '" + spec.text + "'");
-      return r;
+      } catch (const squall::invalid_argument& e) {
+        usage(e.what());
+      }
     }
   }
   auto r = std::make_unique<runner<Transport, Topology, T>>(name, make_transport(job_name), s_, j_, opts, tuning);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <squall/algorithm/communicator.hpp>
+#include <squall/compress/by_name.hpp>
 #include <squall/core/options.hpp>
 #include <squall/tuning/tuning.hpp>
 #if SQUALL_BENCH_WITH_MPI
@@ -22,19 +23,11 @@ namespace squall_bench {
 
 using clock_type = std::chrono::steady_clock;
 
-/// One `--compressor` entry: "name[:parameter][+ef][@algorithm]", e.g. "topk:0.01+ef",
-/// "qsgd:4", "cast:bf16", "powersgd:4", "topk:0.001+ef@gtopk", "int8@gather"; "none" is the
-/// dense allreduce. The algorithm (allgather|gtopk for sparse compressors,
+/// One `--compressor` entry: "name[:parameter][+ef][@algorithm]" (squall/compress/by_name.hpp);
+/// "none" is the dense allreduce. The algorithm (allgather|gtopk for sparse compressors,
 /// per_hop|gather|automatic for requantizing ones) overrides --sparse-algorithm /
 /// --requantize for this entry, so both can run side by side.
-struct compressor_spec {
-  std::string text;       ///< as given
-  std::string name;       ///< "topk"
-  std::string parameter;  ///< "0.01" ("" if none)
-  std::string algorithm;  ///< "gtopk" ("" if none)
-  bool error_feedback = false;
-  bool dense() const { return name == "none"; }
-};
+using compressor_spec = squall::compressor_choice;
 
 struct settings {
   int ranks = 0;
@@ -139,8 +132,8 @@ inline float gradient_value(int rank, std::size_t i) {
   return static_cast<float>(u * 1.7320508075688772);  // variance 1
 }
 
-/// A compressed allreduce runner for `spec` over `Topology`, or null if `spec` names no
-/// compressor squall-bench knows (`usage` is then the caller's). Defined in
+/// A compressed allreduce runner for `spec` over `Topology`; throws `squall::invalid_argument`
+/// for a parameter the compressor cannot take. Defined in
 /// bench/compressed_runners.cpp for shm_transport (and mpi_transport when built) and every
 /// topology.
 template <class Transport, class Topology>
@@ -150,8 +143,5 @@ std::unique_ptr<runner_base<float>> make_compressed_runner(const compressor_spec
                                                            const job& j,
                                                            const squall::options& opts,
                                                            const squall::collective_tuning& tuning);
-
-/// The compressor names `make_compressed_runner` knows, for the usage line and the parser.
-const std::vector<std::string>& compressor_names();
 
 }  // namespace squall_bench

@@ -13,10 +13,16 @@ packages=(
   libbenchmark-dev              # kernel benchmarks
   librandom123-dev              # Philox, the counter-based generator of the stochastic compressors
   clang libclang-rt-14-dev      # libFuzzer targets for the payload decoders
+  libopenblas-dev zlib1g-dev    # examples/train_fashion_mnist: matrix products, gzip'd IDX files
+  dataset-fashion-mnist         # its data (/usr/share/datasets/fashion-mnist)
 )
 # MPICH instead of / beside Open MPI: SQUALL_SETUP_MPICH=1 adds it (see README, "MPICH").
 if [[ "${SQUALL_SETUP_MPICH:-0}" == "1" ]]; then
   packages+=(libmpich-dev mpich)
+fi
+# The training figures' plot (scripts/train.sh): SQUALL_SETUP_PLOT=1 adds matplotlib.
+if [[ "${SQUALL_SETUP_PLOT:-0}" == "1" ]]; then
+  packages+=(python3-matplotlib)
 fi
 
 missing=()

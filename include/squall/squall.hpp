@@ -7,6 +7,7 @@
 #include <squall/algorithm/detail/executor.hpp>
 #include <squall/algorithm/detail/gtopk.hpp>
 #include <squall/backend/host.hpp>
+#include <squall/compress/by_name.hpp>
 #include <squall/compress/cast.hpp>
 #include <squall/compress/error_feedback.hpp>
 #include <squall/compress/linear_body.hpp>

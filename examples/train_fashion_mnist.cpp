@@ -1,0 +1,313 @@
+// SPDX-License-Identifier: Apache-2.0
+// Synchronous data-parallel SGD with momentum on Fashion-MNIST, the gradients averaged by a
+// squall allreduce whose compressor is chosen on the command line.
+//
+//   train_fashion_mnist [-n P] [--epochs E] [--batch B] [--lr LR] [--momentum M] [--hidden H]
+//                       [--compressor SPEC[,SPEC...]] [--train-subset N] [--test-subset N]
+//                       [--data DIR] [--csv FILE] [--seed S]
+//
+// SPEC is squall's compressor name (squall/compress/by_name.hpp): none, cast:bf16, int8,
+// qsgd:4, terngrad, sign+ef, topk:0.01+ef, topk:0.001+ef@gtopk, randomk:0.01,
+// count_sketch:16384, powersgd:4+ef, ... Each SPEC trains the same network from the same
+// initial weights on P ranks (forked processes joined by the shared-memory transport, ring
+// topology). Rank r trains on its B images of each global batch of P x B; the gradients of the
+// two weight matrices go through the compressed allreduce (each with its own state: residual,
+// PowerSGD's Q viewed as the layer's matrix), the 266 biases through a dense one, and so does a
+// matrix whose fixed-size payload would not be smaller than its values (a wide count sketch of
+// W2). With error feedback the momentum is applied before the allreduce (DGC's momentum
+// correction), without it after. After each epoch: the mean training loss, the accuracy on the
+// test images (split across the ranks), the wall time, the time in the gradient allreduces and
+// the bytes this rank sent for them since the start, the most of any rank. At the end every rank's weights are compared bit for bit.
+// The images come from Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist),
+// $SQUALL_FASHION_MNIST or --data.
+#include <squall/compress/by_name.hpp>
+#include <squall/squall.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>  // memcmp
+#include <exception>
+#include <numeric>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fashion_mnist/dataset.hpp"
+#include "fashion_mnist/model.hpp"
+
+// OpenBLAS runs one thread per rank (the ranks are the parallelism); declared weak so that any
+// other CBLAS links too.
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+struct settings {
+  int ranks = 2;
+  int epochs = 10;
+  std::size_t batch = 32;  // per rank
+  float lr = 0.05f;
+  float momentum = 0.9f;
+  std::size_t hidden = 256;
+  std::vector<squall::compressor_choice> compressors;
+  std::size_t train_subset = 0;  // 0: all 60,000
+  std::size_t test_subset = 0;   // 0: all 10,000
+  std::string data;
+  std::string csv;
+  std::uint64_t seed = 1;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "train_fashion_mnist: %s\nusage: train_fashion_mnist [-n P] [--epochs E] [--batch B] "
+               "[--lr LR] [--momentum M] [--hidden H] [--compressor SPEC[,SPEC...]] "
+               "[--train-subset N] [--test-subset N] [--data DIR] [--csv FILE] [--seed S]\n"
+               "SPEC: %s\n",
+               why.c_str(), squall::compressor_usage().c_str());
+  std::exit(2);
+}
+
+double number(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !(v >= 0)) usage(flag + ": '" + text + "' is not a number >= 0");
+  return v;
+}
+
+settings parse(int argc, char** argv) {
+  settings s;
+  std::string compressors = "none";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") usage("help");
+    if (i + 1 >= argc) usage("missing value after " + a);
+    const std::string v = argv[++i];
+    if (a == "-n") s.ranks = static_cast<int>(number(a, v));
+    else if (a == "--epochs") s.epochs = static_cast<int>(number(a, v));
+    else if (a == "--batch") s.batch = static_cast<std::size_t>(number(a, v));
+    else if (a == "--lr") s.lr = static_cast<float>(number(a, v));
+    else if (a == "--momentum") s.momentum = static_cast<float>(number(a, v));
+    else if (a == "--hidden") s.hidden = static_cast<std::size_t>(number(a, v));
+    else if (a == "--compressor" || a == "-c") compressors = v;
+    else if (a == "--train-subset") s.train_subset = static_cast<std::size_t>(number(a, v));
+    else if (a == "--test-subset") s.test_subset = static_cast<std::size_t>(number(a, v));
+    else if (a == "--data") s.data = v;
+    else if (a == "--csv") s.csv = v;
+    else if (a == "--seed") s.seed = static_cast<std::uint64_t>(number(a, v));
+    else usage("unknown option " + a);
+  }
+  if (s.ranks < 1 || s.ranks > 64) usage("-n must be 1..64");
+  if (s.epochs < 1) usage("--epochs must be at least 1");
+  if (s.batch < 1) usage("--batch must be at least 1");
+  if (s.hidden < 1) usage("--hidden must be at least 1");
+  if (s.momentum >= 1) usage("--momentum must be below 1");
+  for (std::size_t at = 0; at <= compressors.size();) {
+    const std::size_t comma = std::min(compressors.find(',', at), compressors.size());
+    try {
+      const auto choice = squall::parse_compressor(compressors.substr(at, comma - at));
+      squall::visit_compressor(choice, [](auto) {});  // checks the parameter before any fork
+      s.compressors.push_back(choice);
+    } catch (const squall::error& e) {
+      usage(e.what());
+    }
+    at = comma + 1;
+  }
+  return s;
+}
+
+/// PowerSGD views a weight matrix as its layer's rows x columns; other compressors take none.
+template <class C>
+void set_columns(C& c, std::size_t columns) {
+  if constexpr (requires { c.columns; }) c.columns = columns;
+  else if constexpr (requires { c.inner.columns; }) c.inner.columns = columns;
+}
+
+/// One rank's training with compressor C; returns its exit code.
+template <class C>
+int train(const squall::shm_job& me, C compressor, const squall::compressor_choice& choice,
+          const settings& s, const fashion_mnist::dataset& data, std::size_t train_count,
+          std::size_t test_count) {
+  using transport = squall::shm_transport;
+  using comm_type = squall::communicator<transport, squall::ring_topology, C>;
+  constexpr bool dense = std::is_same_v<C, squall::identity_compressor>;
+  const fashion_mnist::mlp model{.hidden = s.hidden};
+  const squall::collective_tuning tuning = choice.tuned({});
+  // one communicator per weight matrix, so that PowerSGD sees each as its layer's matrix
+  C c1 = compressor, c2 = compressor;
+  set_columns(c1, model.hidden);
+  set_columns(c2, model.classes);
+  comm_type comm1(transport(squall::shm_job{me.name + "-w1", me.rank, me.size}), {}, c1, {}, tuning);
+  comm_type comm2(transport(squall::shm_job{me.name + "-w2", me.rank, me.size}), {}, c2, {}, tuning);
+  // A tensor whose fixed-size payload is not smaller than its dense bytes goes dense: a
+  // 3 x 4096 count sketch of W2's 2,560 values would send 19x more than the values.
+  const auto worth = [&](const comm_type& comm, std::size_t count) {
+    if constexpr (dense) return false;
+    else if constexpr (!squall::compression_traits<squall::inner_compressor_t<C>>::fixed_size) return true;
+    else return comm.compressor().max_payload_bytes(squall::dtype::float32, count) < count * sizeof(float);
+  };
+  const bool compress1 = worth(comm1, model.w1_count());
+  const bool compress2 = worth(comm2, model.w2_count());
+  auto state1 = comm1.template make_state<float>(compress1 ? model.w1_count() : 0);
+  auto state2 = comm2.template make_state<float>(compress2 ? model.w2_count() : 0);
+
+  if (me.rank == 0) {
+    std::printf("# %s: W1 (%zu values) %s, W2 (%zu) %s, biases (%zu) dense\n", choice.text.c_str(),
+                model.w1_count(), compress1 ? "compressed" : "dense", model.w2_count(),
+                compress2 ? "compressed" : "dense", model.bias_count());
+  }
+  // Momentum: with error feedback each rank keeps its own velocity and compresses that, the
+  // residual holding what it has not sent yet (DGC's momentum correction, Lin et al., ICLR
+  // 2018), so that what is sent over the steps adds up to the dense run's velocities; without,
+  // the velocity of the averaged gradient (an unbiased quantizer's noise is not multiplied by
+  // 1 / (1 - momentum)). For the dense and linear compressors the two are the same sums.
+  constexpr bool local_momentum = squall::is_error_feedback<C>;
+  std::vector<float> params = model.initial_parameters(s.seed);
+  std::vector<float> grads(params.size()), velocity(params.size(), 0.0f);
+  fashion_mnist::workspace ws;
+  const std::size_t per_step = s.batch * static_cast<std::size_t>(me.size);
+  const std::size_t steps = train_count / per_step;
+  if (steps == 0) throw squall::invalid_argument({}, "fewer training images than one global batch");
+  std::vector<std::size_t> order(train_count);
+  std::vector<float> batch_x(s.batch * model.inputs);
+  std::vector<std::uint8_t> batch_y(s.batch);
+  std::uint64_t wire_bytes = 0;  // this rank's, for the gradients, since the start
+  double comm_seconds = 0;       // this epoch's
+  double wall_total = 0;
+
+  auto reduce = [&](auto& comm, std::span<float> g, auto& state, bool compress) {
+    const auto start = clock_type::now();
+    const squall::host_view<float> view(g.data(), g.size());
+    if constexpr (dense) comm.allreduce(view, squall::avg_op{});
+    else if (compress) comm.allreduce(view, state, squall::avg_op{});
+    else comm.allreduce(view, squall::avg_op{});
+    comm_seconds += std::chrono::duration<double>(clock_type::now() - start).count();
+    wire_bytes += comm.last_transfer().bytes_sent;
+  };
+  auto across = [&](double v, bool sum) {
+    if (sum) comm1.allreduce(squall::host_view<double>(&v, 1), squall::sum_op{});
+    else comm1.allreduce(squall::host_view<double>(&v, 1), squall::max_op{});
+    return v;
+  };
+
+  for (int epoch = 1; epoch <= s.epochs; ++epoch) {
+    const auto epoch_start = clock_type::now();
+    comm_seconds = 0;
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::mt19937_64 shuffle(s.seed * 1000003 + static_cast<std::uint64_t>(epoch));
+    std::shuffle(order.begin(), order.end(), shuffle);  // the same order on every rank
+    double loss_sum = 0;
+    for (std::size_t step = 0; step < steps; ++step) {
+      const std::size_t first = step * per_step + static_cast<std::size_t>(me.rank) * s.batch;
+      for (std::size_t b = 0; b < s.batch; ++b) {
+        const std::size_t img = order[first + b];
+        std::copy_n(data.train.values.data() + img * model.inputs, model.inputs,
+                    batch_x.data() + b * model.inputs);
+        batch_y[b] = data.train.labels[img];
+      }
+      loss_sum += fashion_mnist::forward(model, params, batch_x.data(), batch_y.data(), s.batch, ws).loss_sum;
+      fashion_mnist::backward(model, params, batch_x.data(), batch_y.data(), s.batch, ws, grads);
+      if constexpr (local_momentum) {
+        for (std::size_t i = 0; i < params.size(); ++i) {
+          velocity[i] = s.momentum * velocity[i] + grads[i];
+          grads[i] = velocity[i];
+        }
+      }
+      reduce(comm1, model.w1(grads), state1, compress1);
+      reduce(comm2, model.w2(grads), state2, compress2);
+      reduce(comm1, model.biases(grads), state1, false);
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if constexpr (!local_momentum) velocity[i] = s.momentum * velocity[i] + grads[i];
+        params[i] -= s.lr * (local_momentum ? grads[i] : velocity[i]);
+      }
+    }
+    // the test images, split across the ranks
+    const std::size_t lo = test_count * static_cast<std::size_t>(me.rank) / static_cast<std::size_t>(me.size);
+    const std::size_t hi = test_count * static_cast<std::size_t>(me.rank + 1) / static_cast<std::size_t>(me.size);
+    std::size_t correct = 0;
+    for (std::size_t at = lo; at < hi; at += 256) {
+      const std::size_t n = std::min<std::size_t>(256, hi - at);
+      correct += fashion_mnist::forward(model, params, data.test.values.data() + at * model.inputs,
+                                        data.test.labels.data() + at, n, ws)
+                     .correct;
+    }
+    const double wall = std::chrono::duration<double>(clock_type::now() - epoch_start).count();
+    wall_total += wall;
+    const double loss = across(loss_sum, true) / static_cast<double>(steps * per_step);
+    const double accuracy = across(static_cast<double>(correct), true) / static_cast<double>(test_count);
+    const double wall_max = across(wall, false);
+    const double comm_max = across(comm_seconds, false);
+    const double bytes_max = across(static_cast<double>(wire_bytes), false);
+    if (me.rank == 0) {
+      std::printf("%-22s epoch %2d  loss %.4f  test accuracy %6.2f%%  wall %6.2f s  comm %6.2f s  "
+                  "wire %10.3f MB/rank\n",
+                  choice.text.c_str(), epoch, loss, 100 * accuracy, wall_max, comm_max, bytes_max / 1e6);
+      std::fflush(stdout);
+      if (!s.csv.empty()) {
+        std::FILE* f = std::fopen(s.csv.c_str(), "a");
+        if (f == nullptr) throw std::runtime_error("cannot append to " + s.csv);
+        std::fprintf(f, "%s,%d,%zu,%d,%.6f,%.6f,%.4f,%.4f,%.0f\n", choice.text.c_str(), me.size, s.batch,
+                     epoch, loss, accuracy, wall_max, comm_max, bytes_max);
+        std::fclose(f);
+      }
+    }
+  }
+  // every rank holds the same weights: compare with the elementwise max over ranks
+  std::vector<float> highest = params;
+  comm1.allreduce(squall::host_view<float>(highest), squall::max_op{});
+  const bool same = std::memcmp(highest.data(), params.data(), params.size() * sizeof(float)) == 0;
+  const double differing = across(same ? 0.0 : 1.0, true);
+  if (me.rank == 0) {
+    std::printf("%-22s weights identical on all %d ranks: %s\n", choice.text.c_str(), me.size,
+                differing == 0 ? "yes" : "NO");
+  }
+  return differing == 0 ? 0 : 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const settings s = parse(argc, argv);
+  if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
+  fashion_mnist::dataset data;
+  try {
+    data = fashion_mnist::load(fashion_mnist::directory(s.data));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_fashion_mnist: %s\n", e.what());
+    return 2;
+  }
+  const std::size_t train_count =
+      s.train_subset == 0 ? data.train.count : std::min(s.train_subset, data.train.count);
+  const std::size_t test_count = s.test_subset == 0 ? data.test.count : std::min(s.test_subset, data.test.count);
+  std::printf("# train_fashion_mnist: %d ranks, %zu training and %zu test images, 784-%zu-10, batch %zu "
+              "per rank, lr %g, momentum %g, %d epochs\n",
+              s.ranks, train_count, test_count, s.hidden, s.batch, static_cast<double>(s.lr),
+              static_cast<double>(s.momentum), s.epochs);
+  if (!s.csv.empty()) {
+    std::FILE* f = std::fopen(s.csv.c_str(), "a");
+    if (f == nullptr) usage("cannot write " + s.csv);
+    if (std::ftell(f) == 0) {
+      std::fprintf(f, "compressor,ranks,batch,epoch,train_loss,test_accuracy,wall_s,comm_s,wire_bytes_per_rank\n");
+    }
+    std::fclose(f);
+  }
+  int status = 0;
+  for (const auto& choice : s.compressors) {
+    const squall::launch_result result = squall::launch(s.ranks, [&](const squall::shm_job& me) {
+      return squall::visit_compressor(choice, [&](auto c) {
+        return train(me, std::move(c), choice, s, data, train_count, test_count);
+      });
+    });
+    if (!result.ok()) {
+      std::fprintf(stderr, "train_fashion_mnist: %s: rank %d failed (status %d)\n", choice.text.c_str(),
+                   result.failed_rank, result.exit_code());
+      status = result.exit_code();
+    }
+  }
+  return status;
+}

@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// Compressors by name, the way a command line names them: "name[:parameter][+ef][@algorithm]",
+/// e.g. "topk:0.01+ef", "qsgd:4", "cast:bf16", "powersgd:4+ef", "topk:0.001+ef@gtopk",
+/// "int8@gather", "none". `parse_compressor` reads the text (and says what is wrong with it);
+/// `visit_compressor` calls a generic callable with the policy the text names, so a program
+/// instantiates its compressed path once per policy and picks one at run time.
+/// squall-bench and examples/train_fashion_mnist choose their compressors through it.
+
+#include <squall/compress/cast.hpp>
+#include <squall/compress/error_feedback.hpp>
+#include <squall/compress/none.hpp>
+#include <squall/compress/quantize.hpp>
+#include <squall/compress/sketch.hpp>
+#include <squall/compress/sparsify.hpp>
+#include <squall/core/error.hpp>
+#include <squall/tuning/tuning.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>  // strtod
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace squall {
+
+/// One compressor as named on a command line. `parameter` and `algorithm` are "" when absent.
+struct compressor_choice {
+  std::string text;       ///< as given: "topk:0.001+ef@gtopk"
+  std::string name;       ///< "topk"
+  std::string parameter;  ///< "0.001"
+  std::string algorithm;  ///< "gtopk"
+  bool error_feedback = false;
+
+  /// "none": the dense collective.
+  bool dense() const { return name == "none"; }
+
+  /// `tuning` with this choice's algorithm: allgather|gtopk set `sparse`, per_hop|gather|automatic
+  /// set `requantize`; unchanged without one.
+  collective_tuning tuned(collective_tuning tuning) const {
+    if (algorithm == "allgather") tuning.sparse = sparse_algorithm::allgather;
+    if (algorithm == "gtopk") tuning.sparse = sparse_algorithm::gtopk;
+    if (algorithm == "per_hop") tuning.requantize = requantize_algorithm::per_hop;
+    if (algorithm == "gather") tuning.requantize = requantize_algorithm::gather;
+    if (algorithm == "automatic") tuning.requantize = requantize_algorithm::automatic;
+    return tuning;
+  }
+};
+
+/// The names `parse_compressor` accepts, and what each takes after the colon.
+inline constexpr std::array<std::pair<std::string_view, std::string_view>, 13> compressor_names{{
+    {"none", ""},
+    {"cast", "fp16|bf16 (default bf16)"},
+    {"int8", ""},
+    {"sign", ""},
+    {"sign_vote", ""},
+    {"terngrad", ""},
+    {"qsgd", "4|16|127 levels (default 4)"},
+    {"topk", "RATIO (default 0.01)"},
+    {"topk_sampled", "RATIO (default 0.01)"},
+    {"randomk", "RATIO (default 0.01)"},
+    {"threshold", "TAU (default 0.01)"},
+    {"count_sketch", "4096|16384|65536 columns of 3 rows (default 65536)"},
+    {"powersgd", "RANK (default 4)"},
+}};
+
+/// One line naming every compressor and its parameter, for a usage message.
+inline std::string compressor_usage() {
+  std::string out;
+  for (const auto& [name, parameter] : compressor_names) {
+    if (!out.empty()) out += ' ';
+    out += name;
+    if (!parameter.empty()) out += ":" + std::string(parameter.substr(0, parameter.find(' ')));
+  }
+  return out + " [+ef] [@allgather|gtopk|per_hop|gather|automatic]";
+}
+
+namespace detail {
+
+[[noreturn]] inline void bad_compressor(std::string_view text, std::string_view why) {
+  throw invalid_argument({.operation = "compressor"}, "'" + std::string(text) + "': " + std::string(why));
+}
+
+/// `choice`'s parameter as a positive number, `fallback` without one.
+inline double compressor_parameter(const compressor_choice& choice, double fallback) {
+  if (choice.parameter.empty()) return fallback;
+  char* end = nullptr;
+  const double v = std::strtod(choice.parameter.c_str(), &end);
+  if (end == choice.parameter.c_str() || *end != '\0' || !(v > 0)) {
+    bad_compressor(choice.text, "'" + choice.parameter + "' is not a positive number");
+  }
+  return v;
+}
+
+/// Calls `f(c)`, or `f(error_feedback<C>{c})` when the choice asks for error feedback.
+template <class C, class F>
+decltype(auto) visit_with_feedback(const compressor_choice& choice, C c, F&& f) {
+  if (choice.error_feedback) return std::forward<F>(f)(error_feedback<C>{std::move(c)});
+  return std::forward<F>(f)(std::move(c));
+}
+
+}  // namespace detail
+
+/// Reads "name[:parameter][+ef][@algorithm]"; throws `invalid_argument` naming the text and
+/// what is wrong (unknown name or algorithm, a parameter the name does not take, "none" with a
+/// suffix). The parameter's value is checked by `visit_compressor`.
+inline compressor_choice parse_compressor(std::string_view text) {
+  compressor_choice choice;
+  choice.text = std::string(text);
+  std::string body(text);
+  if (const std::size_t at = body.find('@'); at != std::string::npos) {
+    choice.algorithm = body.substr(at + 1);
+    body.resize(at);
+    constexpr std::array<std::string_view, 5> known{"allgather", "gtopk", "per_hop", "gather",
+                                                    "automatic"};
+    if (std::find(known.begin(), known.end(), choice.algorithm) == known.end()) {
+      detail::bad_compressor(text, "unknown algorithm '" + choice.algorithm +
+                                       "' (allgather, gtopk, per_hop, gather or automatic)");
+    }
+  }
+  if (body.size() > 3 && body.compare(body.size() - 3, 3, "+ef") == 0) {
+    choice.error_feedback = true;
+    body.resize(body.size() - 3);
+  }
+  const std::size_t colon = body.find(':');
+  choice.name = body.substr(0, colon);
+  if (colon != std::string::npos) choice.parameter = body.substr(colon + 1);
+  const auto known = std::find_if(compressor_names.begin(), compressor_names.end(),
+                                  [&](const auto& n) { return n.first == choice.name; });
+  if (known == compressor_names.end()) {
+    detail::bad_compressor(text, "unknown compressor '" + choice.name + "' (" + compressor_usage() + ")");
+  }
+  if (colon != std::string::npos && known->second.empty()) {
+    detail::bad_compressor(text, choice.name + " takes no parameter");
+  }
+  if (choice.dense() && (choice.error_feedback || !choice.algorithm.empty())) {
+    detail::bad_compressor(text, "none takes no +ef or @algorithm");
+  }
+  return choice;
+}
+
+/// Calls `f` with the compressor policy `choice` names, wrapped in `error_feedback` for "+ef",
+/// and returns what it returns (every instantiation of `f` must return the same type); "none"
+/// passes `identity_compressor`. Throws `invalid_argument` for a parameter the compressor
+/// cannot take (qsgd:5, cast:fp8, topk:0, topk:2).
+template <class F>
+decltype(auto) visit_compressor(const compressor_choice& choice, F&& f) {
+  const std::string& n = choice.name;
+  const std::string& p = choice.parameter;
+  auto with = [&](auto c) -> decltype(auto) {
+    return detail::visit_with_feedback(choice, std::move(c), std::forward<F>(f));
+  };
+  auto ratio = [&] {
+    const double r = detail::compressor_parameter(choice, 0.01);
+    if (r > 1) detail::bad_compressor(choice.text, "the ratio " + p + " is above 1");
+    return r;
+  };
+  if (n == "cast") {
+    if (p == "fp16" || p == "float16") return with(cast_compressor<float16>{});
+    if (p.empty() || p == "bf16" || p == "bfloat16") return with(cast_compressor<bfloat16>{});
+    detail::bad_compressor(choice.text, "cast takes fp16 or bf16");
+  }
+  if (n == "int8") return with(int8_compressor{});
+  if (n == "sign") return with(sign_compressor{});
+  if (n == "sign_vote") return with(sign_vote_compressor{});
+  if (n == "terngrad") return with(terngrad_compressor{});
+  if (n == "qsgd") {
+    if (p.empty() || p == "4") return with(qsgd_compressor<4>{});
+    if (p == "16") return with(qsgd_compressor<16>{});
+    if (p == "127") return with(qsgd_compressor<127>{});
+    detail::bad_compressor(choice.text, "qsgd takes 4, 16 or 127 levels");
+  }
+  if (n == "topk" || n == "topk_sampled") {
+    topk_compressor c;
+    c.ratio = ratio();
+    if (n == "topk_sampled") c.method = topk_method::sampled_threshold;
+    return with(c);
+  }
+  if (n == "randomk") {
+    randomk_compressor c;
+    c.ratio = ratio();
+    return with(c);
+  }
+  if (n == "threshold") {
+    threshold_compressor c;
+    c.tau = detail::compressor_parameter(choice, 0.01);
+    return with(c);
+  }
+  if (n == "count_sketch") {
+    if (p == "4096") return with(count_sketch_compressor<3, 4096>{});
+    if (p == "16384") return with(count_sketch_compressor<3, 16384>{});
+    if (p.empty() || p == "65536") return with(count_sketch_compressor<3, 65536>{});
+    detail::bad_compressor(choice.text, "count_sketch takes 4096, 16384 or 65536 columns");
+  }
+  if (n == "powersgd") {
+    powersgd_compressor c;
+    c.rank = static_cast<std::size_t>(detail::compressor_parameter(choice, 4));
+    if (static_cast<double>(c.rank) != detail::compressor_parameter(choice, 4)) {
+      detail::bad_compressor(choice.text, "the rank " + p + " is not a whole number");
+    }
+    return with(c);
+  }
+  if (n == "none" && !choice.error_feedback) return std::forward<F>(f)(identity_compressor{});
+  detail::bad_compressor(choice.text, "not a compressor (parse it with parse_compressor)");
+}
+
+}  // namespace squall
