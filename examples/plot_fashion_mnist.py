@@ -23,22 +23,26 @@ def main():
             runs.setdefault(row["compressor"], []).append(row)
     if not runs:
         sys.exit(f"{sys.argv[1]}: no rows")
-    fig, (by_epoch, by_bytes) = plt.subplots(1, 2, figsize=(13, 5.5))
-    for name, rows in runs.items():
+    fig, (by_epoch, by_bytes) = plt.subplots(1, 2, figsize=(14, 6))
+    colors = plt.get_cmap("tab20").colors
+    for n, (name, rows) in enumerate(runs.items()):
         rows.sort(key=lambda r: int(r["epoch"]))
         epochs = [int(r["epoch"]) for r in rows]
         accuracy = [100 * float(r["test_accuracy"]) for r in rows]
         wire = [float(r["wire_bytes_per_rank"]) for r in rows]
         style = "-" if name.endswith("+ef") or "+ef@" in name or name == "none" else "--"
-        by_epoch.plot(epochs, accuracy, style, marker="o", markersize=3, label=name)
-        by_bytes.plot(wire, accuracy, style, marker="o", markersize=3, label=name)
+        color = colors[n % len(colors)]
+        by_epoch.plot(epochs, accuracy, style, color=color, marker="o", markersize=3, label=name)
+        by_bytes.plot(wire, accuracy, style, color=color, marker="o", markersize=3, label=name)
     ranks = next(iter(runs.values()))[0]["ranks"]
     by_epoch.set(xlabel="epoch", ylabel="test accuracy (%)", title=f"Fashion-MNIST, {ranks} ranks")
     by_bytes.set(xlabel="bytes sent per rank (cumulative)", ylabel="test accuracy (%)", xscale="log",
                  title="accuracy against bytes on the wire")
     for ax in (by_epoch, by_bytes):
         ax.grid(True, alpha=0.3)
-    by_bytes.legend(fontsize=7, loc="lower right")
+    by_epoch.text(0.01, 0.01, "solid: dense or with error feedback; dashed: without",
+                  transform=by_epoch.transAxes, fontsize=8)
+    by_bytes.legend(fontsize=7, loc="lower right", ncol=2)
     fig.tight_layout()
     fig.savefig(sys.argv[2], dpi=110)
 

@@ -2,7 +2,9 @@
 // Synchronous data-parallel SGD with momentum on Fashion-MNIST, the gradients averaged by a
 // squall allreduce whose compressor is chosen on the command line.
 //
-//   train_fashion_mnist [-n P] [--epochs E] [--batch B] [--lr LR] [--momentum M] [--hidden H]
+//   train_fashion_mnist [-n P] [--epochs E] [--batch B] [--lr LR] [--momentum M]
+//                       [--schedule cosine|constant] [--warmup EPOCHS] [--masking on|off]
+//                       [--hidden H]
 //                       [--compressor SPEC[,SPEC...]] [--train-subset N] [--test-subset N]
 //                       [--data DIR] [--csv FILE] [--seed S]
 //
@@ -25,6 +27,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>  // memcmp
@@ -54,6 +57,9 @@ struct settings {
   std::size_t batch = 32;  // per rank
   float lr = 0.05f;
   float momentum = 0.9f;
+  bool cosine = true;   // --schedule cosine|constant
+  double warmup = 0;    // --warmup EPOCHS
+  bool masking = true;  // --masking on|off
   std::size_t hidden = 256;
   std::vector<squall::compressor_choice> compressors;
   std::size_t train_subset = 0;  // 0: all 60,000
@@ -66,7 +72,9 @@ struct settings {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "train_fashion_mnist: %s\nusage: train_fashion_mnist [-n P] [--epochs E] [--batch B] "
-               "[--lr LR] [--momentum M] [--hidden H] [--compressor SPEC[,SPEC...]] "
+               "[--lr LR] [--momentum M] [--schedule cosine|constant] [--warmup EPOCHS] [--masking on|off] "
+               "[--hidden H] "
+               "[--compressor SPEC[,SPEC...]] "
                "[--train-subset N] [--test-subset N] [--data DIR] [--csv FILE] [--seed S]\n"
                "SPEC: %s\n",
                why.c_str(), squall::compressor_usage().c_str());
@@ -93,6 +101,15 @@ settings parse(int argc, char** argv) {
     else if (a == "--batch") s.batch = static_cast<std::size_t>(number(a, v));
     else if (a == "--lr") s.lr = static_cast<float>(number(a, v));
     else if (a == "--momentum") s.momentum = static_cast<float>(number(a, v));
+    else if (a == "--warmup") s.warmup = number(a, v);
+    else if (a == "--masking") {
+      if (v != "on" && v != "off") usage("--masking takes on or off");
+      s.masking = v == "on";
+    }
+    else if (a == "--schedule") {
+      if (v != "cosine" && v != "constant") usage("--schedule takes cosine or constant");
+      s.cosine = v == "cosine";
+    }
     else if (a == "--hidden") s.hidden = static_cast<std::size_t>(number(a, v));
     else if (a == "--compressor" || a == "-c") compressors = v;
     else if (a == "--train-subset") s.train_subset = static_cast<std::size_t>(number(a, v));
@@ -145,7 +162,7 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
   comm_type comm1(transport(squall::shm_job{me.name + "-w1", me.rank, me.size}), {}, c1, {}, tuning);
   comm_type comm2(transport(squall::shm_job{me.name + "-w2", me.rank, me.size}), {}, c2, {}, tuning);
   // A tensor whose fixed-size payload is not smaller than its dense bytes goes dense: a
-  // 3 x 4096 count sketch of W2's 2,560 values would send 19x more than the values.
+  // 3 x 4096 count sketch of W2's 2,560 values would send 4.8 times their bytes.
   const auto worth = [&](const comm_type& comm, std::size_t count) {
     if constexpr (dense) return false;
     else if constexpr (!squall::compression_traits<squall::inner_compressor_t<C>>::fixed_size) return true;
@@ -167,6 +184,28 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
   // the velocity of the averaged gradient (an unbiased quantizer's noise is not multiplied by
   // 1 / (1 - momentum)). For the dense and linear compressors the two are the same sums.
   constexpr bool local_momentum = squall::is_error_feedback<C>;
+  // DGC's momentum factor masking (sparse compressors with error feedback): where this rank
+  // sent its value (the residual is 0 there after a top-k or random-k encode), its velocity
+  // starts again from 0, so that stale momentum is not sent twice.
+  const auto mask_sent = [&](auto& state, float* v, bool compressed) {
+    if constexpr (local_momentum) {
+      if (!compressed) return;
+      const auto r = state.residual().residual();
+      for (std::size_t i = 0; i < r.count(); ++i) {
+        if (r.data()[i] == 0.0f) v[i] = 0.0f;
+      }
+    }
+  };
+  // Per step: a linear warm-up from 0 over the first `warmup` epochs (Goyal et al., 2017),
+  // then cosine decay to 0 (Loshchilov and Hutter, SGDR, 2017), or constant.
+  const auto learning_rate = [&](int epoch, std::size_t step, std::size_t steps) {
+    const double at = static_cast<double>(epoch) * static_cast<double>(steps) + static_cast<double>(step) + 1;
+    const double warm = s.warmup * static_cast<double>(steps);
+    if (at < warm) return static_cast<float>(s.lr * at / warm);
+    if (!s.cosine) return s.lr;
+    const double t = (at - warm) / (static_cast<double>(s.epochs) * static_cast<double>(steps) - warm + 1);
+    return static_cast<float>(0.5 * s.lr * (1 + std::cos(3.141592653589793 * t)));
+  };
   std::vector<float> params = model.initial_parameters(s.seed);
   std::vector<float> grads(params.size()), velocity(params.size(), 0.0f);
   fashion_mnist::workspace ws;
@@ -195,6 +234,7 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
     return v;
   };
 
+  bool diverged = false;
   for (int epoch = 1; epoch <= s.epochs; ++epoch) {
     const auto epoch_start = clock_type::now();
     comm_seconds = 0;
@@ -221,9 +261,16 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
       reduce(comm1, model.w1(grads), state1, compress1);
       reduce(comm2, model.w2(grads), state2, compress2);
       reduce(comm1, model.biases(grads), state1, false);
+      if constexpr (local_momentum && C::aggregation == squall::aggregation_class::sparse) {
+        if (s.masking) {
+          mask_sent(state1, velocity.data(), compress1);
+          mask_sent(state2, velocity.data() + model.w1_count(), compress2);
+        }
+      }
+      const float lr = learning_rate(epoch - 1, step, steps);
       for (std::size_t i = 0; i < params.size(); ++i) {
         if constexpr (!local_momentum) velocity[i] = s.momentum * velocity[i] + grads[i];
-        params[i] -= s.lr * (local_momentum ? grads[i] : velocity[i]);
+        params[i] -= lr * (local_momentum ? grads[i] : velocity[i]);
       }
     }
     // the test images, split across the ranks
@@ -243,6 +290,7 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
     const double wall_max = across(wall, false);
     const double comm_max = across(comm_seconds, false);
     const double bytes_max = across(static_cast<double>(wire_bytes), false);
+    diverged = !std::isfinite(loss);
     if (me.rank == 0) {
       std::printf("%-22s epoch %2d  loss %.4f  test accuracy %6.2f%%  wall %6.2f s  comm %6.2f s  "
                   "wire %10.3f MB/rank\n",
@@ -255,7 +303,12 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
                      epoch, loss, accuracy, wall_max, comm_max, bytes_max);
         std::fclose(f);
       }
+      if (diverged) {
+        std::printf("%-22s diverged (the training loss is not finite): stopping this run\n",
+                    choice.text.c_str());
+      }
     }
+    if (diverged) return 0;  // every rank saw the same summed loss; a finding, not a failure
   }
   // every rank holds the same weights: compare with the elementwise max over ranks
   std::vector<float> highest = params;

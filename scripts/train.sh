@@ -16,7 +16,10 @@ mkdir -p "$out"
 rm -f "$out/results.csv"
 compressors=none,cast:fp16,int8,qsgd:4,terngrad,sign+ef,sign,topk:0.01+ef,topk:0.01+ef@gtopk
 compressors+=,topk:0.001+ef,topk:0.001+ef@gtopk,topk:0.01,randomk:0.01+ef,randomk:0.01
-compressors+=,count_sketch:16384+ef,powersgd:4+ef,powersgd:4
+compressors+=,count_sketch:4096+ef,count_sketch:4096,powersgd:4+ef,powersgd:4
 build/release/examples/train_fashion_mnist -n 4 --epochs 10 -c "$compressors" --csv "$out/results.csv" "$@"
-python3 examples/plot_fashion_mnist.py "$out/results.csv" "$out/accuracy.png"
+# Debian's python3 (where apt put matplotlib), not one a version manager put first on PATH
+python=/usr/bin/python3
+[[ -x "$python" ]] || python=python3
+"$python" examples/plot_fashion_mnist.py "$out/results.csv" "$out/accuracy.png"
 echo "train.sh: $out/results.csv, $out/accuracy.png"

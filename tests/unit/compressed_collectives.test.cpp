@@ -588,7 +588,39 @@ TEST_SUITE("compressed_collectives") {
       } catch (const squall::mismatch_error& e) {
         what = e.what();
       }
-      CHECK(contains(what, variant == 0 ? "at step 3" : "compressed, at step"));
+      CHECK(contains(what, variant == 0 ? "at step 3" : "compressed (linear), at step"));
+    }
+  }
+
+  TEST_CASE("ranks tuned for different algorithms get mismatch_error naming both, not a hang") {
+    for (int variant = 0; variant < 2; ++variant) {
+      CAPTURE(variant);
+      std::string what = "(nothing thrown)";
+      try {
+        run_ranks(2, [variant](inproc_transport& t) {
+          const bool first = t.rank() == 0;
+          squall::collective_tuning tuning;
+          std::vector<float> data(12, 1.0f);
+          if (variant == 0) {  // sparse: gTop-k on rank 0, the allgather-union on rank 1
+            tuning.sparse = first ? squall::sparse_algorithm::gtopk : squall::sparse_algorithm::allgather;
+            squall::communicator<inproc_transport, squall::ring_topology, squall::topk_compressor> comm(
+                std::move(t), {}, squall::topk_compressor{.ratio = 0.25}, {}, tuning);
+            auto state = comm.make_state<float>(data.size());
+            comm.allreduce(squall::host_view<float>(data), state);
+          } else {  // requantize: per hop on rank 0, gather on rank 1
+            tuning.requantize =
+                first ? squall::requantize_algorithm::per_hop : squall::requantize_algorithm::gather;
+            squall::communicator<inproc_transport, squall::ring_topology, squall::int8_compressor> comm(
+                std::move(t), {}, squall::int8_compressor{}, {}, tuning);
+            auto state = comm.make_state<float>(data.size());
+            comm.allreduce(squall::host_view<float>(data), state);
+          }
+        });
+      } catch (const squall::mismatch_error& e) {
+        what = e.what();
+      }
+      CHECK(contains(what, variant == 0 ? "compressed (gTop-k)" : "compressed (per hop)"));
+      CHECK(contains(what, "compressed (gather)"));
     }
   }
 

@@ -58,6 +58,7 @@
 #include <cstdint>
 #include <cstdlib>  // getenv, strtol
 #include <cstring>  // memcpy, memcmp
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -101,8 +102,38 @@ struct call_signature {
   std::uint8_t kind = 0;
   std::uint8_t type = 0;
   std::uint8_t op = 0;
-  std::uint8_t compressed = 0;  ///< 1 for a compressed collective
+  std::uint8_t compressed = 0;  ///< a compressed collective's `compressed_path`, 0 if dense
 };
+
+/// A linear compressor pairs with a topology through `linear_body<Compressor>`: the topology
+/// adds payload bodies as numbers. Without one the pairing is impossible, and the
+/// instantiation of `linear_pairing<Compressor, Topology>` (named in the diagnostic above the
+/// error) fails with what to do.
+template <class Compressor, class Topology>
+struct linear_pairing {
+  static_assert(has_linear_body<Compressor>,
+                "squall: this Compressor declares aggregation_class::linear but has no "
+                "squall::linear_body<Compressor>, so the Topology cannot add its payloads: "
+                "specialize linear_body (where the summable body lies), or declare the "
+                "requantize class (payloads gathered, decoded and summed)");
+  static constexpr bool possible = true;
+};
+
+/// The algorithm a compressed collective runs, in its call signature: ranks that would run
+/// different ones (one tuned for gTop-k, one for the allgather-union) get `mismatch_error`
+/// instead of waiting on each other until the deadline.
+enum class compressed_path : std::uint8_t { linear = 1, powersgd, per_hop, gather, gtopk };
+
+inline std::string_view to_string(compressed_path p) {
+  switch (p) {
+    case compressed_path::linear: return "linear";
+    case compressed_path::powersgd: return "PowerSGD";
+    case compressed_path::per_hop: return "per hop";
+    case compressed_path::gather: return "gather";
+    case compressed_path::gtopk: return "gTop-k";
+  }
+  return "?";
+}
 static_assert(sizeof(call_signature) == 24);
 
 constexpr std::uint8_t op_code(std::string_view name) {
@@ -122,7 +153,8 @@ inline std::string describe(const call_signature& s) {
           std::string(to_string(static_cast<dtype>(s.type)));
   if (s.op != 0) text += " " + std::string(ops[std::min<std::size_t>(s.op, 4)]);
   if (s.compressed != 0) {
-    text += ", compressed, at step " + std::to_string(s.root) + " (mod 2^31)";
+    text += ", compressed (" + std::string(to_string(static_cast<compressed_path>(s.compressed))) +
+            "), at step " + std::to_string(s.root) + " (mod 2^31)";
   } else if (s.root >= 0) {
     text += " from root " + std::to_string(s.root);
   }
@@ -290,28 +322,29 @@ class communicator {
                                  " elements");
     }
     // the step goes in the signature: ranks at different steps would draw differently
+    const detail::compressed_path path = compressed_path_of();
     signature(collective::allreduce, dtype_of<T>, Op::name, data.count(),
-              static_cast<int>(state.step() & 0x7fffffff), true);
-    using Inner = inner_compressor_t<Compressor>;
-    if constexpr (uses_powersgd<Compressor>) {
-      powersgd_allreduce(data, state);
-    } else if constexpr (Compressor::aggregation == aggregation_class::linear &&
-                         has_linear_body<Inner>) {
-      linear_allreduce(data, state);
-    } else if constexpr (Compressor::aggregation == aggregation_class::requantize) {
-      if (detail::uses_per_hop<Topology, Inner>(tuning_.requantize, rank(), size())) {
-        requantize_allreduce(data, state);
-      } else {
+              static_cast<int>(state.step() & 0x7fffffff), path);
+    switch (path) {
+      case detail::compressed_path::powersgd:
+        if constexpr (uses_powersgd<Compressor>) powersgd_allreduce(data, state);
+        break;
+      case detail::compressed_path::linear:
+        if constexpr (has_linear_body<inner_compressor_t<Compressor>>) linear_allreduce(data, state);
+        break;
+      case detail::compressed_path::per_hop:
+        if constexpr (Compressor::aggregation == aggregation_class::requantize) {
+          requantize_allreduce(data, state);
+        }
+        break;
+      case detail::compressed_path::gtopk:
+        if constexpr (detail::gtopk_mergeable<inner_compressor_t<Compressor>>) {
+          gtopk_allreduce(data, state);
+        }
+        break;
+      case detail::compressed_path::gather:
         gather_allreduce(data, state);
-      }
-    } else if constexpr (detail::gtopk_mergeable<Inner>) {
-      if (tuning_.sparse == sparse_algorithm::gtopk) {
-        gtopk_allreduce(data, state);
-      } else {
-        gather_allreduce(data, state);
-      }
-    } else {
-      gather_allreduce(data, state);
+        break;
     }
     kernels::finalize(host_backend{}, op, data, static_cast<std::size_t>(size()));
     state.advance();
@@ -398,7 +431,7 @@ class communicator {
                                  " elements");
     }
     signature(collective::allgather, dtype_of<T>, "", count,
-              static_cast<int>(state.step() & 0x7fffffff), true);
+              static_cast<int>(state.step() & 0x7fffffff), detail::compressed_path::gather);
     // step 0: encode; step 1: gather the payloads; step 2: decode rank q's into block q
     const std::size_t stride = gather_payloads(encode_payload(in, state));
     for (std::size_t q = 0; q < p; ++q) {
@@ -580,7 +613,7 @@ class communicator {
   // comparison, and the one-shot allreduce fuses it with its own first barrier. Elsewhere
   // they are swapped by messages.
   void signature(collective kind, dtype type, std::string_view op, std::size_t count,
-                 int root = -1, bool compressed = false) {
+                 int root = -1, std::optional<detail::compressed_path> compressed = std::nullopt) {
     ++sequence_;
     pending_ = false;
     buffers_.bytes_sent = 0;
@@ -592,7 +625,8 @@ class communicator {
                                       .kind = static_cast<std::uint8_t>(kind),
                                       .type = static_cast<std::uint8_t>(type),
                                       .op = detail::op_code(op),
-                                      .compressed = static_cast<std::uint8_t>(compressed)};
+                                      .compressed = static_cast<std::uint8_t>(
+                                          compressed ? static_cast<std::uint8_t>(*compressed) : 0)};
     signatures_.resize(static_cast<std::size_t>(size()));
     if constexpr (direct_transport<Transport>) {
       if (transport_.local_view().count() >= detail::signature_area) {
@@ -777,6 +811,27 @@ class communicator {
   static T* scratch_of(std::vector<std::byte>& bytes, std::size_t count) {
     if (bytes.size() < count * sizeof(T)) bytes.resize(count * sizeof(T));
     return reinterpret_cast<T*>(bytes.data());
+  }
+
+  // The algorithm this communicator's compressed allreduce runs: chosen at compile time from
+  // the compressor's aggregation class, then from the tuning (and, for per hop, the topology).
+  detail::compressed_path compressed_path_of() const {
+    using Inner = inner_compressor_t<Compressor>;
+    if constexpr (uses_powersgd<Compressor>) {
+      return detail::compressed_path::powersgd;
+    } else if constexpr (Compressor::aggregation == aggregation_class::linear) {
+      static_assert(detail::linear_pairing<Inner, Topology>::possible);
+      return detail::compressed_path::linear;
+    } else if constexpr (Compressor::aggregation == aggregation_class::requantize) {
+      return detail::uses_per_hop<Topology, Inner>(tuning_.requantize, rank(), size())
+                 ? detail::compressed_path::per_hop
+                 : detail::compressed_path::gather;
+    } else if constexpr (detail::gtopk_mergeable<Inner>) {
+      return tuning_.sparse == sparse_algorithm::gtopk ? detail::compressed_path::gtopk
+                                                       : detail::compressed_path::gather;
+    } else {
+      return detail::compressed_path::gather;
+    }
   }
 
   // Encodes `data` into payload_ with this step's stream (through the residual with error

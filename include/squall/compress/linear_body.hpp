@@ -7,8 +7,9 @@
 /// A specialization says, for `count` input elements of `T`, the body's byte `offset` in the
 /// payload, its element count, and its element type `element<T>`; the bytes before the
 /// offset (header, seed, step, shape) are the same on every rank that encodes the same
-/// step, and are not reduced. Compressors without a specialization take the
-/// gather-then-reduce path (correct for any compressor, but moving P payloads).
+/// step, and are not reduced. A compressor declaring `aggregation_class::linear` without a
+/// specialization does not compile in a compressed allreduce (a `static_assert` in the
+/// communicator names it and the topology); other classes gather their payloads.
 ///
 /// | compressor | offset | elements | element |
 /// |---|---|---|---|
