@@ -182,11 +182,12 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
   // residual holding what it has not sent yet (DGC's momentum correction, Lin et al., ICLR
   // 2018), so that what is sent over the steps adds up to the dense run's velocities; without,
   // the velocity of the averaged gradient (an unbiased quantizer's noise is not multiplied by
-  // 1 / (1 - momentum)). For the dense and linear compressors the two are the same sums.
+  // 1 / (1 - momentum)). For the dense allreduce the two are the same sums.
   constexpr bool local_momentum = squall::is_error_feedback<C>;
-  // DGC's momentum factor masking (sparse compressors with error feedback): where this rank
-  // sent its value (the residual is 0 there after a top-k or random-k encode), its velocity
-  // starts again from 0, so that stale momentum is not sent twice.
+  // DGC's momentum factor masking (sparse-class compressors with error feedback): where this
+  // rank sent its value (the residual is exactly 0 there after a top-k encode; threshold sends
+  // +-tau and leaves a remainder, so it is not masked), its velocity starts again from 0, so
+  // that stale momentum is not sent twice.
   const auto mask_sent = [&](auto& state, float* v, bool compressed) {
     if constexpr (local_momentum) {
       if (!compressed) return;
@@ -217,7 +218,6 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
   std::vector<std::uint8_t> batch_y(s.batch);
   std::uint64_t wire_bytes = 0;  // this rank's, for the gradients, since the start
   double comm_seconds = 0;       // this epoch's
-  double wall_total = 0;
 
   auto reduce = [&](auto& comm, std::span<float> g, auto& state, bool compress) {
     const auto start = clock_type::now();
@@ -284,7 +284,6 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
                      .correct;
     }
     const double wall = std::chrono::duration<double>(clock_type::now() - epoch_start).count();
-    wall_total += wall;
     const double loss = across(loss_sum, true) / static_cast<double>(steps * per_step);
     const double accuracy = across(static_cast<double>(correct), true) / static_cast<double>(test_count);
     const double wall_max = across(wall, false);
