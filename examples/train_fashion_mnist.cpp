@@ -4,15 +4,16 @@
 //
 //   train_fashion_mnist [-n P] [--epochs E] [--batch B] [--lr LR] [--momentum M]
 //                       [--schedule cosine|constant] [--warmup EPOCHS] [--masking on|off]
-//                       [--hidden H]
-//                       [--compressor SPEC[,SPEC...]] [--train-subset N] [--test-subset N]
-//                       [--data DIR] [--csv FILE] [--seed S]
+//                       [--hidden H] [--compressor SPEC[,SPEC...]] [--train-subset N]
+//                       [--test-subset N] [--data DIR] [--csv FILE] [--seed S]
+//                       [--transport shm|mpi] [--require-accuracy FRACTION]
 //
 // SPEC is squall's compressor name (squall/compress/by_name.hpp): none, cast:bf16, int8,
 // qsgd:4, terngrad, sign+ef, topk:0.01+ef, topk:0.001+ef@gtopk, randomk:0.01,
 // count_sketch:16384, powersgd:4+ef, ... Each SPEC trains the same network from the same
-// initial weights on P ranks (forked processes joined by the shared-memory transport, ring
-// topology). Rank r trains on its B images of each global batch of P x B; the gradients of the
+// initial weights on P ranks (ring topology): -n P forked processes joined by the
+// shared-memory transport, or with --transport mpi the ranks mpiexec started (the same code,
+// squall::mpi_transport in place of squall::shm_transport). Rank r trains on its B images of each global batch of P x B; the gradients of the
 // two weight matrices go through the compressed allreduce (each with its own state: residual,
 // PowerSGD's Q viewed as the layer's matrix), the 266 biases through a dense one, and so does a
 // matrix whose fixed-size payload would not be smaller than its values (a wide count sketch of
@@ -37,8 +38,13 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
+
+#if SQUALL_EXAMPLE_WITH_MPI
+#include <squall/transport/mpi.hpp>
+#endif
 
 #include "fashion_mnist/dataset.hpp"
 #include "fashion_mnist/model.hpp"
@@ -48,6 +54,8 @@
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 
 namespace {
+
+constexpr bool with_mpi = SQUALL_EXAMPLE_WITH_MPI != 0;
 
 using clock_type = std::chrono::steady_clock;
 
@@ -67,6 +75,8 @@ struct settings {
   std::string data;
   std::string csv;
   std::uint64_t seed = 1;
+  std::string transport = "shm";  // shm: fork -n ranks; mpi: the ranks mpiexec started
+  double require_accuracy = 0;    // exit 4 if a run ends below it (tests)
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -75,7 +85,8 @@ struct settings {
                "[--lr LR] [--momentum M] [--schedule cosine|constant] [--warmup EPOCHS] [--masking on|off] "
                "[--hidden H] "
                "[--compressor SPEC[,SPEC...]] "
-               "[--train-subset N] [--test-subset N] [--data DIR] [--csv FILE] [--seed S]\n"
+               "[--train-subset N] [--test-subset N] [--data DIR] [--csv FILE] [--seed S] "
+               "[--transport shm|mpi] [--require-accuracy FRACTION]\n"
                "SPEC: %s\n",
                why.c_str(), squall::compressor_usage().c_str());
   std::exit(2);
@@ -117,6 +128,12 @@ settings parse(int argc, char** argv) {
     else if (a == "--data") s.data = v;
     else if (a == "--csv") s.csv = v;
     else if (a == "--seed") s.seed = static_cast<std::uint64_t>(number(a, v));
+    else if (a == "--transport") {
+      if (v != "shm" && v != "mpi") usage("--transport takes shm or mpi");
+      if (v == "mpi" && !with_mpi) usage("--transport mpi: this build has no MPI");
+      s.transport = v;
+    }
+    else if (a == "--require-accuracy") s.require_accuracy = number(a, v);
     else usage("unknown option " + a);
   }
   if (s.ranks < 1 || s.ranks > 64) usage("-n must be 1..64");
@@ -145,13 +162,21 @@ void set_columns(C& c, std::size_t columns) {
   else if constexpr (requires { c.inner.columns; }) c.inner.columns = columns;
 }
 
-/// One rank's training with compressor C; returns its exit code.
-template <class C>
-int train(const squall::shm_job& me, C compressor, const squall::compressor_choice& choice,
+/// Who this rank is, and how it makes a transport for each of its two communicators.
+template <class Transport, class Make>
+struct rank_of_job {
+  int rank = 0;
+  int size = 1;
+  Make make;  // Transport make(std::string_view part): "w1" or "w2"
+};
+
+/// One rank's training with compressor C; returns its exit code: 0, 3 if the ranks' weights
+/// differ, 4 if the final test accuracy is below --require-accuracy.
+template <class Transport, class Make, class C>
+int train(const rank_of_job<Transport, Make>& me, C compressor, const squall::compressor_choice& choice,
           const settings& s, const fashion_mnist::dataset& data, std::size_t train_count,
           std::size_t test_count) {
-  using transport = squall::shm_transport;
-  using comm_type = squall::communicator<transport, squall::ring_topology, C>;
+  using comm_type = squall::communicator<Transport, squall::ring_topology, C>;
   constexpr bool dense = std::is_same_v<C, squall::identity_compressor>;
   const fashion_mnist::mlp model{.hidden = s.hidden};
   const squall::collective_tuning tuning = choice.tuned({});
@@ -159,8 +184,8 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
   C c1 = compressor, c2 = compressor;
   set_columns(c1, model.hidden);
   set_columns(c2, model.classes);
-  comm_type comm1(transport(squall::shm_job{me.name + "-w1", me.rank, me.size}), {}, c1, {}, tuning);
-  comm_type comm2(transport(squall::shm_job{me.name + "-w2", me.rank, me.size}), {}, c2, {}, tuning);
+  comm_type comm1(me.make("w1"), {}, c1, {}, tuning);
+  comm_type comm2(me.make("w2"), {}, c2, {}, tuning);
   // A tensor whose fixed-size payload is not smaller than its dense bytes goes dense: a
   // 3 x 4096 count sketch of W2's 2,560 values would send 4.8 times their bytes.
   const auto worth = [&](const comm_type& comm, std::size_t count) {
@@ -235,6 +260,7 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
   };
 
   bool diverged = false;
+  double final_accuracy = 0;
   for (int epoch = 1; epoch <= s.epochs; ++epoch) {
     const auto epoch_start = clock_type::now();
     comm_seconds = 0;
@@ -290,6 +316,7 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
     const double comm_max = across(comm_seconds, false);
     const double bytes_max = across(static_cast<double>(wire_bytes), false);
     diverged = !std::isfinite(loss);
+    final_accuracy = accuracy;
     if (me.rank == 0) {
       std::printf("%-22s epoch %2d  loss %.4f  test accuracy %6.2f%%  wall %6.2f s  comm %6.2f s  "
                   "wire %10.3f MB/rank\n",
@@ -307,8 +334,9 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
                     choice.text.c_str());
       }
     }
-    if (diverged) return 0;  // every rank saw the same summed loss; a finding, not a failure
+    if (diverged) break;  // every rank saw the same summed loss; a finding, not a failure
   }
+  if (diverged) return final_accuracy < s.require_accuracy ? 4 : 0;
   // every rank holds the same weights: compare with the elementwise max over ranks
   std::vector<float> highest = params;
   comm1.allreduce(squall::host_view<float>(highest), squall::max_op{});
@@ -318,13 +346,46 @@ int train(const squall::shm_job& me, C compressor, const squall::compressor_choi
     std::printf("%-22s weights identical on all %d ranks: %s\n", choice.text.c_str(), me.size,
                 differing == 0 ? "yes" : "NO");
   }
-  return differing == 0 ? 0 : 3;
+  if (differing != 0) return 3;
+  if (final_accuracy < s.require_accuracy) {
+    if (me.rank == 0) {
+      std::printf("%-22s final test accuracy %.2f%% is below --require-accuracy %.2f%%\n",
+                  choice.text.c_str(), 100 * final_accuracy, 100 * s.require_accuracy);
+    }
+    return 4;
+  }
+  return 0;
 }
+
+#if SQUALL_EXAMPLE_WITH_MPI
+/// MPI_Init and MPI_Finalize around main's body, when --transport mpi.
+struct mpi_session {
+  bool on = false;
+  mpi_session(int& argc, char**& argv, bool wanted) : on(wanted) {
+    if (on) MPI_Init(&argc, &argv);
+  }
+  mpi_session(const mpi_session&) = delete;
+  mpi_session& operator=(const mpi_session&) = delete;
+  ~mpi_session() {
+    if (on) MPI_Finalize();
+  }
+  static int rank() {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+  }
+};
+#endif
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const settings s = parse(argc, argv);
+  bool leader = true;  // prints the header and writes the CSV's
+#if SQUALL_EXAMPLE_WITH_MPI
+  const mpi_session mpi(argc, argv, s.transport == "mpi");
+  if (mpi.on) leader = mpi_session::rank() == 0;
+#endif
   if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);
   fashion_mnist::dataset data;
   try {
@@ -336,11 +397,17 @@ int main(int argc, char** argv) {
   const std::size_t train_count =
       s.train_subset == 0 ? data.train.count : std::min(s.train_subset, data.train.count);
   const std::size_t test_count = s.test_subset == 0 ? data.test.count : std::min(s.test_subset, data.test.count);
-  std::printf("# train_fashion_mnist: %d ranks, %zu training and %zu test images, 784-%zu-10, batch %zu "
-              "per rank, lr %g, momentum %g, %d epochs\n",
-              s.ranks, train_count, test_count, s.hidden, s.batch, static_cast<double>(s.lr),
-              static_cast<double>(s.momentum), s.epochs);
-  if (!s.csv.empty()) {
+  int ranks = s.ranks;
+#if SQUALL_EXAMPLE_WITH_MPI
+  if (mpi.on) MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+#endif
+  if (leader) {
+    std::printf("# train_fashion_mnist: %d ranks (%s), %zu training and %zu test images, 784-%zu-10, "
+                "batch %zu per rank, lr %g, momentum %g, %d epochs\n",
+                ranks, s.transport.c_str(), train_count, test_count, s.hidden, s.batch, static_cast<double>(s.lr),
+                static_cast<double>(s.momentum), s.epochs);
+  }
+  if (leader && !s.csv.empty()) {
     std::FILE* f = std::fopen(s.csv.c_str(), "a");
     if (f == nullptr) usage("cannot write " + s.csv);
     if (std::ftell(f) == 0) {
@@ -349,8 +416,28 @@ int main(int argc, char** argv) {
     std::fclose(f);
   }
   int status = 0;
+#if SQUALL_EXAMPLE_WITH_MPI
+  if (s.transport == "mpi") {
+    for (const auto& choice : s.compressors) {
+      int rank = 0, size = 1;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      MPI_Comm_size(MPI_COMM_WORLD, &size);
+      const auto make = [](std::string_view) { return squall::mpi_transport(MPI_COMM_WORLD); };
+      const rank_of_job<squall::mpi_transport, decltype(make)> me{rank, size, make};
+      const int code = squall::visit_compressor(choice, [&](auto c) {
+        return train(me, std::move(c), choice, s, data, train_count, test_count);
+      });
+      if (code != 0) status = code;  // the same on every rank: decided from allreduced values
+    }
+    return status;
+  }
+#endif
   for (const auto& choice : s.compressors) {
-    const squall::launch_result result = squall::launch(s.ranks, [&](const squall::shm_job& me) {
+    const squall::launch_result result = squall::launch(s.ranks, [&](const squall::shm_job& job) {
+      const auto make = [&](std::string_view part) {
+        return squall::shm_transport(squall::shm_job{job.name + "-" + std::string(part), job.rank, job.size});
+      };
+      const rank_of_job<squall::shm_transport, decltype(make)> me{job.rank, job.size, make};
       return squall::visit_compressor(choice, [&](auto c) {
         return train(me, std::move(c), choice, s, data, train_count, test_count);
       });
