@@ -17,9 +17,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <vector>
 
+#include "../support/data.hpp"
 #include "../support/host_codec.hpp"
 
 namespace {
@@ -39,15 +39,6 @@ std::vector<std::byte> encode(const C& c, const std::vector<T>& in, random_strea
 template <class C, class T>
 std::vector<T> decode(const C& c, const std::vector<std::byte>& payload, std::size_t count) {
   return squall::test::decode_on_host(c, payload, count, T(-12345));
-}
-
-template <class T>
-std::vector<T> normal_values(std::size_t n, unsigned seed, double sigma = 1.0) {
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<double> d(0.0, sigma);
-  std::vector<T> v(n);
-  for (auto& x : v) x = static_cast<T>(d(gen));
-  return v;
 }
 
 // [begin, end) of bucket b for `bucket` elements per bucket.
@@ -84,7 +75,7 @@ TEST_SUITE("quantize") {
   TEST_CASE_TEMPLATE("int8 is within half a quantization step of the input", T, float, double) {
     for (std::size_t bucket : {8, 64, 512, 0}) {
       const std::size_t n = 3001;
-      auto g = normal_values<T>(n, 7 + static_cast<unsigned>(bucket), 3.0);
+      auto g = squall::test::normal_values<T>(n, 7 + static_cast<unsigned>(bucket), 3.0);
       g[17] = T(1e-42);  // tiny, and a bucket of subnormals below
       for (std::size_t i = 64; i < 72; ++i) g[i] = std::numeric_limits<T>::denorm_min() * T(i - 63);
       squall::int8_compressor c;
@@ -106,7 +97,7 @@ TEST_SUITE("quantize") {
   TEST_CASE_TEMPLATE("sign sends sign(g) times the bucket's mean |g|; the vote form one mean",
                      T, float, double) {
     const std::size_t n = 1037;
-    auto g = normal_values<T>(n, 11);
+    auto g = squall::test::normal_values<T>(n, 11);
     g[5] = T(0);
     g[6] = T(-0.0);
     auto check = [&](const auto& c, std::size_t b_size) {
@@ -136,7 +127,7 @@ TEST_SUITE("quantize") {
     // value's variance is (scale / s)^2 p (1 - p).
     const std::size_t n = 64;
     const int trials = 10000;
-    auto g = normal_values<T>(n, 21);
+    auto g = squall::test::normal_values<T>(n, 21);
     g[3] = T(0);
     auto check = [&](const auto& c, double scale, double s) {
       std::vector<double> sum(n, 0.0);
@@ -166,7 +157,7 @@ TEST_SUITE("quantize") {
   TEST_CASE("qsgd's variance is within min(n / s^2, sqrt(n) / s) ||v||^2 (Lemma 3.1)") {
     const int trials = 2000;
     auto check = [&](const auto& c, double s, std::size_t n) {
-      const auto g = normal_values<float>(n, 5 + static_cast<unsigned>(n));
+      const auto g = squall::test::normal_values<float>(n, 5 + static_cast<unsigned>(n));
       double norm2 = 0;
       for (float v : g) norm2 += static_cast<double>(v) * static_cast<double>(v);
       double sq = 0;
@@ -201,7 +192,7 @@ TEST_SUITE("quantize") {
     // qsgd<1> on one bucket: element i rounds up iff its 32-bit word, taken from Random123
     // directly here, is below p x 2^32 (24 bits for float: (word >> 8) < p x 2^24).
     const std::size_t n = 40;
-    const auto g = normal_values<double>(n, 3);
+    const auto g = squall::test::normal_values<double>(n, 3);
     squall::qsgd_compressor<1> c;
     c.seed = 0x1234567890abcdefull;
     const random_stream stream{77, 3};
@@ -274,7 +265,7 @@ TEST_SUITE("quantize") {
     const std::size_t n = 2048;
     for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                       -std::numeric_limits<float>::infinity()}) {
-      auto g = normal_values<float>(n, 9);
+      auto g = squall::test::normal_values<float>(n, 9);
       g[700] = bad;  // bucket 1 of 512
       auto check = [&](auto c) {
         using C = decltype(c);
@@ -301,7 +292,7 @@ TEST_SUITE("quantize") {
 
   TEST_CASE("decode rejects every malformed payload with invalid_argument") {
     const std::size_t n = 1000;
-    const auto g = normal_values<float>(n, 1);
+    const auto g = squall::test::normal_values<float>(n, 1);
     const squall::qsgd_compressor<4> c;
     const auto good = encode(c, g);
     std::vector<float> out(n);
@@ -375,7 +366,7 @@ TEST_SUITE("quantize") {
     std::vector<std::byte> payload(ef.max_payload_bytes(squall::dtype::float32, n));
     std::vector<float> scratch(n), out(n);
     for (std::uint64_t step = 0; step < 100; ++step) {
-      const auto g = normal_values<float>(n, 100 + static_cast<unsigned>(step));
+      const auto g = squall::test::normal_values<float>(n, 100 + static_cast<unsigned>(step));
       const std::size_t size = ef.encode(host_backend{}, state, host_view<const float>(g),
                                          host_view<std::byte>(payload), host_view<float>(scratch),
                                          random_stream{step, 0});

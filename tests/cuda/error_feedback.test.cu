@@ -12,7 +12,6 @@
 #include <algorithm>  // equal
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "../support/cuda_device.cuh"
@@ -25,15 +24,6 @@ using squall::host_backend;
 using squall::host_view;
 
 namespace {
-
-template <class T>
-std::vector<T> step_gradient(std::size_t count, std::uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<T> out(count);
-  for (auto& v : out) v = T(static_cast<float>(normal(gen)));
-  return out;
-}
 
 template <class C, class T>
 void check_feedback(const C& inner, std::size_t count) {
@@ -50,7 +40,7 @@ void check_feedback(const C& inner, std::size_t count) {
   test::device_vector<T> device_scratch{std::vector<T>(count)};
   for (std::uint64_t step = 0; step < 3; ++step) {
     CAPTURE(step);
-    const auto g = step_gradient<T>(count, 1000 * step + count);
+    const auto g = test::normal_values<T>(count, 1000 * step + count);
     const squall::random_stream stream{step, 1};
     const std::size_t size =
         ef.encode(host_backend{}, host_state, host_view<const T>(g), host_view<std::byte>(expected),

@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "../support/cuda_device.cuh"
@@ -35,14 +34,6 @@ using squall::host_view;
 
 namespace {
 
-template <class T>
-std::vector<T> normal_values(std::size_t count, std::uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<T> out(count);
-  for (auto& v : out) v = static_cast<T>(normal(gen));
-  return out;
-}
 
 template <class T>
 T value_at(const std::vector<std::byte>& bytes, std::size_t offset) {
@@ -91,7 +82,7 @@ void check_count_sketch(std::size_t count) {
   squall::count_sketch_compressor<Rows, Cols> c;
   c.seed = 5;
   const squall::random_stream stream{7, 2};
-  const auto g = normal_values<T>(count, 700 + count);
+  const auto g = test::normal_values<T>(count, 700 + count);
   const std::size_t size = c.max_payload_bytes(squall::dtype_of<T>, count);
   std::vector<std::byte> expected(size);
   REQUIRE(c.encode(host_backend{}, host_view<const T>(g), host_view<std::byte>(expected), stream) ==
@@ -181,7 +172,7 @@ void check_powersgd(std::size_t count, std::size_t rank) {
   const auto s = c.shape(count);
   const std::size_t m = s.rows;
   const std::size_t cols = s.columns;
-  const auto g = normal_values<T>(count, 800 + count);
+  const auto g = test::normal_values<T>(count, 800 + count);
   const cuda_backend gpu;
   test::device_vector<T> in(g);
   const device_view<const T> in_view(in.view());

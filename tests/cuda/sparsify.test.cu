@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <string>
 #include <utility>  // swap
 #include <vector>
@@ -36,13 +35,7 @@ enum class data_kind { ties, continuous, non_finite };
 
 template <class T>
 std::vector<T> make_data(data_kind kind, std::size_t count, std::uint64_t seed) {
-  if (kind == data_kind::continuous) {
-    std::mt19937_64 gen(seed);
-    std::normal_distribution<double> normal(0.0, 1.0);
-    std::vector<T> out(count);
-    for (auto& v : out) v = static_cast<T>(normal(gen));
-    return out;
-  }
+  if (kind == data_kind::continuous) return test::normal_values<T>(count, seed);
   auto out = test::random_values<T>(count, seed);
   if (kind == data_kind::non_finite) {
     for (std::size_t i = 3; i < count; i += 1009) {

@@ -37,6 +37,23 @@ std::vector<T> random_values(std::size_t count, std::uint64_t seed) {
   return out;
 }
 
+/// `count` draws of a normal distribution (mean 0, `sigma`) from a seeded generator, rounded
+/// to `T` (the 16-bit types through float): gradient-like values for the compressor tests.
+template <class T>
+std::vector<T> normal_values(std::size_t count, std::uint64_t seed, double sigma = 1.0) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> normal(0.0, sigma);
+  std::vector<T> out(count);
+  for (auto& v : out) {
+    if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) {
+      v = T(static_cast<float>(normal(gen)));
+    } else {
+      v = static_cast<T>(normal(gen));
+    }
+  }
+  return out;
+}
+
 /// The value as a double (exact for every element type).
 template <class T>
 double as_double(T value) {
