@@ -9,15 +9,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-source scripts/cuda-path.sh
-cmake --preset release -DSQUALL_BUILD_TESTS=OFF >/dev/null
-if [[ "${SQUALL_BENCH:-collectives}" == "compress" ]]; then
-  cmake --build --preset release -j "$(nproc)" --target squall_bench_compress
-  exec build/release/bench/squall_bench_compress --benchmark_counters_tabular=true "$@"
-fi
-if [[ "${SQUALL_BENCH:-collectives}" == "kernels" ]]; then
-  cmake --build --preset release -j "$(nproc)" --target squall_bench_kernels
-  exec build/release/bench/squall_bench_kernels --benchmark_counters_tabular=true "$@"
-fi
-cmake --build --preset release -j "$(nproc)" --target squall_bench
-exec build/release/bench/squall-bench "$@"
+case "${SQUALL_BENCH:-collectives}" in
+  compress)
+    ./scripts/build-release.sh squall_bench_compress
+    exec build/release/bench/squall_bench_compress --benchmark_counters_tabular=true "$@" ;;
+  kernels)
+    ./scripts/build-release.sh squall_bench_kernels
+    exec build/release/bench/squall_bench_kernels --benchmark_counters_tabular=true "$@" ;;
+  collectives)
+    ./scripts/build-release.sh squall_bench
+    exec build/release/bench/squall-bench "$@" ;;
+  *)
+    echo "bench.sh: SQUALL_BENCH='${SQUALL_BENCH}': expected collectives, kernels or compress" >&2
+    exit 2 ;;
+esac

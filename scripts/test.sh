@@ -1,28 +1,38 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The test command: installs what is missing, builds everything (preset "default"), runs every
-# test with ctest, then builds and runs the unit tests and the shared-memory transport's
-# multi-process tests under AddressSanitizer and UndefinedBehaviorSanitizer (preset "asan").
-# .ci/run calls exactly this.
+# The test command: installs what is missing, builds everything with warnings as errors
+# (preset "ci": the default preset plus -Werror), runs every test with ctest, then builds and
+# runs the unit tests and the shared-memory transport's multi-process tests under
+# AddressSanitizer and UndefinedBehaviorSanitizer (preset "asan"), and last runs the README's
+# other commands as a user would, in short form: the main job (scripts/bench.sh) at 2 ranks,
+# 4 KiB to 1 MiB, and scripts/train.sh for one short epoch, both built in the release preset
+# (-O3) with warnings as errors. .ci/run calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 source scripts/cuda-path.sh
 
 jobs=$(nproc)
-echo "== build (preset default)"
-cmake --preset default >/dev/null
-cmake --build --preset default -j "$jobs"
-echo "== tests (preset default)"
-ctest --preset default -j "$jobs"
+echo "== build (preset ci)"
+cmake --preset ci >/dev/null
+cmake --build --preset ci -j "$jobs"
+echo "== tests (preset ci)"
+ctest --preset ci -j "$jobs"
 
 echo "== unit and shared-memory tests under ASan + UBSan (preset asan)"
 cmake --preset asan >/dev/null
 cmake --build --preset asan -j "$jobs" --target squall_unit_tests squall_compress_tests squall_shm_tests
 ctest --preset asan -j "$jobs"
 
+# The README's main command and the training script, short, so that neither breaks unnoticed.
+echo "== the main job, short: scripts/bench.sh -n 2 -b 4K -e 1M (release preset)"
+SQUALL_WARNINGS_AS_ERRORS=ON ./scripts/bench.sh -n 2 -b 4K -e 1M
+echo "== the training script, short: scripts/train.sh at 2 ranks, one epoch of 6,000 images"
+SQUALL_WARNINGS_AS_ERRORS=ON OUT=build/ci-train ./scripts/train.sh -n 2 --epochs 1 \
+  --train-subset 6000 --test-subset 1000 -c none,topk:0.01+ef --require-accuracy 0.6
+
 # doctest's own counts, summed over every doctest run of both presets.
-for preset in default asan; do
+for preset in ci asan; do
   log="build/$preset/Testing/Temporary/LastTest.log"
   sed 's/\x1b\[[0-9;]*m//g' "$log" | awk -v p="$preset" '
     /\[doctest\] test cases:/ { cases += $4 }

@@ -8,9 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SQUALL_SETUP_PLOT=1 ./scripts/setup.sh
-source scripts/cuda-path.sh
-cmake --preset release -DSQUALL_BUILD_TESTS=OFF >/dev/null
-cmake --build --preset release -j "$(nproc)" --target train_fashion_mnist
+./scripts/build-release.sh train_fashion_mnist
 out="${OUT:-build/fashion_mnist}"
 mkdir -p "$out"
 rm -f "$out/results.csv"

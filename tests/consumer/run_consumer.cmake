@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Run as a ctest: builds tests/consumer/project against squall in MODE and runs it.
-#   find_package:      cmake --install the build tree to a prefix, then find_package(squall)
+#   find_package:      cmake --install the build tree to a prefix, then find_package(squall),
+#                      built at -O3 (Release) with warnings as errors
 #   add_subdirectory:  the source tree added as a subdirectory (tests and benches off by default)
 #   fetchcontent:      FetchContent with a local SOURCE_DIR
 cmake_minimum_required(VERSION 3.25)
@@ -13,7 +14,11 @@ if(MODE STREQUAL "find_package")
   if(NOT result EQUAL 0)
     message(FATAL_ERROR "cmake --install failed")
   endif()
-  list(APPEND args "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
+  # A user's optimised build of the installed package: -O3, warnings as errors, squall's
+  # headers not treated as system headers (their warnings would be hidden otherwise).
+  list(APPEND args "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix" -DCMAKE_BUILD_TYPE=Release
+       "-DCMAKE_CXX_FLAGS=-Wall -Wextra -Wpedantic" -DCMAKE_COMPILE_WARNING_AS_ERROR=ON
+       -DCMAKE_NO_SYSTEM_FROM_IMPORTED=ON)
 else()
   list(APPEND args "-DSQUALL_WITH_CUDA=OFF")
 endif()

@@ -71,9 +71,15 @@ inline std::string compressor_usage() {
   for (const auto& [name, parameter] : compressor_names) {
     if (!out.empty()) out += ' ';
     out += name;
-    if (!parameter.empty()) out += ":" + std::string(parameter.substr(0, parameter.find(' ')));
+    // Appended piece by piece: g++ 12 at -O3 warns (-Wrestrict, spuriously) on
+    // `":" + std::string(...)`, and a user's -Werror build must not fail on that.
+    if (!parameter.empty()) {
+      out += ':';
+      out += parameter.substr(0, parameter.find(' '));
+    }
   }
-  return out + " [+ef] [@allgather|gtopk|per_hop|gather|automatic]";
+  out += " [+ef] [@allgather|gtopk|per_hop|gather|automatic]";
+  return out;
 }
 
 namespace detail {
