@@ -60,8 +60,8 @@ bool allreduce_ok() {
     if (dense[0][i] != exact || dense[1][i] != exact || sparse[0][i] != sparse[1][i] ||
         recovered != exact) {
       std::printf("element %zu: dense %g %g, top-k %g + residuals = %g, exact %g\n", i,
-                  double(dense[0][i]), double(dense[1][i]), double(sparse[0][i]),
-                  double(recovered), double(exact));
+                  double(dense[0][i]), double(dense[1][i]), double(sparse[0][i]), double(recovered),
+                  double(exact));
       return false;
     }
   }

@@ -25,6 +25,7 @@
 /// through a type-erased reducer; these hops move payloads that must be decoded and encoded
 /// between receive and send, so they loop over their own steps, one message per block.
 
+#include <squall/algorithm/detail/scratch.hpp>
 #include <squall/backend/host.hpp>
 #include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
@@ -96,13 +97,6 @@ struct requantize_buffers {
   std::vector<std::byte> decoded;   ///< a decoded payload
   std::vector<std::size_t> offsets;  ///< where each block's final payload starts in `finals`
 };
-
-/// `count` elements of `T` in `bytes`, grown as needed (operator new aligns to 16).
-template <class T>
-T* elements_of(std::vector<std::byte>& bytes, std::size_t count) {
-  if (bytes.size() < count * sizeof(T)) bytes.resize(count * sizeof(T));
-  return reinterpret_cast<T*>(bytes.data());
-}
 
 /// One per-hop requantized allreduce (sum) on one rank: `c` is the bare compressor (no
 /// error feedback), `residual` the rank's residual or null, `sent` and `received` the

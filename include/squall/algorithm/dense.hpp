@@ -1,0 +1,457 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// `detail::dense_collectives<Transport, Topology, Backend>`: the dense collectives, what
+/// `communicator` forwards to. Not templated on the compressor, so each (transport, topology,
+/// backend) instantiates this code once however many compressors a program uses; the
+/// compressed algorithms (algorithm/compressed/) run over its primitives (the section "for
+/// the compressed algorithms" below). Contracts: see communicator.hpp.
+
+#include <squall/algorithm/call_check.hpp>
+#include <squall/algorithm/detail/calibrate.hpp>
+#include <squall/algorithm/detail/executor.hpp>
+#include <squall/algorithm/detail/find_nodes.hpp>
+#include <squall/backend/host.hpp>
+#include <squall/concepts.hpp>
+#include <squall/core/buffer.hpp>
+#include <squall/core/error.hpp>
+#include <squall/core/ops.hpp>
+#include <squall/core/options.hpp>
+#include <squall/core/types.hpp>
+#include <squall/detail/math.hpp>
+#include <squall/kernels/host/reduce.hpp>
+#include <squall/topology/automatic.hpp>
+#include <squall/topology/direct.hpp>
+#include <squall/topology/ring.hpp>
+#include <squall/topology/schedule.hpp>
+#include <squall/topology/tree.hpp>
+#include <squall/tuning/tuning.hpp>
+
+#include <cstddef>  // byte, size_t
+#include <cstdint>
+#include <cstring>  // memcpy, memset
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>  // move
+#include <vector>
+
+namespace squall {
+
+/// The bytes one collective moved on one rank (`communicator::last_transfer`): what it
+/// sent (messages, writes into peers' memory, and what peers read out of its window or
+/// memory, once per reading peer) and what it received (messages, reads out of peers'
+/// window or memory, and peers' writes into its memory). The mismatch check's signature
+/// exchange counts too where it travels as messages.
+struct transfer_stats {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+};
+
+namespace detail {
+
+template <class T>
+concept has_node_map = requires(T& t) {
+  { t.node_of } -> std::same_as<std::vector<int>&>;
+};
+template <class T>
+concept has_cost_model = requires(T& t) {
+  { t.model } -> std::same_as<cost_model&>;
+};
+template <class T>
+concept has_reduce_scatter = requires(const T& t, int r) {
+  { t.reduce_scatter_schedule(r, r) } -> std::same_as<schedule>;
+};
+template <class T>
+concept has_allgather = requires(const T& t, int r) {
+  { t.allgather_schedule(r, r) } -> std::same_as<schedule>;
+};
+template <class T>
+concept has_broadcast = requires(const T& t, int r) {
+  { t.broadcast_schedule(r, r, r) } -> std::same_as<schedule>;
+};
+
+/// Throws `invalid_argument` naming `operation` unless `what` has `want` elements (`got`).
+inline void require_count(std::string_view operation, std::string_view what, std::size_t got,
+                          std::size_t want) {
+  if (got != want) {
+    throw invalid_argument({.operation = operation}, std::string(what) + " has " +
+                                                         std::to_string(got) + " elements where " +
+                                                         std::to_string(want) + " are needed");
+  }
+}
+
+/// The dense collectives over `Transport`, scheduled by `Topology`, computing on `Backend`.
+/// Owns the transport.
+template <transport Transport, topology Topology, backend Backend>
+class dense_collectives {
+  static_assert(std::same_as<Backend, host_backend>,
+                "squall: communicator runs on host_backend so far");
+
+ public:
+  using transport_type = Transport;
+  using topology_type = Topology;
+
+  /// See `communicator`'s constructor.
+  dense_collectives(Transport transport, Topology topology, const options& opts,
+                    const collective_tuning& tuning)
+      : transport_(std::move(transport)),
+        topology_(std::move(topology)),
+        check_(opts.check_mismatch),
+        tuning_(tuning) {
+    if (tuning_.chunk_bytes == 0) {
+      throw invalid_argument({.operation = "communicator", .rank = rank()},
+                             "collective_tuning::chunk_bytes must be positive");
+    }
+    if constexpr (has_node_map<Topology>) {
+      if (topology_.node_of.empty()) {
+        topology_.node_of = find_nodes(
+            rank(), size(),
+            [this](const void* mine, std::size_t bytes, void* all) { exchange(mine, bytes, all); });
+      }
+    }
+    if constexpr (has_cost_model<Topology>) {
+      if (!topology_.model.calibrated())
+        calibrate(*this, topology_.model, topology_.calibrate_up_to);
+    }
+  }
+
+  int rank() const { return transport_.rank(); }
+  int size() const { return transport_.size(); }
+  Transport& transport() { return transport_; }
+  const Topology& topology() const { return topology_; }
+  const collective_tuning& tuning() const { return tuning_; }
+  transfer_stats last_transfer() const { return {buffers_.bytes_sent, buffers_.bytes_received}; }
+
+  std::string schedule_for(std::size_t bytes) const {
+    const schedule s = topology_.allreduce_schedule(rank(), size(), bytes);
+    if (s.name == Topology::name) return std::string(Topology::name);
+    return std::string(Topology::name) + ":" + std::string(s.name);
+  }
+
+  // ---- the collectives (documented in communicator.hpp) ---------------------------------------
+
+  template <element T, reduction_op<T> Op>
+  void allreduce(host_view<T> data, Op op) {
+    begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count());
+    allreduce_into(data.data(), data, op);
+  }
+  template <element T, reduction_op<T> Op>
+  void allreduce(host_view<const T> in, host_view<T> out, Op op) {
+    require_count("allreduce", "out", out.count(), in.count());
+    begin_call(collective::allreduce, dtype_of<T>, Op::name, in.count());
+    place_check(in, out);
+    allreduce_into(in.data(), out, op);
+  }
+
+  std::size_t block_count(std::size_t count) const {
+    return split_range(count, static_cast<std::size_t>(size()), static_cast<std::size_t>(rank()))
+        .count;
+  }
+  std::size_t block_offset(std::size_t count) const {
+    return split_range(count, static_cast<std::size_t>(size()), static_cast<std::size_t>(rank()))
+        .begin;
+  }
+
+  template <element T, reduction_op<T> Op>
+  void reduce_scatter(host_view<T> data, Op op) {
+    begin_call(collective::reduce_scatter, dtype_of<T>, Op::name, data.count());
+    reduce_scatter_into(data.data(), data.data(), data.data() + block_offset(data.count()),
+                        data.count(), op);
+  }
+  template <element T, reduction_op<T> Op>
+  void reduce_scatter(host_view<const T> in, host_view<T> out, Op op) {
+    require_count("reduce_scatter", "out", out.count(), block_count(in.count()));
+    begin_call(collective::reduce_scatter, dtype_of<T>, Op::name, in.count());
+    reduce_scatter_into(in.data(), static_cast<T*>(nullptr), out.data(), in.count(), op);
+  }
+
+  template <element T>
+  void allgather(host_view<const T> in, host_view<T> out) {
+    const std::size_t count = in.count();
+    const auto p = static_cast<std::size_t>(size());
+    require_count("allgather", "out", out.count(), count * p);
+    begin_call(collective::allgather, dtype_of<T>, "", count);
+    T* mine = out.data() + static_cast<std::size_t>(rank()) * count;
+    if (in.data() != mine) place_check(in, host_view<T>(mine, count));
+    const schedule s = gather_schedule(out.size_bytes());
+    if constexpr (peer_memory_transport<Transport>) {
+      if (s.one_shot && uses_peer_memory(out.size_bytes())) {
+        settle();
+        executor().allgather_peer_memory(reinterpret_cast<const std::byte*>(in.data()),
+                                         reinterpret_cast<std::byte*>(out.data()), in.size_bytes());
+        return;
+      }
+    }
+    if (in.data() != mine) place(in, host_view<T>(mine, count));
+    run(s, out.data(), out.count(), make_reducer<T, sum_op>());
+  }
+
+  template <element T>
+  void broadcast(host_view<T> data, int root) {
+    if (root < 0 || root >= size()) {
+      throw invalid_argument(
+          {.operation = "broadcast", .rank = rank()},
+          "root " + std::to_string(root) + " outside [0, " + std::to_string(size()) + ")");
+    }
+    begin_call(collective::broadcast, dtype_of<T>, "", data.count(), root);
+    schedule s;
+    if constexpr (has_broadcast<Topology>) {
+      s = topology_.broadcast_schedule(rank(), size(), root);
+    } else if (uses_peer_memory(data.size_bytes())) {
+      s = direct_topology{}.broadcast_schedule(rank(), size(), root);
+    } else {
+      s = tree_topology{}.broadcast_schedule(rank(), size(), root);
+    }
+    if constexpr (peer_memory_transport<Transport>) {
+      if (s.one_shot && uses_peer_memory(data.size_bytes())) {
+        settle();
+        executor().broadcast_peer_memory(reinterpret_cast<std::byte*>(data.data()),
+                                         data.size_bytes(), root);
+        return;
+      }
+    }
+    run(s, data.data(), data.count(), make_reducer<T, sum_op>());
+  }
+
+  void barrier() {
+    begin_call(collective::barrier, dtype::float32, "", 0);
+    if (check_.pending()) {
+      settle();  // that barrier is the barrier
+    } else {
+      transport_.barrier().wait();
+    }
+  }
+
+  // ---- for the compressed algorithms ----------------------------------------------------------
+
+  /// Starts a call: resets the byte counts and states the call for the mismatch check.
+  void begin_call(collective kind, dtype type, std::string_view op, std::size_t count,
+                  int root = -1, std::optional<compressed_path> compressed = std::nullopt) {
+    buffers_.bytes_sent = 0;
+    buffers_.bytes_received = 0;
+    check_.begin(
+        transport_, executor(),
+        {.count = count,
+         .root = root,
+         .kind = static_cast<std::uint8_t>(kind),
+         .type = static_cast<std::uint8_t>(type),
+         .op = op_code(op),
+         .compressed = compressed ? static_cast<std::uint8_t>(*compressed) : std::uint8_t{0}});
+  }
+
+  /// Completes a pending mismatch check (a barrier): before anything touches a peer.
+  void settle() { check_.settle(transport_); }
+
+  /// The byte counters and scratch the executor keeps.
+  executor_buffers<Transport>& counters() { return buffers_; }
+
+  /// The sum over ranks of `count` elements at `x`, in place, with the topology's schedule.
+  template <class T>
+  void sum_in_place(T* x, std::size_t count) {
+    if (count == 0) {
+      settle();
+      return;
+    }
+    run_allreduce(allreduce_schedule_for(count * sizeof(T)), x, x, count,
+                  make_reducer<T, sum_op>());
+  }
+
+  /// Gathers every rank's `bytes` at `mine` into `all`, rank q's at q x `stride` (`stride` >=
+  /// every rank's bytes; the rest of each slot zero), with the topology's allgather schedule.
+  void gather_blobs(const std::byte* mine, std::size_t bytes, std::size_t stride, std::byte* all) {
+    const std::size_t total = stride * static_cast<std::size_t>(size());
+    std::byte* slot = all + static_cast<std::size_t>(rank()) * stride;
+    if (bytes != 0) std::memcpy(slot, mine, bytes);
+    if (stride != bytes) std::memset(slot + bytes, 0, stride - bytes);
+    settle();
+    if (size() == 1 || total == 0) return;
+    const schedule s = gather_schedule(total);
+    if constexpr (peer_memory_transport<Transport>) {
+      if (s.one_shot && uses_peer_memory(total)) {
+        executor().allgather_peer_memory(slot, all, stride);
+        return;
+      }
+    }
+    executor().run(s, all, total, copy_only_reducer());
+  }
+
+  /// Every rank's `bytes` at `mine` into `all`, rank q's at q x `bytes`, by messages.
+  void exchange(const void* mine, std::size_t bytes, void* all) {
+    executor().exchange(mine, bytes, all);
+  }
+
+  /// Runs allreduce schedule `s` from `in` into `out` (`in` may be `out`): the one-shot one
+  /// straight out of the peers' buffers or through the windows where the transport has them,
+  /// else the schedule's messages on `out` after copying `in` there.
+  template <class T>
+  void run_allreduce(const schedule& s, const T* in, T* out, std::size_t count, const reducer& r) {
+    if constexpr (peer_memory_transport<Transport>) {
+      if (s.one_shot && uses_peer_memory(count * r.element_bytes)) {
+        settle();
+        executor().run_one_shot_peer_memory(reinterpret_cast<const std::byte*>(in),
+                                            reinterpret_cast<std::byte*>(out), count, r);
+        return;
+      }
+    }
+    if (in != out) std::memcpy(out, in, count * r.element_bytes);
+    if constexpr (direct_transport<Transport>) {
+      if (s.one_shot && windows_fit(r)) {
+        executor().run_one_shot(reinterpret_cast<std::byte*>(out), count, r, window_round_, [this] {
+          if (check_.pending()) check_.read_pending(transport_);
+        });
+        return;
+      }
+    }
+    settle();
+    run(s, out, count, r);
+  }
+
+ private:
+  // Throws if `in` and `out` overlap without being the same memory.
+  template <element T>
+  void place_check(host_view<const T> in, host_view<T> out) {
+    if (in.data() == out.data() || in.empty()) return;
+    const auto* a = reinterpret_cast<const std::byte*>(in.data());
+    const auto* b = reinterpret_cast<const std::byte*>(out.data());
+    if (a < b + out.size_bytes() && b < a + in.size_bytes()) {
+      throw invalid_argument({.operation = "collective", .rank = rank()},
+                             "input and output partially overlap");
+    }
+  }
+
+  // Copies `in` to `out` (same count), unless they are the same memory.
+  template <element T>
+  void place(host_view<const T> in, host_view<T> out) {
+    place_check(in, out);
+    if (in.data() != out.data() && !in.empty()) std::memcpy(out.data(), in.data(), in.size_bytes());
+  }
+
+  // Whether a one-shot collective of `bytes` goes through the peers' own memory.
+  bool uses_peer_memory(std::size_t bytes) const {
+    if constexpr (peer_memory_transport<Transport>) {
+      return size() > 1 && bytes >= tuning_.peer_memory_bytes && transport_.can_access_peers();
+    } else {
+      (void)bytes;
+      return false;
+    }
+  }
+
+  // out = op over ranks of in (`in` may be `out.data()`), then the op's finalize.
+  template <element T, reduction_op<T> Op>
+  void allreduce_into(const T* in, host_view<T> out, Op op) {
+    if (out.empty()) {
+      settle();
+      return;
+    }
+    run_allreduce(allreduce_schedule_for(out.size_bytes()), in, out.data(), out.count(),
+                  make_reducer<T, Op>());
+    kernels::finalize(host_backend{}, op, out, static_cast<std::size_t>(size()));
+  }
+
+  // Reduce-scatter of `count` elements of `in` into `out` (this rank's block). `whole` is
+  // `in` itself when the caller lets it be overwritten (in place), else null: the message
+  // schedules then work on a copy in `work_`. Through peer memory no copy is needed.
+  template <element T, reduction_op<T> Op>
+  void reduce_scatter_into(const T* in, T* whole, T* out, std::size_t count, Op op) {
+    const std::size_t bytes = count * sizeof(T);
+    const schedule s = scatter_schedule(bytes);
+    const host_view<T> result(out, block_count(count));
+    const reducer r = make_reducer<T, Op>();
+    bool done = false;
+    if constexpr (peer_memory_transport<Transport>) {
+      if (s.one_shot && uses_peer_memory(bytes)) {
+        settle();
+        executor().reduce_scatter_peer_memory(reinterpret_cast<const std::byte*>(in),
+                                              reinterpret_cast<std::byte*>(out), count, r);
+        done = true;
+      }
+    }
+    if (!done) {
+      if (whole == nullptr) {
+        if (work_.size() < bytes) work_.resize(bytes);
+        whole = reinterpret_cast<T*>(work_.data());
+        if (count != 0) std::memcpy(whole, in, bytes);
+      }
+      run(s, whole, count, r);
+      T* mine = whole + block_offset(count);
+      if (mine != out && !result.empty()) std::memcpy(out, mine, result.size_bytes());
+    }
+    kernels::finalize(host_backend{}, op, result, static_cast<std::size_t>(size()));
+  }
+
+  // The schedules of reduce_scatter and allgather: the topology's own, else direct's one-shot
+  // where the transport has peer memory, else the ring's.
+  schedule scatter_schedule(std::size_t bytes) const {
+    if constexpr (has_reduce_scatter<Topology>) {
+      (void)bytes;
+      return topology_.reduce_scatter_schedule(rank(), size());
+    } else {
+      if (uses_peer_memory(bytes)) return direct_topology{}.reduce_scatter_schedule(rank(), size());
+      return ring_topology{}.reduce_scatter_schedule(rank(), size());
+    }
+  }
+  schedule gather_schedule(std::size_t bytes) const {
+    if constexpr (has_allgather<Topology>) {
+      (void)bytes;
+      return topology_.allgather_schedule(rank(), size());
+    } else {
+      if (uses_peer_memory(bytes)) return direct_topology{}.allgather_schedule(rank(), size());
+      return ring_topology{}.allgather_schedule(rank(), size());
+    }
+  }
+
+  template <class T>
+  void run(const schedule& s, T* data, std::size_t count, const reducer& r) {
+    settle();
+    executor().run(s, reinterpret_cast<std::byte*>(data), count, r);
+  }
+
+  // Room for the one-shot schedule: each half of the window holds a round of at least 64
+  // elements per rank.
+  bool windows_fit(const reducer& r) {
+    return window_data_bytes(transport_) / 2 >=
+           64 * r.element_bytes * static_cast<std::size_t>(size());
+  }
+
+  // A reducer for schedules that only copy (allgather): bytes, never combined.
+  static reducer copy_only_reducer() {
+    return {.element_bytes = 1,
+            .reduce_into =
+                [](std::byte*, const std::byte*, std::size_t) {
+                  throw error(make_error_code(errc::internal), {.operation = "allgather"},
+                              "a copy-only schedule asked for a reduction");
+                },
+            .reduce =
+                [](std::byte*, const std::byte*, const std::byte*, std::size_t) {
+                  throw error(make_error_code(errc::internal), {.operation = "allgather"},
+                              "a copy-only schedule asked for a reduction");
+                }};
+  }
+
+  // The allreduce schedule for `bytes`, kept for the next call of the same size, so that a
+  // training loop's repeated allreduce builds no schedule (and allocates nothing).
+  const schedule& allreduce_schedule_for(std::size_t bytes) {
+    if (!cached_ || cached_bytes_ != bytes) {
+      cached_schedule_ = topology_.allreduce_schedule(rank(), size(), bytes);
+      cached_bytes_ = bytes;
+      cached_ = true;
+    }
+    return cached_schedule_;
+  }
+
+  detail::executor<Transport> executor() { return {transport_, buffers_, tuning_}; }
+
+  Transport transport_;
+  Topology topology_;
+  call_check<Transport> check_;
+  collective_tuning tuning_;
+  std::size_t window_round_ = 0;
+  executor_buffers<Transport> buffers_;
+  std::vector<std::byte> work_;
+  bool cached_ = false;
+  std::size_t cached_bytes_ = 0;
+  schedule cached_schedule_;
+};
+
+}  // namespace detail
+}  // namespace squall
