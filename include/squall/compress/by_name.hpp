@@ -85,7 +85,8 @@ inline std::string compressor_usage() {
 namespace detail {
 
 [[noreturn]] inline void bad_compressor(std::string_view text, std::string_view why) {
-  throw invalid_argument({.operation = "compressor"}, "'" + std::string(text) + "': " + std::string(why));
+  throw invalid_argument({.operation = "compressor"},
+                         "'" + std::string(text) + "': " + std::string(why));
 }
 
 /// `choice`'s parameter as a positive number, `fallback` without one.
@@ -135,7 +136,8 @@ inline compressor_choice parse_compressor(std::string_view text) {
   const auto known = std::find_if(compressor_names.begin(), compressor_names.end(),
                                   [&](const auto& n) { return n.first == choice.name; });
   if (known == compressor_names.end()) {
-    detail::bad_compressor(text, "unknown compressor '" + choice.name + "' (" + compressor_usage() + ")");
+    detail::bad_compressor(text,
+                           "unknown compressor '" + choice.name + "' (" + compressor_usage() + ")");
   }
   if (colon != std::string::npos && known->second.empty()) {
     detail::bad_compressor(text, choice.name + " takes no parameter");

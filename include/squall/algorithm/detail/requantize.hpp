@@ -43,7 +43,7 @@
 
 #include <algorithm>  // max
 #include <concepts>   // same_as
-#include <cstddef>   // byte, size_t
+#include <cstddef>    // byte, size_t
 #include <cstdint>
 #include <cstring>  // memcpy
 #include <string>
@@ -91,10 +91,10 @@ bool uses_per_hop(requantize_algorithm algorithm, int rank, int size) {
 
 /// The buffers per-hop requantization keeps between calls (owned by the communicator).
 struct requantize_buffers {
-  std::vector<std::byte> send;      ///< the payload this rank encodes
-  std::vector<std::byte> recv;      ///< received payloads (the tree: one per child)
-  std::vector<std::byte> finals;    ///< the ring's final payload of every block
-  std::vector<std::byte> decoded;   ///< a decoded payload
+  std::vector<std::byte> send;       ///< the payload this rank encodes
+  std::vector<std::byte> recv;       ///< received payloads (the tree: one per child)
+  std::vector<std::byte> finals;     ///< the ring's final payload of every block
+  std::vector<std::byte> decoded;    ///< a decoded payload
   std::vector<std::size_t> offsets;  ///< where each block's final payload starts in `finals`
 };
 
@@ -204,8 +204,8 @@ struct requantize_hops {
     for (int which = 0; which < 2; ++which) {
       const int child = tree_child(r, which);
       if (child >= p) break;
-      from_children.push_back(
-          transport.recv(child, {buffers.recv.data() + static_cast<std::size_t>(which) * slot, bytes}));
+      from_children.push_back(transport.recv(
+          child, {buffers.recv.data() + static_cast<std::size_t>(which) * slot, bytes}));
       received += bytes;
       ++children;
     }
