@@ -66,12 +66,12 @@ void decode_loop(benchmark::State& state, C c) {
 /// Registers encode/<label>/<count> and decode/<label>/<count> for compressor `c`.
 template <class C>
 void register_codec(const std::string& label, C c) {
-  benchmark::RegisterBenchmark(("encode/" + label).c_str(),
-                               [c](benchmark::State& s) { encode_loop(s, c); })
-      ->Arg(compress_count);
-  benchmark::RegisterBenchmark(("decode/" + label).c_str(),
-                               [c](benchmark::State& s) { decode_loop(s, c); })
-      ->Arg(compress_count);
+  benchmark::RegisterBenchmark(("encode/" + label).c_str(), [c](benchmark::State& s) {
+    encode_loop(s, c);
+  })->Arg(compress_count);
+  benchmark::RegisterBenchmark(("decode/" + label).c_str(), [c](benchmark::State& s) {
+    decode_loop(s, c);
+  })->Arg(compress_count);
 }
 
 // Each compressor family registers its benchmarks (bench/compress_*.cpp).

@@ -9,10 +9,10 @@
 // over the float input.
 #include <squall/compress/sparsify.hpp>
 
-#include "compress_common.hpp"
-
 #include <algorithm>  // nth_element, copy
 #include <cmath>      // fabs
+
+#include "compress_common.hpp"
 
 namespace squall::bench {
 namespace {

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // squall-bench's compressed allreduce runners: `--compressor` names to compressor policies
 // (squall::visit_compressor), and one communicator<Transport, Topology, C> per (topology,
-// compressor) with the caller-owned compression state of its tensor. Included by compressed_runners_*.cpp, which instantiate
-// the factory for a few topologies each (so the build compiles them in parallel).
+// compressor) with the caller-owned compression state of its tensor. Included by
+// compressed_runners_*.cpp, which instantiate the factory for a few topologies each (so the build
+// compiles them in parallel).
 #pragma once
 
 #include <squall/squall.hpp>
@@ -53,12 +54,10 @@ struct compressed_runner final : runner_base<float> {
 }  // namespace detail
 
 template <class Transport, class Topology>
-std::unique_ptr<runner_base<float>> make_compressed_runner(const compressor_spec& spec,
-                                                           const std::string& topology,
-                                                           Transport transport, const settings& s,
-                                                           const job& j,
-                                                           const squall::options& opts,
-                                                           const squall::collective_tuning& tuning) {
+std::unique_ptr<runner_base<float>> make_compressed_runner(
+    const compressor_spec& spec, const std::string& topology, Transport transport,
+    const settings& s, const job& j, const squall::options& opts,
+    const squall::collective_tuning& tuning) {
   (void)s;
   return squall::visit_compressor(spec, [&](auto c) -> std::unique_ptr<runner_base<float>> {
     using C = decltype(c);
@@ -75,16 +74,17 @@ std::unique_ptr<runner_base<float>> make_compressed_runner(const compressor_spec
 
 /// Instantiates the factory for `Topology` over shm_transport (and mpi_transport when built);
 /// used at global scope.
-#define SQUALL_BENCH_COMPRESSED_WITH(Transport, Topology)                                       \
-  template std::unique_ptr<squall_bench::runner_base<float>>                                    \
-  squall_bench::make_compressed_runner<Transport, Topology>(                                    \
-      const squall_bench::compressor_spec&, const std::string&, Transport,                      \
-      const squall_bench::settings&, const squall_bench::job&, const squall::options&,          \
+#define SQUALL_BENCH_COMPRESSED_WITH(Transport, Topology)                              \
+  template std::unique_ptr<squall_bench::runner_base<float>>                           \
+  squall_bench::make_compressed_runner<Transport, Topology>(                           \
+      const squall_bench::compressor_spec&, const std::string&, Transport,             \
+      const squall_bench::settings&, const squall_bench::job&, const squall::options&, \
       const squall::collective_tuning&);
 #if SQUALL_BENCH_WITH_MPI
-#define SQUALL_BENCH_COMPRESSED_FOR(Topology)                       \
-  SQUALL_BENCH_COMPRESSED_WITH(squall::shm_transport, Topology)     \
+#define SQUALL_BENCH_COMPRESSED_FOR(Topology)                   \
+  SQUALL_BENCH_COMPRESSED_WITH(squall::shm_transport, Topology) \
   SQUALL_BENCH_COMPRESSED_WITH(squall::mpi_transport, Topology)
 #else
-#define SQUALL_BENCH_COMPRESSED_FOR(Topology) SQUALL_BENCH_COMPRESSED_WITH(squall::shm_transport, Topology)
+#define SQUALL_BENCH_COMPRESSED_FOR(Topology) \
+  SQUALL_BENCH_COMPRESSED_WITH(squall::shm_transport, Topology)
 #endif

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// squall-bench's compressed runners over the halving-doubling, hierarchical and automatic topologies.
+// squall-bench's compressed runners over the halving-doubling, hierarchical and automatic
+// topologies.
 #include "compressed_runners.hpp"
 
 SQUALL_BENCH_COMPRESSED_FOR(squall::halving_doubling_topology)

@@ -8,11 +8,11 @@
 
 #include <benchmark/benchmark.h>
 
-#include "memcpy_baseline.hpp"
-
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "memcpy_baseline.hpp"
 
 namespace {
 

@@ -6,11 +6,14 @@
 //                [--topology all|ring|tree|direct|halving_doubling|hierarchical|automatic[,..]]
 //                [--transport shm|mpi] [--dtype float|double|int32|int64|float16|bfloat16]
 //                [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] [--chunk BYTES]
-//                [--peer-memory BYTES] [--no-check] [--csv FILE] [--json FILE]
+//                [--peer-memory BYTES] [--no-check] [--calibrate] [--csv FILE] [--json FILE]
 //                [--compressor none|cast:bf16|topk:0.01+ef|qsgd:4|powersgd:4|...[,..]]
 //                [--sparse-algorithm allgather|gtopk] [--requantize automatic|per_hop|gather]
 //
 // --chunk and --peer-memory override collective_tuning's chunk_bytes and peer_memory_bytes.
+// --calibrate measures automatic's cost model before its rows (communicator::calibrate, 4 KiB
+// to 16 MiB); without it automatic predicts from the transport's link costs, as a
+// communicator does by default. The model used is printed ("# automatic model").
 //
 // --compressor runs the compressed allreduce (float only) of each listed compressor on each
 // topology, beside the dense one ("none", always run) in the same run, on near-Gaussian
@@ -43,8 +46,6 @@
 #include <mpi.h>
 #endif
 
-#include "squall_bench.hpp"
-
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -59,21 +60,24 @@
 #include <unistd.h>
 #include <vector>
 
+#include "squall_bench.hpp"
+
 namespace squall_bench {
 
-const std::vector<std::string> all_topologies = {"ring",         "tree",        "direct",
-                                                 "halving_doubling", "hierarchical", "automatic"};
+const std::vector<std::string> all_topologies = {
+    "ring", "tree", "direct", "halving_doubling", "hierarchical", "automatic"};
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "squall-bench: %s\nusage: squall-bench [-n P] [--op allreduce|allgather|"
-               "reduce_scatter|broadcast] [--topology all|ring|tree|direct|halving_doubling|"
-               "hierarchical|automatic[,...]] [--transport shm|mpi] [--dtype float|double|int32|"
-               "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
-               "[--chunk BYTES] [--peer-memory BYTES] [--no-check] [--csv FILE] [--json FILE] "
-               "[--compressor NAME[:PARAMETER][+ef][@ALGORITHM][,...]] (%s) "
-               "[--sparse-algorithm allgather|gtopk] [--requantize automatic|per_hop|gather]\n",
-               why.c_str(), squall::compressor_usage().c_str());
+  std::fprintf(
+      stderr,
+      "squall-bench: %s\nusage: squall-bench [-n P] [--op allreduce|allgather|"
+      "reduce_scatter|broadcast] [--topology all|ring|tree|direct|halving_doubling|"
+      "hierarchical|automatic[,...]] [--transport shm|mpi] [--dtype float|double|int32|"
+      "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
+      "[--chunk BYTES] [--peer-memory BYTES] [--no-check] [--calibrate] [--csv FILE] [--json FILE] "
+      "[--compressor NAME[:PARAMETER][+ef][@ALGORITHM][,...]] (%s) "
+      "[--sparse-algorithm allgather|gtopk] [--requantize automatic|per_hop|gather]\n",
+      why.c_str(), squall::compressor_usage().c_str());
   std::exit(2);
 }
 
@@ -96,10 +100,14 @@ std::size_t parse_size(const std::string& text) {
   const double v = std::strtod(text.c_str(), &end);
   std::size_t scale = 1;
   const std::string unit(end);
-  if (unit == "K" || unit == "k") scale = std::size_t{1} << 10;
-  else if (unit == "M" || unit == "m") scale = std::size_t{1} << 20;
-  else if (unit == "G" || unit == "g") scale = std::size_t{1} << 30;
-  else if (!unit.empty()) usage("bad size '" + text + "'");
+  if (unit == "K" || unit == "k")
+    scale = std::size_t{1} << 10;
+  else if (unit == "M" || unit == "m")
+    scale = std::size_t{1} << 20;
+  else if (unit == "G" || unit == "g")
+    scale = std::size_t{1} << 30;
+  else if (!unit.empty())
+    usage("bad size '" + text + "'");
   if (end == text.c_str() || !(v >= 0)) usage("bad size '" + text + "'");
   return static_cast<std::size_t>(v * static_cast<double>(scale));
 }
@@ -114,36 +122,62 @@ settings parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(a + " needs a value");
       return argv[++i];
     };
-    if (a == "-n" || a == "--ranks") s.ranks = std::atoi(value().c_str());
-    else if (a == "--op") s.op = value();
-    else if (a == "--topology" || a == "-t") topology = value();
-    else if (a == "--transport") s.transport = value();
-    else if (a == "--dtype" || a == "-d") s.dtype = value();
-    else if (a == "-b" || a == "--minbytes") s.min_bytes = parse_size(value());
-    else if (a == "-e" || a == "--maxbytes") s.max_bytes = parse_size(value());
-    else if (a == "-f" || a == "--stepfactor") s.factor = parse_size(value());
-    else if (a == "--iters") s.iters = std::atoi(value().c_str());
-    else if (a == "--warmup") s.warmup = std::atoi(value().c_str());
-    else if (a == "--chunk") s.chunk = parse_size(value());
-    else if (a == "--peer-memory") s.peer_memory = parse_size(value());
-    else if (a == "--no-check") s.check = false;
-    else if (a == "--csv") s.csv = value();
-    else if (a == "--json") s.json = value();
-    else if (a == "--compressor" || a == "-c") compressors = value();
+    if (a == "-n" || a == "--ranks")
+      s.ranks = std::atoi(value().c_str());
+    else if (a == "--op")
+      s.op = value();
+    else if (a == "--topology" || a == "-t")
+      topology = value();
+    else if (a == "--transport")
+      s.transport = value();
+    else if (a == "--dtype" || a == "-d")
+      s.dtype = value();
+    else if (a == "-b" || a == "--minbytes")
+      s.min_bytes = parse_size(value());
+    else if (a == "-e" || a == "--maxbytes")
+      s.max_bytes = parse_size(value());
+    else if (a == "-f" || a == "--stepfactor")
+      s.factor = parse_size(value());
+    else if (a == "--iters")
+      s.iters = std::atoi(value().c_str());
+    else if (a == "--warmup")
+      s.warmup = std::atoi(value().c_str());
+    else if (a == "--chunk")
+      s.chunk = parse_size(value());
+    else if (a == "--peer-memory")
+      s.peer_memory = parse_size(value());
+    else if (a == "--no-check")
+      s.check = false;
+    else if (a == "--calibrate")
+      s.calibrate = true;
+    else if (a == "--csv")
+      s.csv = value();
+    else if (a == "--json")
+      s.json = value();
+    else if (a == "--compressor" || a == "-c")
+      compressors = value();
     else if (a == "--sparse-algorithm") {
       const std::string v = value();
-      if (v == "allgather") s.sparse = squall::sparse_algorithm::allgather;
-      else if (v == "gtopk") s.sparse = squall::sparse_algorithm::gtopk;
-      else usage("unknown sparse algorithm '" + v + "'");
+      if (v == "allgather")
+        s.sparse = squall::sparse_algorithm::allgather;
+      else if (v == "gtopk")
+        s.sparse = squall::sparse_algorithm::gtopk;
+      else
+        usage("unknown sparse algorithm '" + v + "'");
     } else if (a == "--requantize") {
       const std::string v = value();
-      if (v == "automatic") s.requantize = squall::requantize_algorithm::automatic;
-      else if (v == "per_hop") s.requantize = squall::requantize_algorithm::per_hop;
-      else if (v == "gather") s.requantize = squall::requantize_algorithm::gather;
-      else usage("unknown requantize algorithm '" + v + "'");
-    }
-    else if (a == "-h" || a == "--help") usage("help");
-    else usage("unknown argument '" + a + "'");
+      if (v == "automatic")
+        s.requantize = squall::requantize_algorithm::automatic;
+      else if (v == "per_hop")
+        s.requantize = squall::requantize_algorithm::per_hop;
+      else if (v == "gather")
+        s.requantize = squall::requantize_algorithm::gather;
+      else
+        usage("unknown requantize algorithm '" + v + "'");
+    } else if (a == "-h" || a == "--help")
+      usage("help");
+    else
+      usage("unknown argument '" + a + "'");
   }
   if (topology == "all") {
     s.topologies = all_topologies;
@@ -172,10 +206,12 @@ settings parse(int argc, char** argv) {
     if (s.op != "allreduce") usage("--compressor needs --op allreduce");
     if (s.dtype != "float") usage("--compressor needs --dtype float");
   }
-  if (s.op != "allreduce" && s.op != "allgather" && s.op != "reduce_scatter" && s.op != "broadcast") {
+  if (s.op != "allreduce" && s.op != "allgather" && s.op != "reduce_scatter" &&
+      s.op != "broadcast") {
     usage("unknown op '" + s.op + "'");
   }
-  if (s.transport != "shm" && s.transport != "mpi") usage("unknown transport '" + s.transport + "'");
+  if (s.transport != "shm" && s.transport != "mpi")
+    usage("unknown transport '" + s.transport + "'");
   if (s.factor < 2) usage("-f must be at least 2");
   if (s.min_bytes == 0 || s.min_bytes > s.max_bytes) usage("need 0 < -b <= -e");
 #if !SQUALL_BENCH_WITH_MPI
@@ -199,11 +235,16 @@ double as_double(T v) {
 #if SQUALL_BENCH_WITH_MPI
 template <class T>
 MPI_Datatype mpi_type() {
-  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
-  else if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return MPI_INT32_T;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
-  else return MPI_DATATYPE_NULL;  // 16-bit types: MPI has none; no comparison
+  if constexpr (std::is_same_v<T, float>)
+    return MPI_FLOAT;
+  else if constexpr (std::is_same_v<T, double>)
+    return MPI_DOUBLE;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return MPI_INT32_T;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return MPI_INT64_T;
+  else
+    return MPI_DATATYPE_NULL;  // 16-bit types: MPI has none; no comparison
 }
 #endif
 
@@ -218,7 +259,8 @@ struct runner final : runner_base<T> {
   void call(std::vector<T>& in, std::vector<T>& out, std::size_t count) override {
     const int p = j_.size;
     if (s_.op == "allreduce") {
-      comm.allreduce(squall::host_view<const T>(in.data(), count), squall::host_view<T>(out.data(), count));
+      comm.allreduce(squall::host_view<const T>(in.data(), count),
+                     squall::host_view<T>(out.data(), count));
     } else if (s_.op == "allgather") {
       comm.allgather(squall::host_view<const T>(in.data(), count),
                      squall::host_view<T>(out.data(), count * static_cast<std::size_t>(p)));
@@ -276,9 +318,11 @@ class bench {
     const int p = j_.size;
     long wrong = 0;
     if (s_.op == "allreduce" || s_.op == "reduce_scatter") {
-      const std::size_t n = s_.op == "allreduce" ? count
-                                                  : squall::detail::split_range(count, static_cast<std::size_t>(p),
-                                                                                static_cast<std::size_t>(j_.rank)).count;
+      const std::size_t n = s_.op == "allreduce"
+                                ? count
+                                : squall::detail::split_range(count, static_cast<std::size_t>(p),
+                                                              static_cast<std::size_t>(j_.rank))
+                                      .count;
       for (std::size_t i = 0; i < n; ++i) {
         double want = 0;
         for (int r = 0; r < p; ++r) want += as_double(input_value<T>(r, i + offset));
@@ -287,11 +331,15 @@ class bench {
     } else if (s_.op == "allgather") {
       for (int r = 0; r < p; ++r) {
         for (std::size_t i = 0; i < count; ++i) {
-          wrong += as_double(out[static_cast<std::size_t>(r) * count + i]) != as_double(input_value<T>(r, i)) ? 1 : 0;
+          wrong += as_double(out[static_cast<std::size_t>(r) * count + i]) !=
+                           as_double(input_value<T>(r, i))
+                       ? 1
+                       : 0;
         }
       }
     } else {
-      for (std::size_t i = 0; i < count; ++i) wrong += as_double(in[i]) != as_double(input_value<T>(0, i)) ? 1 : 0;
+      for (std::size_t i = 0; i < count; ++i)
+        wrong += as_double(in[i]) != as_double(input_value<T>(0, i)) ? 1 : 0;
     }
     return wrong;
   }
@@ -301,18 +349,25 @@ class bench {
 #if SQUALL_BENCH_WITH_MPI
     const MPI_Datatype type = mpi_type<T>();
     const int p = j_.size;
-    if (!j_.mpi || type == MPI_DATATYPE_NULL || count * static_cast<std::size_t>(p) > INT_MAX) return -1;
+    if (!j_.mpi || type == MPI_DATATYPE_NULL || count * static_cast<std::size_t>(p) > INT_MAX)
+      return -1;
     const int n = static_cast<int>(count);
     std::vector<int> counts(static_cast<std::size_t>(p));
     for (int r = 0; r < p; ++r) {
-      counts[static_cast<std::size_t>(r)] = static_cast<int>(
-          squall::detail::split_range(count, static_cast<std::size_t>(p), static_cast<std::size_t>(r)).count);
+      counts[static_cast<std::size_t>(r)] =
+          static_cast<int>(squall::detail::split_range(count, static_cast<std::size_t>(p),
+                                                       static_cast<std::size_t>(r))
+                               .count);
     }
     auto once = [&] {
-      if (s_.op == "allreduce") MPI_Allreduce(in.data(), out.data(), n, type, MPI_SUM, MPI_COMM_WORLD);
-      else if (s_.op == "allgather") MPI_Allgather(in.data(), n, type, out.data(), n, type, MPI_COMM_WORLD);
-      else if (s_.op == "reduce_scatter") MPI_Reduce_scatter(in.data(), out.data(), counts.data(), type, MPI_SUM, MPI_COMM_WORLD);
-      else MPI_Bcast(in.data(), n, type, 0, MPI_COMM_WORLD);
+      if (s_.op == "allreduce")
+        MPI_Allreduce(in.data(), out.data(), n, type, MPI_SUM, MPI_COMM_WORLD);
+      else if (s_.op == "allgather")
+        MPI_Allgather(in.data(), n, type, out.data(), n, type, MPI_COMM_WORLD);
+      else if (s_.op == "reduce_scatter")
+        MPI_Reduce_scatter(in.data(), out.data(), counts.data(), type, MPI_SUM, MPI_COMM_WORLD);
+      else
+        MPI_Bcast(in.data(), n, type, 0, MPI_COMM_WORLD);
     };
     for (int w = 0; w < s_.warmup; ++w) once();
     MPI_Barrier(MPI_COMM_WORLD);
@@ -374,21 +429,33 @@ std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string&
   if constexpr (std::is_same_v<T, float>) {
     if (!spec.dense()) {
       try {
-        return make_compressed_runner<Transport, Topology>(spec, name, make_transport(job_name), s_, j_,
-                                                           opts, tuning);
+        return make_compressed_runner<Transport, Topology>(spec, name, make_transport(job_name), s_,
+                                                           j_, opts, tuning);
       } catch (const squall::invalid_argument& e) {
         usage(e.what());
       }
     }
   }
-  auto r = std::make_unique<runner<Transport, Topology, T>>(name, make_transport(job_name), s_, j_, opts, tuning);
+  auto r = std::make_unique<runner<Transport, Topology, T>>(name, make_transport(job_name), s_, j_,
+                                                            opts, tuning);
   if constexpr (std::is_same_v<Topology, squall::automatic_topology>) {
-    // The model automatic chooses from: each candidate's measured time per size.
+    // The model automatic chooses from: each candidate's measured time per size, or the
+    // transport's link costs.
+    if (s_.calibrate) r->comm.calibrate();
     if (j_.rank == 0) {
       const squall::cost_model& m = r->comm.topology().model;
-      for (std::size_t c = 0; c < squall::cost_model::candidates; ++c) {
+      if (!m.calibrated()) {
+        const squall::link_costs k = m.link.value_or(squall::link_costs{});
+        std::printf(
+            "# automatic model: the transport's link costs, alpha %.2fus, %.2f GB/s moved, "
+            "%.2f GB/s reduced, %s (--calibrate measures it)\n",
+            k.alpha * 1e6, 1e-9 / k.beta, 1e-9 / k.gamma,
+            k.all_peers_at_once ? "all peers at once" : "one port");
+      }
+      for (std::size_t c = 0; c < squall::cost_model::candidates && m.calibrated(); ++c) {
         std::printf("# automatic model, %-16s", std::string(squall::cost_model::names[c]).c_str());
-        for (const auto& point : m.measured[c]) std::printf(" %zu:%.1fus", point.bytes, point.seconds * 1e6);
+        for (const auto& point : m.measured[c])
+          std::printf(" %zu:%.1fus", point.bytes, point.seconds * 1e6);
         std::printf("\n");
       }
     }
@@ -452,7 +519,8 @@ row bench<Transport>::measure(runner_base<T>& run, const compressor_spec& spec, 
   const double t = run.across(mine, false);
   if (!s_.compressed()) {
     const std::size_t offset = s_.op == "reduce_scatter" ? run.block_offset(count) : 0;
-    r.wrong = static_cast<long>(run.across(static_cast<double>(count_wrong(in, out, count, offset)), true));
+    r.wrong = static_cast<long>(
+        run.across(static_cast<double>(count_wrong(in, out, count, offset)), true));
     r.wire_bytes = run.across(static_cast<double>(run.bytes_sent()), false);
   }
   r.topology = run.label(count * sizeof(T));
@@ -462,7 +530,8 @@ row bench<Transport>::measure(runner_base<T>& run, const compressor_spec& spec, 
   r.algbw = static_cast<double>(bytes) / t / 1e9;
   r.busbw = r.algbw * bus_factor(s_.op, p);
   r.mpi_us = mpi_us;
-  if (r.mpi_us > 0) r.mpi_busbw = static_cast<double>(bytes) / (r.mpi_us * 1e-6) / 1e9 * bus_factor(s_.op, p);
+  if (r.mpi_us > 0)
+    r.mpi_busbw = static_cast<double>(bytes) / (r.mpi_us * 1e-6) / 1e9 * bus_factor(s_.op, p);
   for (const row& dense : earlier) {
     if (s_.compressed() && dense.compressor == "none" && dense.topology == r.topology &&
         dense.bytes == r.bytes && r.wire_bytes > 0) {
@@ -472,15 +541,17 @@ row bench<Transport>::measure(runner_base<T>& run, const compressor_spec& spec, 
   if (spec.dense()) r.compression_ratio = 1;
   if (j_.rank == 0) {
     if (s_.compressed()) {
-      std::printf("%12zu %12zu %16s %28s %11.1f %8.2f %8.2f %10.3g %13.0f %8.1f %6ld", r.bytes, r.count,
-                  r.compressor.c_str(), r.topology.c_str(), r.time_us, r.algbw, r.busbw, r.rel_error,
-                  r.wire_bytes, r.compression_ratio, r.wrong);
+      std::printf("%12zu %12zu %16s %28s %11.1f %8.2f %8.2f %10.3g %13.0f %8.1f %6ld", r.bytes,
+                  r.count, r.compressor.c_str(), r.topology.c_str(), r.time_us, r.algbw, r.busbw,
+                  r.rel_error, r.wire_bytes, r.compression_ratio, r.wrong);
     } else {
-      std::printf("%12zu %12zu %9s %28s %11.1f %8.2f %8.2f %7ld", r.bytes, r.count, s_.dtype.c_str(),
-                  r.topology.c_str(), r.time_us, r.algbw, r.busbw, r.wrong);
+      std::printf("%12zu %12zu %9s %28s %11.1f %8.2f %8.2f %7ld", r.bytes, r.count,
+                  s_.dtype.c_str(), r.topology.c_str(), r.time_us, r.algbw, r.busbw, r.wrong);
     }
-    if (r.mpi_us > 0) std::printf(" %11.1f %9.2f %8.2f\n", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
-    else std::printf(" %11s %9s %8s\n", "-", "-", "-");
+    if (r.mpi_us > 0)
+      std::printf(" %11.1f %9.2f %8.2f\n", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
+    else
+      std::printf(" %11s %9s %8s\n", "-", "-", "-");
     std::fflush(stdout);
   }
   return r;
@@ -494,7 +565,8 @@ std::vector<row> bench<Transport>::run() {
   for (std::size_t b = s_.min_bytes; b <= s_.max_bytes; b *= s_.factor) sizes.push_back(b);
   const std::size_t most = count_for(s_, s_.max_bytes, sizeof(T), p);
   std::vector<T> in(std::max<std::size_t>(most, 1));
-  std::vector<T> out(std::max<std::size_t>(s_.op == "allgather" ? most * static_cast<std::size_t>(p) : most, 1));
+  std::vector<T> out(
+      std::max<std::size_t>(s_.op == "allgather" ? most * static_cast<std::size_t>(p) : most, 1));
   // Every (compressor, topology) pair, the dense ones first (the compressed rows' baseline).
   const std::vector<compressor_spec> specs =
       s_.compressed() ? s_.compressors : std::vector<compressor_spec>{parse_compressor("none")};
@@ -503,23 +575,30 @@ std::vector<row> bench<Transport>::run() {
   for (std::size_t c = 0; c < specs.size(); ++c) {
     for (const std::string& name : s_.topologies) {
       const compressor_spec& spec = specs[c];
-      if (name == "ring") runners.push_back(make_runner<squall::ring_topology, T>(name, spec, c));
-      else if (name == "tree") runners.push_back(make_runner<squall::tree_topology, T>(name, spec, c));
-      else if (name == "direct") runners.push_back(make_runner<squall::direct_topology, T>(name, spec, c));
-      else if (name == "halving_doubling") runners.push_back(make_runner<squall::halving_doubling_topology, T>(name, spec, c));
-      else if (name == "hierarchical") runners.push_back(make_runner<squall::hierarchical_topology<>, T>(name, spec, c));
-      else runners.push_back(make_runner<squall::automatic_topology, T>(name, spec, c));
+      if (name == "ring")
+        runners.push_back(make_runner<squall::ring_topology, T>(name, spec, c));
+      else if (name == "tree")
+        runners.push_back(make_runner<squall::tree_topology, T>(name, spec, c));
+      else if (name == "direct")
+        runners.push_back(make_runner<squall::direct_topology, T>(name, spec, c));
+      else if (name == "halving_doubling")
+        runners.push_back(make_runner<squall::halving_doubling_topology, T>(name, spec, c));
+      else if (name == "hierarchical")
+        runners.push_back(make_runner<squall::hierarchical_topology<>, T>(name, spec, c));
+      else
+        runners.push_back(make_runner<squall::automatic_topology, T>(name, spec, c));
       spec_of.push_back(&spec);
     }
   }
   if (j_.rank == 0) {
     if (s_.compressed()) {
-      std::printf("# %10s %12s %16s %28s %11s %8s %8s %10s %13s %8s %6s %11s %9s %8s\n", "size", "count",
-                  "compressor", "topology", "time_us", "algbw", "busbw", "rel_err", "wire_bytes", "ratio",
-                  "#wrong", "mpi_us", "mpi_busbw", "speedup");
+      std::printf("# %10s %12s %16s %28s %11s %8s %8s %10s %13s %8s %6s %11s %9s %8s\n", "size",
+                  "count", "compressor", "topology", "time_us", "algbw", "busbw", "rel_err",
+                  "wire_bytes", "ratio", "#wrong", "mpi_us", "mpi_busbw", "speedup");
     } else {
-      std::printf("# %10s %12s %9s %28s %11s %8s %8s %7s %11s %9s %8s\n", "size", "count", "type", "topology",
-                  "time_us", "algbw", "busbw", "#wrong", "mpi_us", "mpi_busbw", "speedup");
+      std::printf("# %10s %12s %9s %28s %11s %8s %8s %7s %11s %9s %8s\n", "size", "count", "type",
+                  "topology", "time_us", "algbw", "busbw", "#wrong", "mpi_us", "mpi_busbw",
+                  "speedup");
     }
     std::fflush(stdout);
   }
@@ -529,7 +608,8 @@ std::vector<row> bench<Transport>::run() {
     if (count == 0) continue;
     // MPI first, on the same inputs, then every topology.
     for (std::size_t i = 0; i < count; ++i) {
-      in[i] = s_.compressed() ? static_cast<T>(gradient_value(j_.rank, i)) : input_value<T>(j_.rank, i);
+      in[i] =
+          s_.compressed() ? static_cast<T>(gradient_value(j_.rank, i)) : input_value<T>(j_.rank, i);
     }
     const double mpi_us = time_mpi(in, out, count, iterations(bytes));
     for (std::size_t k = 0; k < runners.size(); ++k) {
@@ -577,15 +657,18 @@ void write_files(const settings& s, const job& j, const std::vector<row>& rows) 
   if (!s.csv.empty()) {
     std::FILE* f = std::fopen(s.csv.c_str(), "w");
     if (f == nullptr) throw std::runtime_error("cannot write " + s.csv);
-    std::fprintf(f, "op,transport,topology,compressor,dtype,ranks,size_bytes,count,time_us,algbw_gbs,"
-                    "busbw_gbs,wrong,mpi_time_us,mpi_busbw_gbs,speedup_vs_mpi,wire_bytes_per_rank,"
-                    "compression_ratio,rel_error\n");
+    std::fprintf(f,
+                 "op,transport,topology,compressor,dtype,ranks,size_bytes,count,time_us,algbw_gbs,"
+                 "busbw_gbs,wrong,mpi_time_us,mpi_busbw_gbs,speedup_vs_mpi,wire_bytes_per_rank,"
+                 "compression_ratio,rel_error\n");
     for (const row& r : rows) {
-      std::fprintf(f, "%s,%s,%s,%s,%s,%d,%zu,%zu,%.3f,%.4f,%.4f,%ld,", s.op.c_str(), s.transport.c_str(),
-                   r.topology.c_str(), r.compressor.c_str(), s.dtype.c_str(), j.size, r.bytes, r.count,
-                   r.time_us, r.algbw, r.busbw, r.wrong);
-      if (r.mpi_us > 0) std::fprintf(f, "%.3f,%.4f,%.4f,", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
-      else std::fprintf(f, ",,,");
+      std::fprintf(f, "%s,%s,%s,%s,%s,%d,%zu,%zu,%.3f,%.4f,%.4f,%ld,", s.op.c_str(),
+                   s.transport.c_str(), r.topology.c_str(), r.compressor.c_str(), s.dtype.c_str(),
+                   j.size, r.bytes, r.count, r.time_us, r.algbw, r.busbw, r.wrong);
+      if (r.mpi_us > 0)
+        std::fprintf(f, "%.3f,%.4f,%.4f,", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
+      else
+        std::fprintf(f, ",,,");
       std::fprintf(f, "%s,%s,%s\n", optional_number(r.wire_bytes, "%.0f").c_str(),
                    optional_number(r.compression_ratio, "%.3f").c_str(),
                    optional_number(r.rel_error, "%.6g").c_str());
@@ -595,8 +678,9 @@ void write_files(const settings& s, const job& j, const std::vector<row>& rows) 
   if (!s.json.empty()) {
     std::FILE* f = std::fopen(s.json.c_str(), "w");
     if (f == nullptr) throw std::runtime_error("cannot write " + s.json);
-    std::fprintf(f, "{\"op\": \"%s\", \"transport\": \"%s\", \"dtype\": \"%s\", "
-                    "\"ranks\": %d, \"results\": [",
+    std::fprintf(f,
+                 "{\"op\": \"%s\", \"transport\": \"%s\", \"dtype\": \"%s\", "
+                 "\"ranks\": %d, \"results\": [",
                  s.op.c_str(), s.transport.c_str(), s.dtype.c_str(), j.size);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const row& r = rows[i];
@@ -604,18 +688,21 @@ void write_files(const settings& s, const job& j, const std::vector<row>& rows) 
         const std::string text = optional_number(v, format);
         return text.empty() ? std::string("null") : text;
       };
-      std::fprintf(f, "%s\n  {\"topology\": \"%s\", \"compressor\": \"%s\", \"size_bytes\": %zu, "
-                      "\"count\": %zu, \"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, "
-                      "\"wrong\": %ld, \"wire_bytes_per_rank\": %s, \"compression_ratio\": %s, "
-                      "\"rel_error\": %s, ",
-                   i == 0 ? "" : ",", r.topology.c_str(), r.compressor.c_str(), r.bytes, r.count, r.time_us,
-                   r.algbw, r.busbw, r.wrong, or_null(r.wire_bytes, "%.0f").c_str(),
-                   or_null(r.compression_ratio, "%.3f").c_str(), or_null(r.rel_error, "%.6g").c_str());
+      std::fprintf(f,
+                   "%s\n  {\"topology\": \"%s\", \"compressor\": \"%s\", \"size_bytes\": %zu, "
+                   "\"count\": %zu, \"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, "
+                   "\"wrong\": %ld, \"wire_bytes_per_rank\": %s, \"compression_ratio\": %s, "
+                   "\"rel_error\": %s, ",
+                   i == 0 ? "" : ",", r.topology.c_str(), r.compressor.c_str(), r.bytes, r.count,
+                   r.time_us, r.algbw, r.busbw, r.wrong, or_null(r.wire_bytes, "%.0f").c_str(),
+                   or_null(r.compression_ratio, "%.3f").c_str(),
+                   or_null(r.rel_error, "%.6g").c_str());
       if (r.mpi_us > 0) {
-        std::fprintf(f, "\"mpi_time_us\": %.3f, \"mpi_busbw_gbs\": %.4f, \"speedup_vs_mpi\": %.4f}", r.mpi_us,
-                     r.mpi_busbw, r.mpi_us / r.time_us);
+        std::fprintf(f, "\"mpi_time_us\": %.3f, \"mpi_busbw_gbs\": %.4f, \"speedup_vs_mpi\": %.4f}",
+                     r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
       } else {
-        std::fprintf(f, "\"mpi_time_us\": null, \"mpi_busbw_gbs\": null, \"speedup_vs_mpi\": null}");
+        std::fprintf(f,
+                     "\"mpi_time_us\": null, \"mpi_busbw_gbs\": null, \"speedup_vs_mpi\": null}");
       }
     }
     std::fprintf(f, "\n]}\n");
@@ -630,20 +717,28 @@ int run_rank(const settings& s, const job& j) {
   const double membw = memcpy_gbs(
       j, std::clamp<std::size_t>(s.max_bytes, std::size_t{64} << 20, std::size_t{256} << 20));
   if (j.rank == 0) {
-    std::printf("# squall-bench %d.%d.%d: op %s, transport %s, %d ranks, dtype %s, MPI comparison %s\n",
-                SQUALL_VERSION_MAJOR, SQUALL_VERSION_MINOR, SQUALL_VERSION_PATCH, s.op.c_str(),
-                s.transport.c_str(), j.size, s.dtype.c_str(), j.mpi ? "on" : "off (MPI not built)");
+    std::printf(
+        "# squall-bench %d.%d.%d: op %s, transport %s, %d ranks, dtype %s, MPI comparison %s\n",
+        SQUALL_VERSION_MAJOR, SQUALL_VERSION_MINOR, SQUALL_VERSION_PATCH, s.op.c_str(),
+        s.transport.c_str(), j.size, s.dtype.c_str(), j.mpi ? "on" : "off (MPI not built)");
     std::printf("# memcpy bandwidth, every rank copying at once: %.2f GB/s per rank\n", membw);
     std::fflush(stdout);
   }
   std::vector<row> rows;
-  if (s.dtype == "float") rows = b.template run<float>();
-  else if (s.dtype == "double") rows = b.template run<double>();
-  else if (s.dtype == "int32") rows = b.template run<std::int32_t>();
-  else if (s.dtype == "int64") rows = b.template run<std::int64_t>();
-  else if (s.dtype == "float16") rows = b.template run<squall::float16>();
-  else if (s.dtype == "bfloat16") rows = b.template run<squall::bfloat16>();
-  else usage("unknown dtype '" + s.dtype + "'");
+  if (s.dtype == "float")
+    rows = b.template run<float>();
+  else if (s.dtype == "double")
+    rows = b.template run<double>();
+  else if (s.dtype == "int32")
+    rows = b.template run<std::int32_t>();
+  else if (s.dtype == "int64")
+    rows = b.template run<std::int64_t>();
+  else if (s.dtype == "float16")
+    rows = b.template run<squall::float16>();
+  else if (s.dtype == "bfloat16")
+    rows = b.template run<squall::bfloat16>();
+  else
+    usage("unknown dtype '" + s.dtype + "'");
   long wrong = 0;
   for (const row& r : rows) wrong += r.wrong;
   if (j.rank == 0) write_files(s, j, rows);
@@ -659,7 +754,8 @@ bool under_launcher() {
 
 int main(int argc, char** argv) {
   const settings s = parse(argc, argv);
-  const int ranks = s.ranks > 0 ? s.ranks : static_cast<int>(std::clamp(sysconf(_SC_NPROCESSORS_ONLN), 2L, 8L));
+  const int ranks =
+      s.ranks > 0 ? s.ranks : static_cast<int>(std::clamp(sysconf(_SC_NPROCESSORS_ONLN), 2L, 8L));
 #if SQUALL_BENCH_WITH_MPI
   if (!under_launcher()) {
     // Re-run under mpiexec, so the same processes time MPI's collective too.
@@ -669,7 +765,8 @@ int main(int argc, char** argv) {
     if (SQUALL_BENCH_OPEN_MPI) args.emplace_back("--oversubscribe");
     char self[4096] = {};
     const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    args.emplace_back(n > 0 ? std::string(self, static_cast<std::size_t>(n)) : std::string(argv[0]));
+    args.emplace_back(n > 0 ? std::string(self, static_cast<std::size_t>(n))
+                            : std::string(argv[0]));
     for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
     std::vector<char*> cargs;
     for (auto& a : args) cargs.push_back(a.data());
@@ -694,8 +791,9 @@ int main(int argc, char** argv) {
       status = run_rank<squall::mpi_transport>(s, j);
     } else {
       // One job name for all ranks: rank 0's pid and time, broadcast.
-      long long id[2] = {static_cast<long long>(getpid()),
-                         static_cast<long long>(clock_type::now().time_since_epoch().count() % 1000000007)};
+      long long id[2] = {
+          static_cast<long long>(getpid()),
+          static_cast<long long>(clock_type::now().time_since_epoch().count() % 1000000007)};
       MPI_Bcast(id, 2, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
       j.shm_name = "bench-" + std::to_string(id[0]) + "-" + std::to_string(id[1]);
       status = run_rank<squall::shm_transport>(s, j);

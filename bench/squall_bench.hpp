@@ -46,6 +46,7 @@ struct settings {
   std::size_t chunk = 0;        // 0: the default collective_tuning
   std::size_t peer_memory = 0;  // 0: the default collective_tuning
   bool check = true;
+  bool calibrate = false;  // automatic: measure its model first (communicator::calibrate)
   std::string csv;
   std::string json;
   bool compressed() const { return !compressors.empty(); }
@@ -112,8 +113,10 @@ double across_ranks(Communicator& comm, const job& j, double v, bool sum) {
 #else
   (void)j;
 #endif
-  if (sum) comm.allreduce(squall::host_view<double>(&v, 1), squall::sum_op{});
-  else comm.allreduce(squall::host_view<double>(&v, 1), squall::max_op{});
+  if (sum)
+    comm.allreduce(squall::host_view<double>(&v, 1), squall::sum_op{});
+  else
+    comm.allreduce(squall::host_view<double>(&v, 1), squall::max_op{});
   return v;
 }
 
@@ -126,9 +129,10 @@ inline float gradient_value(int rank, std::size_t i) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   x ^= x >> 31;
-  const double u = static_cast<double>((x & 0xffff) + ((x >> 16) & 0xffff) + ((x >> 32) & 0xffff) + (x >> 48)) /
-                       65536.0 -
-                   2.0;                          // mean 0, variance 4 / 12
+  const double u =
+      static_cast<double>((x & 0xffff) + ((x >> 16) & 0xffff) + ((x >> 32) & 0xffff) + (x >> 48)) /
+          65536.0 -
+      2.0;                                            // mean 0, variance 4 / 12
   return static_cast<float>(u * 1.7320508075688772);  // variance 1
 }
 

@@ -13,16 +13,16 @@
 // count_sketch:16384, powersgd:4+ef, ... Each SPEC trains the same network from the same
 // initial weights on P ranks (ring topology): -n P forked processes joined by the
 // shared-memory transport, or with --transport mpi the ranks mpiexec started (the same code,
-// squall::mpi_transport in place of squall::shm_transport). Rank r trains on its B images of each global batch of P x B; the gradients of the
-// two weight matrices go through the compressed allreduce (each with its own state: residual,
-// PowerSGD's Q viewed as the layer's matrix), the 266 biases through a dense one, and so does a
-// matrix whose fixed-size payload would not be smaller than its values (a wide count sketch of
-// W2). With error feedback the momentum is applied before the allreduce (DGC's momentum
-// correction), without it after. After each epoch: the mean training loss, the accuracy on the
-// test images (split across the ranks), the wall time, the time in the gradient allreduces and
-// the bytes this rank sent for them since the start, the most of any rank. At the end every rank's weights are compared bit for bit.
-// The images come from Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist),
-// $SQUALL_FASHION_MNIST or --data.
+// squall::mpi_transport in place of squall::shm_transport). Rank r trains on its B images of each
+// global batch of P x B; the gradients of the two weight matrices go through the compressed
+// allreduce (each with its own state: residual, PowerSGD's Q viewed as the layer's matrix), the 266
+// biases through a dense one, and so does a matrix whose fixed-size payload would not be smaller
+// than its values (a wide count sketch of W2). With error feedback the momentum is applied before
+// the allreduce (DGC's momentum correction), without it after. After each epoch: the mean training
+// loss, the accuracy on the test images (split across the ranks), the wall time, the time in the
+// gradient allreduces and the bytes this rank sent for them since the start, the most of any rank.
+// At the end every rank's weights are compared bit for bit. The images come from Debian's
+// dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), $SQUALL_FASHION_MNIST or --data.
 #include <squall/compress/by_name.hpp>
 #include <squall/squall.hpp>
 
@@ -80,22 +80,24 @@ struct settings {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "train_fashion_mnist: %s\nusage: train_fashion_mnist [-n P] [--epochs E] [--batch B] "
-               "[--lr LR] [--momentum M] [--schedule cosine|constant] [--warmup EPOCHS] [--masking on|off] "
-               "[--hidden H] "
-               "[--compressor SPEC[,SPEC...]] "
-               "[--train-subset N] [--test-subset N] [--data DIR] [--csv FILE] [--seed S] "
-               "[--transport shm|mpi] [--require-accuracy FRACTION]\n"
-               "SPEC: %s\n",
-               why.c_str(), squall::compressor_usage().c_str());
+  std::fprintf(
+      stderr,
+      "train_fashion_mnist: %s\nusage: train_fashion_mnist [-n P] [--epochs E] [--batch B] "
+      "[--lr LR] [--momentum M] [--schedule cosine|constant] [--warmup EPOCHS] [--masking on|off] "
+      "[--hidden H] "
+      "[--compressor SPEC[,SPEC...]] "
+      "[--train-subset N] [--test-subset N] [--data DIR] [--csv FILE] [--seed S] "
+      "[--transport shm|mpi] [--require-accuracy FRACTION]\n"
+      "SPEC: %s\n",
+      why.c_str(), squall::compressor_usage().c_str());
   std::exit(2);
 }
 
 double number(const std::string& flag, const std::string& text) {
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || *end != '\0' || !(v >= 0)) usage(flag + ": '" + text + "' is not a number >= 0");
+  if (end == text.c_str() || *end != '\0' || !(v >= 0))
+    usage(flag + ": '" + text + "' is not a number >= 0");
   return v;
 }
 
@@ -107,34 +109,46 @@ settings parse(int argc, char** argv) {
     if (a == "-h" || a == "--help") usage("help");
     if (i + 1 >= argc) usage("missing value after " + a);
     const std::string v = argv[++i];
-    if (a == "-n") s.ranks = static_cast<int>(number(a, v));
-    else if (a == "--epochs") s.epochs = static_cast<int>(number(a, v));
-    else if (a == "--batch") s.batch = static_cast<std::size_t>(number(a, v));
-    else if (a == "--lr") s.lr = static_cast<float>(number(a, v));
-    else if (a == "--momentum") s.momentum = static_cast<float>(number(a, v));
-    else if (a == "--warmup") s.warmup = number(a, v);
+    if (a == "-n")
+      s.ranks = static_cast<int>(number(a, v));
+    else if (a == "--epochs")
+      s.epochs = static_cast<int>(number(a, v));
+    else if (a == "--batch")
+      s.batch = static_cast<std::size_t>(number(a, v));
+    else if (a == "--lr")
+      s.lr = static_cast<float>(number(a, v));
+    else if (a == "--momentum")
+      s.momentum = static_cast<float>(number(a, v));
+    else if (a == "--warmup")
+      s.warmup = number(a, v);
     else if (a == "--masking") {
       if (v != "on" && v != "off") usage("--masking takes on or off");
       s.masking = v == "on";
-    }
-    else if (a == "--schedule") {
+    } else if (a == "--schedule") {
       if (v != "cosine" && v != "constant") usage("--schedule takes cosine or constant");
       s.cosine = v == "cosine";
-    }
-    else if (a == "--hidden") s.hidden = static_cast<std::size_t>(number(a, v));
-    else if (a == "--compressor" || a == "-c") compressors = v;
-    else if (a == "--train-subset") s.train_subset = static_cast<std::size_t>(number(a, v));
-    else if (a == "--test-subset") s.test_subset = static_cast<std::size_t>(number(a, v));
-    else if (a == "--data") s.data = v;
-    else if (a == "--csv") s.csv = v;
-    else if (a == "--seed") s.seed = static_cast<std::uint64_t>(number(a, v));
+    } else if (a == "--hidden")
+      s.hidden = static_cast<std::size_t>(number(a, v));
+    else if (a == "--compressor" || a == "-c")
+      compressors = v;
+    else if (a == "--train-subset")
+      s.train_subset = static_cast<std::size_t>(number(a, v));
+    else if (a == "--test-subset")
+      s.test_subset = static_cast<std::size_t>(number(a, v));
+    else if (a == "--data")
+      s.data = v;
+    else if (a == "--csv")
+      s.csv = v;
+    else if (a == "--seed")
+      s.seed = static_cast<std::uint64_t>(number(a, v));
     else if (a == "--transport") {
       if (v != "shm" && v != "mpi") usage("--transport takes shm or mpi");
       if (v == "mpi" && !with_mpi) usage("--transport mpi: this build has no MPI");
       s.transport = v;
-    }
-    else if (a == "--require-accuracy") s.require_accuracy = number(a, v);
-    else usage("unknown option " + a);
+    } else if (a == "--require-accuracy")
+      s.require_accuracy = number(a, v);
+    else
+      usage("unknown option " + a);
   }
   if (s.ranks < 1 || s.ranks > 64) usage("-n must be 1..64");
   if (s.epochs < 1) usage("--epochs must be at least 1");
@@ -158,8 +172,10 @@ settings parse(int argc, char** argv) {
 /// PowerSGD views a weight matrix as its layer's rows x columns; other compressors take none.
 template <class C>
 void set_columns(C& c, std::size_t columns) {
-  if constexpr (requires { c.columns; }) c.columns = columns;
-  else if constexpr (requires { c.inner.columns; }) c.inner.columns = columns;
+  if constexpr (requires { c.columns; })
+    c.columns = columns;
+  else if constexpr (requires { c.inner.columns; })
+    c.inner.columns = columns;
 }
 
 /// Who this rank is, and how it makes a transport for each of its two communicators.
@@ -173,9 +189,9 @@ struct rank_of_job {
 /// One rank's training with compressor C; returns its exit code: 0, 3 if the ranks' weights
 /// differ, 4 if the final test accuracy is below --require-accuracy.
 template <class Transport, class Make, class C>
-int train(const rank_of_job<Transport, Make>& me, C compressor, const squall::compressor_choice& choice,
-          const settings& s, const fashion_mnist::dataset& data, std::size_t train_count,
-          std::size_t test_count) {
+int train(const rank_of_job<Transport, Make>& me, C compressor,
+          const squall::compressor_choice& choice, const settings& s,
+          const fashion_mnist::dataset& data, std::size_t train_count, std::size_t test_count) {
   using comm_type = squall::communicator<Transport, squall::ring_topology, C>;
   constexpr bool dense = std::is_same_v<C, squall::identity_compressor>;
   const fashion_mnist::mlp model{.hidden = s.hidden};
@@ -189,9 +205,13 @@ int train(const rank_of_job<Transport, Make>& me, C compressor, const squall::co
   // A tensor whose fixed-size payload is not smaller than its dense bytes goes dense: a
   // 3 x 4096 count sketch of W2's 2,560 values would send 4.8 times their bytes.
   const auto worth = [&](const comm_type& comm, std::size_t count) {
-    if constexpr (dense) return false;
-    else if constexpr (!squall::compression_traits<squall::inner_compressor_t<C>>::fixed_size) return true;
-    else return comm.compressor().max_payload_bytes(squall::dtype::float32, count) < count * sizeof(float);
+    if constexpr (dense)
+      return false;
+    else if constexpr (!squall::compression_traits<squall::inner_compressor_t<C>>::fixed_size)
+      return true;
+    else
+      return comm.compressor().max_payload_bytes(squall::dtype::float32, count) <
+             count * sizeof(float);
   };
   const bool compress1 = worth(comm1, model.w1_count());
   const bool compress2 = worth(comm2, model.w2_count());
@@ -225,11 +245,13 @@ int train(const rank_of_job<Transport, Make>& me, C compressor, const squall::co
   // Per step: a linear warm-up from 0 over the first `warmup` epochs (Goyal et al., 2017),
   // then cosine decay to 0 (Loshchilov and Hutter, SGDR, 2017), or constant.
   const auto learning_rate = [&](int epoch, std::size_t step, std::size_t steps) {
-    const double at = static_cast<double>(epoch) * static_cast<double>(steps) + static_cast<double>(step) + 1;
+    const double at =
+        static_cast<double>(epoch) * static_cast<double>(steps) + static_cast<double>(step) + 1;
     const double warm = s.warmup * static_cast<double>(steps);
     if (at < warm) return static_cast<float>(s.lr * at / warm);
     if (!s.cosine) return s.lr;
-    const double t = (at - warm) / (static_cast<double>(s.epochs) * static_cast<double>(steps) - warm + 1);
+    const double t =
+        (at - warm) / (static_cast<double>(s.epochs) * static_cast<double>(steps) - warm + 1);
     return static_cast<float>(0.5 * s.lr * (1 + std::cos(3.141592653589793 * t)));
   };
   std::vector<float> params = model.initial_parameters(s.seed);
@@ -247,15 +269,20 @@ int train(const rank_of_job<Transport, Make>& me, C compressor, const squall::co
   auto reduce = [&](auto& comm, std::span<float> g, auto& state, bool compress) {
     const auto start = clock_type::now();
     const squall::host_view<float> view(g.data(), g.size());
-    if constexpr (dense) comm.allreduce(view, squall::avg_op{});
-    else if (compress) comm.allreduce(view, state, squall::avg_op{});
-    else comm.allreduce(view, squall::avg_op{});
+    if constexpr (dense)
+      comm.allreduce(view, squall::avg_op{});
+    else if (compress)
+      comm.allreduce(view, state, squall::avg_op{});
+    else
+      comm.allreduce(view, squall::avg_op{});
     comm_seconds += std::chrono::duration<double>(clock_type::now() - start).count();
     wire_bytes += comm.last_transfer().bytes_sent;
   };
   auto across = [&](double v, bool sum) {
-    if (sum) comm1.allreduce(squall::host_view<double>(&v, 1), squall::sum_op{});
-    else comm1.allreduce(squall::host_view<double>(&v, 1), squall::max_op{});
+    if (sum)
+      comm1.allreduce(squall::host_view<double>(&v, 1), squall::sum_op{});
+    else
+      comm1.allreduce(squall::host_view<double>(&v, 1), squall::max_op{});
     return v;
   };
 
@@ -276,7 +303,8 @@ int train(const rank_of_job<Transport, Make>& me, C compressor, const squall::co
                     batch_x.data() + b * model.inputs);
         batch_y[b] = data.train.labels[img];
       }
-      loss_sum += fashion_mnist::forward(model, params, batch_x.data(), batch_y.data(), s.batch, ws).loss_sum;
+      loss_sum += fashion_mnist::forward(model, params, batch_x.data(), batch_y.data(), s.batch, ws)
+                      .loss_sum;
       fashion_mnist::backward(model, params, batch_x.data(), batch_y.data(), s.batch, ws, grads);
       if constexpr (local_momentum) {
         for (std::size_t i = 0; i < params.size(); ++i) {
@@ -300,8 +328,10 @@ int train(const rank_of_job<Transport, Make>& me, C compressor, const squall::co
       }
     }
     // the test images, split across the ranks
-    const std::size_t lo = test_count * static_cast<std::size_t>(me.rank) / static_cast<std::size_t>(me.size);
-    const std::size_t hi = test_count * static_cast<std::size_t>(me.rank + 1) / static_cast<std::size_t>(me.size);
+    const std::size_t lo =
+        test_count * static_cast<std::size_t>(me.rank) / static_cast<std::size_t>(me.size);
+    const std::size_t hi =
+        test_count * static_cast<std::size_t>(me.rank + 1) / static_cast<std::size_t>(me.size);
     std::size_t correct = 0;
     for (std::size_t at = lo; at < hi; at += 256) {
       const std::size_t n = std::min<std::size_t>(256, hi - at);
@@ -311,22 +341,24 @@ int train(const rank_of_job<Transport, Make>& me, C compressor, const squall::co
     }
     const double wall = std::chrono::duration<double>(clock_type::now() - epoch_start).count();
     const double loss = across(loss_sum, true) / static_cast<double>(steps * per_step);
-    const double accuracy = across(static_cast<double>(correct), true) / static_cast<double>(test_count);
+    const double accuracy =
+        across(static_cast<double>(correct), true) / static_cast<double>(test_count);
     const double wall_max = across(wall, false);
     const double comm_max = across(comm_seconds, false);
     const double bytes_max = across(static_cast<double>(wire_bytes), false);
     diverged = !std::isfinite(loss);
     final_accuracy = accuracy;
     if (me.rank == 0) {
-      std::printf("%-22s epoch %2d  loss %.4f  test accuracy %6.2f%%  wall %6.2f s  comm %6.2f s  "
-                  "wire %10.3f MB/rank\n",
-                  choice.text.c_str(), epoch, loss, 100 * accuracy, wall_max, comm_max, bytes_max / 1e6);
+      std::printf(
+          "%-22s epoch %2d  loss %.4f  test accuracy %6.2f%%  wall %6.2f s  comm %6.2f s  "
+          "wire %10.3f MB/rank\n",
+          choice.text.c_str(), epoch, loss, 100 * accuracy, wall_max, comm_max, bytes_max / 1e6);
       std::fflush(stdout);
       if (!s.csv.empty()) {
         std::FILE* f = std::fopen(s.csv.c_str(), "a");
         if (f == nullptr) throw std::runtime_error("cannot append to " + s.csv);
-        std::fprintf(f, "%s,%d,%zu,%d,%.6f,%.6f,%.4f,%.4f,%.0f\n", choice.text.c_str(), me.size, s.batch,
-                     epoch, loss, accuracy, wall_max, comm_max, bytes_max);
+        std::fprintf(f, "%s,%d,%zu,%d,%.6f,%.6f,%.4f,%.4f,%.0f\n", choice.text.c_str(), me.size,
+                     s.batch, epoch, loss, accuracy, wall_max, comm_max, bytes_max);
         std::fclose(f);
       }
       if (diverged) {
@@ -396,22 +428,26 @@ int main(int argc, char** argv) {
   }
   const std::size_t train_count =
       s.train_subset == 0 ? data.train.count : std::min(s.train_subset, data.train.count);
-  const std::size_t test_count = s.test_subset == 0 ? data.test.count : std::min(s.test_subset, data.test.count);
+  const std::size_t test_count =
+      s.test_subset == 0 ? data.test.count : std::min(s.test_subset, data.test.count);
   int ranks = s.ranks;
 #if SQUALL_EXAMPLE_WITH_MPI
   if (mpi.on) MPI_Comm_size(MPI_COMM_WORLD, &ranks);
 #endif
   if (leader) {
-    std::printf("# train_fashion_mnist: %d ranks (%s), %zu training and %zu test images, 784-%zu-10, "
-                "batch %zu per rank, lr %g, momentum %g, %d epochs\n",
-                ranks, s.transport.c_str(), train_count, test_count, s.hidden, s.batch, static_cast<double>(s.lr),
-                static_cast<double>(s.momentum), s.epochs);
+    std::printf(
+        "# train_fashion_mnist: %d ranks (%s), %zu training and %zu test images, 784-%zu-10, "
+        "batch %zu per rank, lr %g, momentum %g, %d epochs\n",
+        ranks, s.transport.c_str(), train_count, test_count, s.hidden, s.batch,
+        static_cast<double>(s.lr), static_cast<double>(s.momentum), s.epochs);
   }
   if (leader && !s.csv.empty()) {
     std::FILE* f = std::fopen(s.csv.c_str(), "a");
     if (f == nullptr) usage("cannot write " + s.csv);
     if (std::ftell(f) == 0) {
-      std::fprintf(f, "compressor,ranks,batch,epoch,train_loss,test_accuracy,wall_s,comm_s,wire_bytes_per_rank\n");
+      std::fprintf(f,
+                   "compressor,ranks,batch,epoch,train_loss,test_accuracy,wall_s,comm_s,wire_bytes_"
+                   "per_rank\n");
     }
     std::fclose(f);
   }
@@ -435,7 +471,8 @@ int main(int argc, char** argv) {
   for (const auto& choice : s.compressors) {
     const squall::launch_result result = squall::launch(s.ranks, [&](const squall::shm_job& job) {
       const auto make = [&](std::string_view part) {
-        return squall::shm_transport(squall::shm_job{job.name + "-" + std::string(part), job.rank, job.size});
+        return squall::shm_transport(
+            squall::shm_job{job.name + "-" + std::string(part), job.rank, job.size});
       };
       const rank_of_job<squall::shm_transport, decltype(make)> me{job.rank, job.size, make};
       return squall::visit_compressor(choice, [&](auto c) {
@@ -443,8 +480,8 @@ int main(int argc, char** argv) {
       });
     });
     if (!result.ok()) {
-      std::fprintf(stderr, "train_fashion_mnist: %s: rank %d failed (status %d)\n", choice.text.c_str(),
-                   result.failed_rank, result.exit_code());
+      std::fprintf(stderr, "train_fashion_mnist: %s: rank %d failed (status %d)\n",
+                   choice.text.c_str(), result.failed_rank, result.exit_code());
       status = result.exit_code();
     }
   }

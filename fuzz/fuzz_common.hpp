@@ -42,7 +42,7 @@
 
 namespace squall::fuzz {
 
-inline constexpr std::size_t max_count = 65535;       // raw mode: output elements
+inline constexpr std::size_t max_count = 65535;        // raw mode: output elements
 inline constexpr std::size_t max_encode_count = 4096;  // mutate mode: encoded elements
 inline constexpr std::size_t raw_prefix = 5;
 inline constexpr std::size_t mutate_prefix = 6;
@@ -71,13 +71,28 @@ std::vector<T> gradient(std::size_t n, std::uint8_t style) {
   auto uniform = [&] { return static_cast<double>(next()) * 0x1p-53 * 2 - 1; };  // [-1, 1)
   for (std::size_t i = 0; i < n; ++i) {
     switch (style % 8) {
-      case 0: g[i] = T(0); break;
-      case 1: g[i] = static_cast<T>(uniform()); break;
-      case 2: g[i] = i == n / 2 ? std::numeric_limits<T>::quiet_NaN() : static_cast<T>(uniform()); break;
-      case 3: g[i] = i % 5 == 0 ? (i % 2 ? -1 : 1) * std::numeric_limits<T>::infinity() : static_cast<T>(uniform()); break;
-      case 4: g[i] = static_cast<T>(uniform()) * std::numeric_limits<T>::denorm_min() * T(1000); break;
-      case 5: g[i] = static_cast<T>(uniform()) * std::numeric_limits<T>::max(); break;
-      case 6: g[i] = i % 2 ? T(0.5) : T(-0.5); break;
+      case 0:
+        g[i] = T(0);
+        break;
+      case 1:
+        g[i] = static_cast<T>(uniform());
+        break;
+      case 2:
+        g[i] = i == n / 2 ? std::numeric_limits<T>::quiet_NaN() : static_cast<T>(uniform());
+        break;
+      case 3:
+        g[i] = i % 5 == 0 ? (i % 2 ? -1 : 1) * std::numeric_limits<T>::infinity()
+                          : static_cast<T>(uniform());
+        break;
+      case 4:
+        g[i] = static_cast<T>(uniform()) * std::numeric_limits<T>::denorm_min() * T(1000);
+        break;
+      case 5:
+        g[i] = static_cast<T>(uniform()) * std::numeric_limits<T>::max();
+        break;
+      case 6:
+        g[i] = i % 2 ? T(0.5) : T(-0.5);
+        break;
       default: {
         const auto b = static_cast<bits_t>(next() ^ (next() << 32));
         g[i] = std::bit_cast<T>(b);
@@ -91,9 +106,8 @@ std::vector<T> gradient(std::size_t n, std::uint8_t style) {
 template <class C, class T>
 std::vector<std::byte> encode(const C& c, const std::vector<T>& g) {
   std::vector<std::byte> payload(c.max_payload_bytes(dtype_of<T>, g.size()));
-  const std::size_t size =
-      c.encode(host_backend{}, host_view<const T>(g.data(), g.size()),
-               host_view<std::byte>(payload.data(), payload.size()));
+  const std::size_t size = c.encode(host_backend{}, host_view<const T>(g.data(), g.size()),
+                                    host_view<std::byte>(payload.data(), payload.size()));
   payload.resize(size);
   return payload;
 }
@@ -162,19 +176,25 @@ void run_mutate(const C& c, const reader& in) {
       case 3:
         if (offset < payload.size()) payload[offset] = std::byte{value};
         break;
-      case 4: payload.resize(offset); break;
-      case 5: payload.insert(payload.begin() + offset, value % 16 + 1, std::byte{value}); break;
+      case 4:
+        payload.resize(offset);
+        break;
+      case 5:
+        payload.insert(payload.begin() + offset, value % 16 + 1, std::byte{value});
+        break;
       case 6: {  // a u64 field (at an 8-aligned offset) set to a boundary value, or count +- 1
         const std::size_t at = offset / 8 * 8;
         if (at + 8 > payload.size()) break;
-        std::uint64_t v = value < 8 * 4 ? specials[value % 8] : static_cast<std::uint64_t>(n) + (value % 3) - 1;
+        std::uint64_t v =
+            value < 8 * 4 ? specials[value % 8] : static_cast<std::uint64_t>(n) + (value % 3) - 1;
         std::memcpy(payload.data() + at, &v, 8);
         break;
       }
       default: {  // a u32 field set to a boundary value or to the value byte
         const std::size_t at = offset / 4 * 4;
         if (at + 4 > payload.size()) break;
-        const std::uint32_t v = value < 128 ? value : static_cast<std::uint32_t>(specials[value % 8]);
+        const std::uint32_t v =
+            value < 128 ? value : static_cast<std::uint32_t>(specials[value % 8]);
         std::memcpy(payload.data() + at, &v, 4);
       }
     }
@@ -189,9 +209,15 @@ int test_one_input(const std::uint8_t* data, std::size_t size) {
   Family::with((selector >> 2) % Family::compressors, in.at(1), [&](const auto& c) {
     using C = std::remove_cvref_t<decltype(c)>;
     if (selector & 2) {
-      if (selector & 1) run_mutate<C, double>(c, in); else run_raw<C, double>(c, in);
+      if (selector & 1)
+        run_mutate<C, double>(c, in);
+      else
+        run_raw<C, double>(c, in);
     } else {
-      if (selector & 1) run_mutate<C, float>(c, in); else run_raw<C, float>(c, in);
+      if (selector & 1)
+        run_mutate<C, float>(c, in);
+      else
+        run_raw<C, float>(c, in);
     }
   });
   return 0;
@@ -218,14 +244,18 @@ void write_seeds(const std::string& dir) {
         for (std::uint16_t n : counts) {
           const auto selector = static_cast<std::uint8_t>(index << 2 | type << 1);
           const std::uint8_t style = static_cast<std::uint8_t>(n % 8);
-          write_seed(dir, {static_cast<std::uint8_t>(selector | 1), parameter,
-                           static_cast<std::uint8_t>(n), static_cast<std::uint8_t>(n >> 8), style, 0});
+          write_seed(dir,
+                     {static_cast<std::uint8_t>(selector | 1), parameter,
+                      static_cast<std::uint8_t>(n), static_cast<std::uint8_t>(n >> 8), style, 0});
           Family::with(index, parameter, [&](const auto& c) {
             std::vector<std::uint8_t> bytes = {selector, parameter, static_cast<std::uint8_t>(n),
                                                static_cast<std::uint8_t>(n >> 8), 1};
             try {
               std::vector<std::byte> payload;
-              if (type) payload = encode(c, gradient<double>(n, style)); else payload = encode(c, gradient<float>(n, style));
+              if (type)
+                payload = encode(c, gradient<double>(n, style));
+              else
+                payload = encode(c, gradient<float>(n, style));
               for (std::byte b : payload) bytes.push_back(static_cast<std::uint8_t>(b));
               write_seed(dir, bytes);
             } catch (const squall::error&) {
@@ -240,13 +270,13 @@ void write_seeds(const std::string& dir) {
 }  // namespace squall::fuzz
 
 /// Defines libFuzzer's entry points for `Family`.
-#define SQUALL_FUZZ_TARGET(Family)                                                            \
-  extern "C" int LLVMFuzzerInitialize(int*, char***) {                                        \
-    if (const char* dir = std::getenv("SQUALL_FUZZ_SEED_DIR")) {                              \
-      squall::fuzz::write_seeds<Family>(dir);                                                 \
-    }                                                                                         \
-    return 0;                                                                                 \
-  }                                                                                           \
-  extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {         \
-    return squall::fuzz::test_one_input<Family>(data, size);                                  \
+#define SQUALL_FUZZ_TARGET(Family)                                                    \
+  extern "C" int LLVMFuzzerInitialize(int*, char***) {                                \
+    if (const char* dir = std::getenv("SQUALL_FUZZ_SEED_DIR")) {                      \
+      squall::fuzz::write_seeds<Family>(dir);                                         \
+    }                                                                                 \
+    return 0;                                                                         \
+  }                                                                                   \
+  extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) { \
+    return squall::fuzz::test_one_input<Family>(data, size);                          \
   }

@@ -3,9 +3,9 @@
 // and qsgd with 1, 4 and 127 levels: code widths 2, 4 and 8), into float and double. The
 // parameter byte sets the encoder's bucket (mutate mode) to (parameter % 128) x 8 elements
 // (0: one bucket) and its seed; decode reads the bucket from the payload. Layout: fuzz_common.hpp.
-#include "fuzz_common.hpp"
-
 #include <squall/compress/quantize.hpp>
+
+#include "fuzz_common.hpp"
 
 namespace {
 
@@ -21,13 +21,27 @@ struct quantize_family {
   template <class F>
   static void with(std::size_t index, std::uint8_t parameter, F&& f) {
     switch (index) {
-      case 0: f(configured<squall::int8_compressor>(parameter)); break;
-      case 1: f(configured<squall::sign_compressor>(parameter)); break;
-      case 2: f(configured<squall::sign_vote_compressor>(parameter)); break;
-      case 3: f(configured<squall::terngrad_compressor>(parameter)); break;
-      case 4: f(configured<squall::qsgd_compressor<4>>(parameter)); break;
-      case 5: f(configured<squall::qsgd_compressor<1>>(parameter)); break;
-      default: f(configured<squall::qsgd_compressor<127>>(parameter)); break;
+      case 0:
+        f(configured<squall::int8_compressor>(parameter));
+        break;
+      case 1:
+        f(configured<squall::sign_compressor>(parameter));
+        break;
+      case 2:
+        f(configured<squall::sign_vote_compressor>(parameter));
+        break;
+      case 3:
+        f(configured<squall::terngrad_compressor>(parameter));
+        break;
+      case 4:
+        f(configured<squall::qsgd_compressor<4>>(parameter));
+        break;
+      case 5:
+        f(configured<squall::qsgd_compressor<1>>(parameter));
+        break;
+      default:
+        f(configured<squall::qsgd_compressor<127>>(parameter));
+        break;
     }
   }
 };

@@ -5,9 +5,9 @@
 // (1 + parameter % 8) and columns (0, the default square view, when bit 7 is clear; else
 // parameter % 16 + 1). Decode depends on those; the rest comes from the payload.
 // Layout: fuzz_common.hpp.
-#include "fuzz_common.hpp"
-
 #include <squall/compress/sketch.hpp>
+
+#include "fuzz_common.hpp"
 
 namespace {
 
@@ -23,9 +23,15 @@ struct sketch_family {
   template <class F>
   static void with(std::size_t index, std::uint8_t parameter, F&& f) {
     switch (index) {
-      case 0: f(sketch<1, 1>(parameter)); break;
-      case 1: f(sketch<3, 64>(parameter)); break;
-      case 2: f(sketch<5, 1024>(parameter)); break;
+      case 0:
+        f(sketch<1, 1>(parameter));
+        break;
+      case 1:
+        f(sketch<3, 64>(parameter));
+        break;
+      case 2:
+        f(sketch<5, 1024>(parameter));
+        break;
       default: {
         squall::powersgd_compressor c;
         c.rank = 1 + parameter % 8;

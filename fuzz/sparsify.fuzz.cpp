@@ -4,11 +4,11 @@
 // values above 1 occur), topk's method (bit 0) and threshold's tau (2^-(parameter % 24)).
 // randomk's decode depends on its ratio; the others read everything from the payload.
 // Layout: fuzz_common.hpp.
-#include "fuzz_common.hpp"
-
 #include <squall/compress/sparsify.hpp>
 
 #include <cmath>
+
+#include "fuzz_common.hpp"
 
 namespace {
 
@@ -20,7 +20,8 @@ struct sparsify_family {
     if (index == 0) {
       squall::topk_compressor c;
       c.ratio = ratio;
-      c.method = parameter & 1 ? squall::topk_method::sampled_threshold : squall::topk_method::exact;
+      c.method =
+          parameter & 1 ? squall::topk_method::sampled_threshold : squall::topk_method::exact;
       c.sample_ratio = 0.05;
       c.seed = parameter;
       f(c);

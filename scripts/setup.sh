@@ -13,6 +13,7 @@ packages=(
   libbenchmark-dev              # kernel benchmarks
   librandom123-dev              # Philox, the counter-based generator of the stochastic compressors
   clang libclang-rt-14-dev      # libFuzzer targets for the payload decoders
+  clang-format                  # scripts/format.sh: the house style, checked by the test command
   libopenblas-dev zlib1g-dev    # examples/train_fashion_mnist: matrix products, gzip'd IDX files
   dataset-fashion-mnist         # its data (/usr/share/datasets/fashion-mnist)
 )

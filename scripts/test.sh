@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The test command: installs what is missing, builds everything with warnings as errors
+# The test command: installs what is missing, checks the formatting of every source
+# (scripts/format.sh --check, .clang-format), builds everything with warnings as errors
 # (preset "ci": the default preset plus -Werror), runs every test with ctest, then builds and
 # runs the unit tests and the shared-memory transport's multi-process tests under
 # AddressSanitizer and UndefinedBehaviorSanitizer (preset "asan"), and last runs the README's
@@ -11,6 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 source scripts/cuda-path.sh
+
+echo "== formatting (scripts/format.sh --check)"
+./scripts/format.sh --check
 
 jobs=$(nproc)
 echo "== build (preset ci)"

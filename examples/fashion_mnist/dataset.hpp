@@ -4,8 +4,6 @@
 // file as it is.
 #pragma once
 
-#include <zlib.h>
-
 #include <array>
 #include <cstdint>
 #include <cstdlib>  // getenv
@@ -13,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+#include <zlib.h>
 
 namespace fashion_mnist {
 
@@ -21,8 +20,8 @@ inline constexpr const char* debian_directory = "/usr/share/datasets/fashion-mni
 
 struct images {
   std::size_t count = 0;
-  std::size_t pixels = 0;       ///< per image: 784
-  std::vector<float> values;    ///< count x pixels, standardized: (x / 255 - mean) / std
+  std::size_t pixels = 0;     ///< per image: 784
+  std::vector<float> values;  ///< count x pixels, standardized: (x / 255 - mean) / std
   std::vector<std::uint8_t> labels;
 };
 
@@ -47,7 +46,8 @@ class gz_file {
     while (bytes > 0) {
       const unsigned piece = bytes > (1u << 30) ? (1u << 30) : static_cast<unsigned>(bytes);
       const int got = gzread(file_, p, piece);
-      if (got <= 0) throw std::runtime_error("fashion-mnist: " + path + " ends early or is corrupt");
+      if (got <= 0)
+        throw std::runtime_error("fashion-mnist: " + path + " ends early or is corrupt");
       p += got;
       bytes -= static_cast<std::size_t>(got);
     }
@@ -55,7 +55,8 @@ class gz_file {
   std::uint32_t big_endian_u32(const std::string& path) {
     std::array<unsigned char, 4> b{};
     read(b.data(), b.size(), path);
-    return (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) | b[3];
+    return (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) |
+           b[3];
   }
 
  private:
@@ -67,7 +68,8 @@ inline std::string find_file(const std::filesystem::path& dir, const std::string
   for (const std::string& candidate : {name, name + ".gz"}) {
     if (std::filesystem::exists(dir / candidate)) return (dir / candidate).string();
   }
-  throw std::runtime_error("fashion-mnist: neither " + name + " nor " + name + ".gz in " + dir.string() +
+  throw std::runtime_error("fashion-mnist: neither " + name + " nor " + name + ".gz in " +
+                           dir.string() +
                            " (install Debian's dataset-fashion-mnist package: apt-get install "
                            "dataset-fashion-mnist, or pass --data DIR)");
 }
@@ -82,15 +84,16 @@ inline images read_split(const std::filesystem::path& dir, const std::string& pr
   const std::string label_path = find_file(dir, prefix + "-labels-idx1-ubyte");
   gz_file im(image_path);
   if (im.big_endian_u32(image_path) != 0x00000803) {
-    throw std::runtime_error("fashion-mnist: " + image_path + " is not an IDX file of 3-D unsigned bytes");
+    throw std::runtime_error("fashion-mnist: " + image_path +
+                             " is not an IDX file of 3-D unsigned bytes");
   }
   out.count = im.big_endian_u32(image_path);
   const std::uint32_t rows = im.big_endian_u32(image_path);
   const std::uint32_t cols = im.big_endian_u32(image_path);
   if (rows != 28 || cols != 28 || out.count == 0 || out.count > 1000000) {
-    throw std::runtime_error("fashion-mnist: " + image_path + " holds " + std::to_string(out.count) +
-                             " images of " + std::to_string(rows) + "x" + std::to_string(cols) +
-                             ", not 28x28");
+    throw std::runtime_error("fashion-mnist: " + image_path + " holds " +
+                             std::to_string(out.count) + " images of " + std::to_string(rows) +
+                             "x" + std::to_string(cols) + ", not 28x28");
   }
   out.pixels = std::size_t{rows} * cols;
   std::vector<std::uint8_t> raw(out.count * out.pixels);
@@ -101,7 +104,8 @@ inline images read_split(const std::filesystem::path& dir, const std::string& pr
   }
   gz_file lb(label_path);
   if (lb.big_endian_u32(label_path) != 0x00000801) {
-    throw std::runtime_error("fashion-mnist: " + label_path + " is not an IDX file of 1-D unsigned bytes");
+    throw std::runtime_error("fashion-mnist: " + label_path +
+                             " is not an IDX file of 1-D unsigned bytes");
   }
   if (lb.big_endian_u32(label_path) != out.count) {
     throw std::runtime_error("fashion-mnist: " + label_path + " and " + image_path +
@@ -110,7 +114,8 @@ inline images read_split(const std::filesystem::path& dir, const std::string& pr
   out.labels.resize(out.count);
   lb.read(out.labels.data(), out.labels.size(), label_path);
   for (std::size_t i = 0; i < out.count; ++i) {
-    if (out.labels[i] > 9) throw std::runtime_error("fashion-mnist: " + label_path + " has a label above 9");
+    if (out.labels[i] > 9)
+      throw std::runtime_error("fashion-mnist: " + label_path + " has a label above 9");
   }
   return out;
 }
@@ -120,7 +125,8 @@ inline images read_split(const std::filesystem::path& dir, const std::string& pr
 /// The directory: `override_dir` if not empty, else $SQUALL_FASHION_MNIST, else Debian's.
 inline std::filesystem::path directory(const std::string& override_dir) {
   if (!override_dir.empty()) return override_dir;
-  if (const char* env = std::getenv("SQUALL_FASHION_MNIST"); env != nullptr && *env != '\0') return env;
+  if (const char* env = std::getenv("SQUALL_FASHION_MNIST"); env != nullptr && *env != '\0')
+    return env;
   return debian_directory;
 }
 

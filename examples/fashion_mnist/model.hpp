@@ -5,9 +5,8 @@
 // reduces the two weight matrices and the biases as three views of one buffer.
 #pragma once
 
-#include <cblas.h>
-
 #include <algorithm>
+#include <cblas.h>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -28,9 +27,16 @@ struct mlp {
   std::size_t parameter_count() const { return w1_count() + w2_count() + bias_count(); }
 
   // views of a flat parameter (or gradient) vector
-  template <class V> auto w1(V& p) const { return std::span(p.data(), w1_count()); }
-  template <class V> auto w2(V& p) const { return std::span(p.data() + w1_count(), w2_count()); }
-  template <class V> auto biases(V& p) const {
+  template <class V>
+  auto w1(V& p) const {
+    return std::span(p.data(), w1_count());
+  }
+  template <class V>
+  auto w2(V& p) const {
+    return std::span(p.data() + w1_count(), w2_count());
+  }
+  template <class V>
+  auto biases(V& p) const {
     return std::span(p.data() + w1_count() + w2_count(), bias_count());
   }
 
@@ -69,20 +75,22 @@ struct batch_result {
 inline batch_result forward(const mlp& m, const std::vector<float>& p, const float* x,
                             const std::uint8_t* labels, std::size_t batch, workspace& ws) {
   ws.resize(m, batch);
-  const int b = static_cast<int>(batch), n = static_cast<int>(m.inputs), h = static_cast<int>(m.hidden),
-            c = static_cast<int>(m.classes);
+  const int b = static_cast<int>(batch), n = static_cast<int>(m.inputs),
+            h = static_cast<int>(m.hidden), c = static_cast<int>(m.classes);
   const float* w1 = p.data();
   const float* w2 = w1 + m.w1_count();
   const float* b1 = w2 + m.w2_count();
   const float* b2 = b1 + m.hidden;
   // z1 = x W1 + b1; a1 = relu(z1)
   for (std::size_t r = 0; r < batch; ++r) std::copy(b1, b1 + m.hidden, ws.z1.data() + r * m.hidden);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b, h, n, 1.0f, x, n, w1, h, 1.0f, ws.z1.data(), h);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b, h, n, 1.0f, x, n, w1, h, 1.0f,
+              ws.z1.data(), h);
   for (std::size_t i = 0; i < ws.z1.size(); ++i) ws.a1[i] = std::max(ws.z1[i], 0.0f);
   // z2 = a1 W2 + b2, then softmax in place
-  for (std::size_t r = 0; r < batch; ++r) std::copy(b2, b2 + m.classes, ws.z2.data() + r * m.classes);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b, c, h, 1.0f, ws.a1.data(), h, w2, c, 1.0f,
-              ws.z2.data(), c);
+  for (std::size_t r = 0; r < batch; ++r)
+    std::copy(b2, b2 + m.classes, ws.z2.data() + r * m.classes);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b, c, h, 1.0f, ws.a1.data(), h, w2, c,
+              1.0f, ws.z2.data(), c);
   batch_result out;
   for (std::size_t r = 0; r < batch; ++r) {
     float* z = ws.z2.data() + r * m.classes;
@@ -101,10 +109,11 @@ inline batch_result forward(const mlp& m, const std::vector<float>& p, const flo
 
 /// The gradient of the batch's mean cross-entropy into `g` (flat, like the parameters), from
 /// the activations `forward` left in `ws`.
-inline void backward(const mlp& m, const std::vector<float>& p, const float* x, const std::uint8_t* labels,
-                     std::size_t batch, workspace& ws, std::vector<float>& g) {
-  const int b = static_cast<int>(batch), n = static_cast<int>(m.inputs), h = static_cast<int>(m.hidden),
-            c = static_cast<int>(m.classes);
+inline void backward(const mlp& m, const std::vector<float>& p, const float* x,
+                     const std::uint8_t* labels, std::size_t batch, workspace& ws,
+                     std::vector<float>& g) {
+  const int b = static_cast<int>(batch), n = static_cast<int>(m.inputs),
+            h = static_cast<int>(m.hidden), c = static_cast<int>(m.classes);
   const float* w2 = p.data() + m.w1_count();
   float* gw1 = g.data();
   float* gw2 = gw1 + m.w1_count();
@@ -118,18 +127,21 @@ inline void backward(const mlp& m, const std::vector<float>& p, const float* x, 
     for (std::size_t k = 0; k < m.classes; ++k) d2[r * m.classes + k] *= inv;
   }
   // gW2 = a1^T d2; gb2 = column sums of d2
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, h, c, b, 1.0f, ws.a1.data(), h, d2, c, 0.0f, gw2, c);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, h, c, b, 1.0f, ws.a1.data(), h, d2, c, 0.0f,
+              gw2, c);
   std::fill(gb2, gb2 + m.classes, 0.0f);
   for (std::size_t r = 0; r < batch; ++r) {
     for (std::size_t k = 0; k < m.classes; ++k) gb2[k] += d2[r * m.classes + k];
   }
   // d1 = (d2 W2^T) * relu'(z1)
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b, h, c, 1.0f, d2, c, w2, c, 0.0f, ws.d1.data(), h);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b, h, c, 1.0f, d2, c, w2, c, 0.0f,
+              ws.d1.data(), h);
   for (std::size_t i = 0; i < ws.d1.size(); ++i) {
     if (ws.z1[i] <= 0.0f) ws.d1[i] = 0.0f;
   }
   // gW1 = x^T d1; gb1 = column sums of d1
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, h, b, 1.0f, x, n, ws.d1.data(), h, 0.0f, gw1, h);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, h, b, 1.0f, x, n, ws.d1.data(), h, 0.0f,
+              gw1, h);
   std::fill(gb1, gb1 + m.hidden, 0.0f);
   for (std::size_t r = 0; r < batch; ++r) {
     for (std::size_t k = 0; k < m.hidden; ++k) gb1[k] += ws.d1[r * m.hidden + k];

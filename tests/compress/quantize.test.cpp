@@ -9,9 +9,9 @@
 #include <squall/compress/quantize.hpp>
 #include <squall/compress/traits.hpp>
 
-#include <Random123/philox.h>
 #include <doctest/doctest.h>
 
+#include <Random123/philox.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -94,8 +94,8 @@ TEST_SUITE("quantize") {
     }
   }
 
-  TEST_CASE_TEMPLATE("sign sends sign(g) times the bucket's mean |g|; the vote form one mean",
-                     T, float, double) {
+  TEST_CASE_TEMPLATE("sign sends sign(g) times the bucket's mean |g|; the vote form one mean", T,
+                     float, double) {
     const std::size_t n = 1037;
     auto g = squall::test::normal_values<T>(n, 11);
     g[5] = T(0);
@@ -120,8 +120,8 @@ TEST_SUITE("quantize") {
     check(small, 16);
   }
 
-  TEST_CASE_TEMPLATE("terngrad and qsgd are unbiased: 10^4 encodings within 5 standard errors",
-                     T, float, double) {
+  TEST_CASE_TEMPLATE("terngrad and qsgd are unbiased: 10^4 encodings within 5 standard errors", T,
+                     float, double) {
     // One bucket of 64 elements, so each element's level distribution follows from the input
     // alone: |g_i| / scale x s = l + p, the level is l + 1 with probability p, and the decoded
     // value's variance is (scale / s)^2 p (1 - p).
@@ -170,8 +170,8 @@ TEST_SUITE("quantize") {
         }
       }
       const double variance = sq / trials;
-      const double bound = std::min(static_cast<double>(n) / (s * s),
-                                    std::sqrt(static_cast<double>(n)) / s) * norm2;
+      const double bound =
+          std::min(static_cast<double>(n) / (s * s), std::sqrt(static_cast<double>(n)) / s) * norm2;
       MESSAGE("qsgd s=" << s << " n=" << n << ": E||Q(v)-v||^2 / bound = " << variance / bound);
       REQUIRE(variance <= bound);
     };
@@ -188,7 +188,8 @@ TEST_SUITE("quantize") {
     }
   }
 
-  TEST_CASE("stochastic rounding draws Random123's Philox4x32-10 keyed by (seed, step, rank, element)") {
+  TEST_CASE(
+      "stochastic rounding draws Random123's Philox4x32-10 keyed by (seed, step, rank, element)") {
     // qsgd<1> on one bucket: element i rounds up iff its 32-bit word, taken from Random123
     // directly here, is below p x 2^32 (24 bits for float: (word >> 8) < p x 2^24).
     const std::size_t n = 40;
@@ -217,8 +218,10 @@ TEST_SUITE("quantize") {
   TEST_CASE("the lane-parallel Philox equals Random123's, word for word") {
     // philox_fill computes 32 blocks per pass; check partial passes, a block counter that
     // carries into its high word, and keys with both halves set.
-    for (const std::uint64_t first : {std::uint64_t{0}, std::uint64_t{5}, (std::uint64_t{1} << 32) - 7}) {
-      for (const std::size_t blocks : {std::size_t{1}, std::size_t{31}, std::size_t{32}, std::size_t{77}}) {
+    for (const std::uint64_t first :
+         {std::uint64_t{0}, std::uint64_t{5}, (std::uint64_t{1} << 32) - 7}) {
+      for (const std::size_t blocks :
+           {std::size_t{1}, std::size_t{31}, std::size_t{32}, std::size_t{77}}) {
         CAPTURE(first);
         CAPTURE(blocks);
         const std::uint64_t seed = 0xfedcba9876543210ull + first;
@@ -230,8 +233,8 @@ TEST_SUITE("quantize") {
           const r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(b),
                                                    static_cast<std::uint32_t>(b >> 32), 3u,
                                                    0xdeadbeefu}};
-          const r123::Philox4x32::key_type key = {{static_cast<std::uint32_t>(seed),
-                                                   static_cast<std::uint32_t>(seed >> 32)}};
+          const r123::Philox4x32::key_type key = {
+              {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}};
           const auto r = r123::Philox4x32{}(ctr, key);
           for (std::size_t t = 0; t < 4; ++t) REQUIRE(words[4 * j + t] == r.v[t]);
         }
@@ -245,7 +248,8 @@ TEST_SUITE("quantize") {
     auto check = [](const auto& c, unsigned width, std::size_t bucket, std::size_t n) {
       const auto payload = encode(c, std::vector<T>(n, T(1)));
       const std::size_t buckets = (n + bucket - 1) / bucket;
-      const double bits = 8.0 * static_cast<double>(32 + buckets * sizeof(T) + (n * width + 7) / 8) /
+      const double bits = 8.0 *
+                          static_cast<double>(32 + buckets * sizeof(T) + (n * width + 7) / 8) /
                           static_cast<double>(n);
       CHECK(8.0 * static_cast<double>(payload.size()) / static_cast<double>(n) == bits);
     };
@@ -263,8 +267,9 @@ TEST_SUITE("quantize") {
 
   TEST_CASE("NaN and Inf: a bucket holding one decodes to NaN, or check_finite names it") {
     const std::size_t n = 2048;
-    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                      -std::numeric_limits<float>::infinity()}) {
+    for (float bad :
+         {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+          -std::numeric_limits<float>::infinity()}) {
       auto g = squall::test::normal_values<float>(n, 9);
       g[700] = bad;  // bucket 1 of 512
       auto check = [&](auto c) {
@@ -298,8 +303,9 @@ TEST_SUITE("quantize") {
     std::vector<float> out(n);
     auto rejects = [&](std::vector<std::byte> p, const char* what, std::size_t count = 1000) {
       std::vector<float> o(count);
-      CHECK_THROWS_WITH_AS(c.decode(host_backend{}, host_view<const std::byte>(p), host_view<float>(o)),
-                           doctest::Contains(what), squall::invalid_argument);
+      CHECK_THROWS_WITH_AS(
+          c.decode(host_backend{}, host_view<const std::byte>(p), host_view<float>(o)),
+          doctest::Contains(what), squall::invalid_argument);
     };
     auto with = [&](std::size_t offset, auto value) {
       auto p = good;
@@ -322,24 +328,31 @@ TEST_SUITE("quantize") {
     rejects(good, "elements decoded into", n - 1);
     // 2s + 1 = 9 levels in 4-bit codes: the codes 9..15 are no level. The last byte holds
     // elements 998 (low nibble) and 999.
-    rejects(with(good.size() - 1, std::uint8_t{0xf9}), "code of element 998 is above the top level 8");
-    rejects(with(good.size() - 1, std::uint8_t{0x98}), "code of element 999 is above the top level 8");
+    rejects(with(good.size() - 1, std::uint8_t{0xf9}),
+            "code of element 998 is above the top level 8");
+    rejects(with(good.size() - 1, std::uint8_t{0x98}),
+            "code of element 999 is above the top level 8");
     {
       // terngrad: 3 levels in 2-bit codes (code 3 is none); int8: 255 levels in bytes (255)
       auto corrupt_last = [&](const auto& c2, std::uint8_t last, const char* what) {
         auto p = encode(c2, g);
         p.back() = std::byte{last};
         std::vector<float> o(n);
-        CHECK_THROWS_WITH_AS(c2.decode(host_backend{}, host_view<const std::byte>(p), host_view<float>(o)),
-                             doctest::Contains(what), squall::invalid_argument);
+        CHECK_THROWS_WITH_AS(
+            c2.decode(host_backend{}, host_view<const std::byte>(p), host_view<float>(o)),
+            doctest::Contains(what), squall::invalid_argument);
       };
-      corrupt_last(squall::terngrad_compressor{}, 0xc0, "code of element 999 is above the top level 2");
-      corrupt_last(squall::int8_compressor{}, 0xff, "code of element 999 is above the top level 254");
+      corrupt_last(squall::terngrad_compressor{}, 0xc0,
+                   "code of element 999 is above the top level 2");
+      corrupt_last(squall::int8_compressor{}, 0xff,
+                   "code of element 999 is above the top level 254");
     }
     std::vector<double> wrong_type(n);
-    CHECK_THROWS_AS(c.decode(host_backend{}, host_view<const std::byte>(good), host_view<double>(wrong_type)),
-                    squall::invalid_argument);
-    c.decode(host_backend{}, host_view<const std::byte>(good), host_view<float>(out));  // still fine
+    CHECK_THROWS_AS(
+        c.decode(host_backend{}, host_view<const std::byte>(good), host_view<double>(wrong_type)),
+        squall::invalid_argument);
+    c.decode(host_backend{}, host_view<const std::byte>(good),
+             host_view<float>(out));  // still fine
     squall::int8_compressor odd;
     odd.bucket = 12;
     CHECK_THROWS_WITH_AS(odd.max_payload_bytes(squall::dtype::float32, n),
@@ -349,11 +362,16 @@ TEST_SUITE("quantize") {
 
   TEST_CASE("the aggregation classes the collectives dispatch on") {
     using squall::aggregation_class;
-    CHECK(squall::compression_traits<squall::int8_compressor>::aggregation == aggregation_class::requantize);
-    CHECK(squall::compression_traits<squall::sign_compressor>::aggregation == aggregation_class::requantize);
-    CHECK(squall::compression_traits<squall::sign_vote_compressor>::aggregation == aggregation_class::vote);
-    CHECK(squall::compression_traits<squall::terngrad_compressor>::aggregation == aggregation_class::requantize);
-    CHECK(squall::compression_traits<squall::qsgd_compressor<4>>::aggregation == aggregation_class::requantize);
+    CHECK(squall::compression_traits<squall::int8_compressor>::aggregation ==
+          aggregation_class::requantize);
+    CHECK(squall::compression_traits<squall::sign_compressor>::aggregation ==
+          aggregation_class::requantize);
+    CHECK(squall::compression_traits<squall::sign_vote_compressor>::aggregation ==
+          aggregation_class::vote);
+    CHECK(squall::compression_traits<squall::terngrad_compressor>::aggregation ==
+          aggregation_class::requantize);
+    CHECK(squall::compression_traits<squall::qsgd_compressor<4>>::aggregation ==
+          aggregation_class::requantize);
     CHECK(squall::compression_traits<squall::qsgd_compressor<4>>::fixed_size);
   }
 
@@ -367,10 +385,11 @@ TEST_SUITE("quantize") {
     std::vector<float> scratch(n), out(n);
     for (std::uint64_t step = 0; step < 100; ++step) {
       const auto g = squall::test::normal_values<float>(n, 100 + static_cast<unsigned>(step));
-      const std::size_t size = ef.encode(host_backend{}, state, host_view<const float>(g),
-                                         host_view<std::byte>(payload), host_view<float>(scratch),
-                                         random_stream{step, 0});
-      ef.decode(host_backend{}, host_view<const std::byte>(payload.data(), size), host_view<float>(out));
+      const std::size_t size =
+          ef.encode(host_backend{}, state, host_view<const float>(g), host_view<std::byte>(payload),
+                    host_view<float>(scratch), random_stream{step, 0});
+      ef.decode(host_backend{}, host_view<const std::byte>(payload.data(), size),
+                host_view<float>(out));
       for (std::size_t i = 0; i < n; ++i) {
         sent[i] += out[i];
         total[i] += g[i];

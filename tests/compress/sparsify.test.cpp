@@ -101,10 +101,18 @@ std::vector<T> make(shape s, std::size_t n, unsigned seed) {
   std::vector<T> g(n);
   for (auto& x : g) {
     switch (s) {
-      case shape::gaussian: x = static_cast<T>(normal(gen)); break;
-      case shape::ties: x = static_cast<T>(small(gen)) * T(0.5); break;
-      case shape::negative: x = -std::fabs(static_cast<T>(normal(gen))); break;
-      case shape::heavy: x = static_cast<T>(student(gen)); break;
+      case shape::gaussian:
+        x = static_cast<T>(normal(gen));
+        break;
+      case shape::ties:
+        x = static_cast<T>(small(gen)) * T(0.5);
+        break;
+      case shape::negative:
+        x = -std::fabs(static_cast<T>(normal(gen)));
+        break;
+      case shape::heavy:
+        x = static_cast<T>(student(gen));
+        break;
     }
   }
   return g;
@@ -133,7 +141,8 @@ TEST_SUITE("sparsify") {
     const randomk_compressor randomk;
     const threshold_compressor threshold;
     for (T x : decode<topk_compressor, T>(topk, encode(topk, zeros), zeros.size())) REQUIRE(x == 0);
-    for (T x : decode<randomk_compressor, T>(randomk, encode(randomk, zeros), zeros.size())) REQUIRE(x == 0);
+    for (T x : decode<randomk_compressor, T>(randomk, encode(randomk, zeros), zeros.size()))
+      REQUIRE(x == 0);
     const auto tp = encode(threshold, zeros);
     CHECK(parse<T>(tp).index.empty());  // nothing reaches tau
     for (T x : decode<threshold_compressor, T>(threshold, tp, zeros.size())) REQUIRE(x == 0);
@@ -171,7 +180,8 @@ TEST_SUITE("sparsify") {
   TEST_CASE_TEMPLATE("exact top-k equals a full sort of (|g|, index)", T, float, double) {
     for (shape s : {shape::gaussian, shape::ties, shape::negative, shape::heavy}) {
       for (std::size_t n : {1u, 2u, 3u, 17u, 100u, 1000u, 4099u, 30011u, 100000u}) {
-        const std::vector<T> g = make<T>(s, n, static_cast<unsigned>(n) * 7 + static_cast<unsigned>(s));
+        const std::vector<T> g =
+            make<T>(s, n, static_cast<unsigned>(n) * 7 + static_cast<unsigned>(s));
         for (double ratio : {0.01, 0.001, 0.5, 1.0}) {
           CAPTURE(static_cast<int>(s));
           CAPTURE(n);
@@ -187,8 +197,7 @@ TEST_SUITE("sparsify") {
           std::size_t nonzero_kept = 0;
           for (std::size_t j = 0; j < k; ++j) nonzero_kept += out[e.index[j]] == g[e.index[j]];
           REQUIRE(nonzero_kept == k);
-          REQUIRE(std::count(out.begin(), out.end(), T(0)) >=
-                  static_cast<std::ptrdiff_t>(n - k));
+          REQUIRE(std::count(out.begin(), out.end(), T(0)) >= static_cast<std::ptrdiff_t>(n - k));
         }
       }
     }
@@ -210,8 +219,8 @@ TEST_SUITE("sparsify") {
     // the fraction of elements above it is a Beta(ks, s - ks + 1) draw, whose relative spread is
     // 1/sqrt(ks) = 0.098. When it undershoots, recall = survivors / k; when it overshoots, the
     // exact top k is sent (recall 1). Floor: 5 standard deviations below 1.
-    const double ks = std::round(static_cast<double>(k) * 0.01 * static_cast<double>(n) /
-                                 static_cast<double>(n));
+    const double ks =
+        std::round(static_cast<double>(k) * 0.01 * static_cast<double>(n) / static_cast<double>(n));
     const double floor = 1.0 - 5.0 / std::sqrt(ks);
     for (shape s : {shape::gaussian, shape::heavy}) {
       const std::vector<T> g = make<T>(s, n, 11 + static_cast<unsigned>(s));
@@ -219,7 +228,8 @@ TEST_SUITE("sparsify") {
       double sum = 0, low = 1;
       const int steps = 6;
       for (int step = 0; step < steps; ++step) {
-        const topk_compressor c{.ratio = ratio, .method = topk_method::sampled_threshold, .seed = 42};
+        const topk_compressor c{
+            .ratio = ratio, .method = topk_method::sampled_threshold, .seed = 42};
         const auto payload = encode(c, g, random_stream{static_cast<std::uint64_t>(step), 3});
         const auto e = parse<T>(payload);
         REQUIRE(e.index.size() <= k);
@@ -236,9 +246,9 @@ TEST_SUITE("sparsify") {
         low = std::min(low, recall);
         (void)decode<topk_compressor, T>(c, payload, n);  // the payload is valid
       }
-      MESSAGE(std::string(s == shape::gaussian ? "gaussian" : "student-t(1.5)") << " " << sizeof(T) * 8
-              << "-bit, n = 2^20, ratio 1%, sample_ratio 1%: mean recall " << sum / steps
-              << ", min " << low << " (floor " << floor << ")");
+      MESSAGE(std::string(s == shape::gaussian ? "gaussian" : "student-t(1.5)")
+              << " " << sizeof(T) * 8 << "-bit, n = 2^20, ratio 1%, sample_ratio 1%: mean recall "
+              << sum / steps << ", min " << low << " (floor " << floor << ")");
       CHECK(low >= floor);
     }
   }
@@ -318,7 +328,8 @@ TEST_SUITE("sparsify") {
     }
     // n - k degrees of freedom (one constraint per stratum): mean 970, sd sqrt(2 x 970) = 44
     const double dof = static_cast<double>(n - k);
-    MESSAGE("randomk frequencies: chi-square " << chi2 << " on " << dof << " dof, worst |z| " << worst);
+    MESSAGE("randomk frequencies: chi-square " << chi2 << " on " << dof << " dof, worst |z| "
+                                               << worst);
     CHECK(worst < 5.0);
     CHECK(std::fabs(chi2 - dof) < 5.0 * std::sqrt(2.0 * dof));
   }
@@ -365,8 +376,10 @@ TEST_SUITE("sparsify") {
       const std::size_t k = expected_k(0.01, n);
       const double count = static_cast<double>(n);
       // topk: 128 header + 64 k + k x (32-bit index + value)
-      CHECK(encode(topk_compressor{}, f).size() * 8.0 / count == (192.0 + k * (32.0 + 32.0)) / count);
-      CHECK(encode(topk_compressor{}, d).size() * 8.0 / count == (192.0 + k * (32.0 + 64.0)) / count);
+      CHECK(encode(topk_compressor{}, f).size() * 8.0 / count ==
+            (192.0 + k * (32.0 + 32.0)) / count);
+      CHECK(encode(topk_compressor{}, d).size() * 8.0 / count ==
+            (192.0 + k * (32.0 + 64.0)) / count);
       // randomk: 128 header + 3 x 64 (seed, step, k) + k values
       CHECK(encode(randomk_compressor{}, f).size() * 8.0 / count == (320.0 + k * 32.0) / count);
       CHECK(encode(randomk_compressor{}, d).size() * 8.0 / count == (320.0 + k * 64.0) / count);
@@ -379,10 +392,15 @@ TEST_SUITE("sparsify") {
     const std::size_t big = (std::size_t{1} << 32) + 1;
     const std::size_t kb = expected_k(0.01, big);
     CHECK(topk_compressor{}.max_payload_bytes(squall::dtype::float32, big) == 24 + kb * (8 + 4));
-    CHECK(topk_compressor{}.max_payload_bytes(squall::dtype::float32, big - 1) == 24 + expected_k(0.01, big - 1) * (4 + 4));
+    CHECK(topk_compressor{}.max_payload_bytes(squall::dtype::float32, big - 1) ==
+          24 + expected_k(0.01, big - 1) * (4 + 4));
     CHECK(threshold_compressor{}.max_payload_bytes(squall::dtype::float64, 100) == 24 + 100 * 12);
-    check_rejects([] { (void)threshold_compressor{}.max_payload_bytes(squall::dtype::float64, std::size_t{1} << 62); },
-                  "overflows");
+    check_rejects(
+        [] {
+          (void)threshold_compressor{}.max_payload_bytes(squall::dtype::float64,
+                                                         std::size_t{1} << 62);
+        },
+        "overflows");
   }
 
   TEST_CASE("sparse decode rejects every malformed payload") {
@@ -390,15 +408,26 @@ TEST_SUITE("sparsify") {
     const topk_compressor c{.ratio = 0.5};  // k = 4: indices 1 3 4 6
     const auto good = encode(c, g);
     REQUIRE(parse<float>(good).index == std::vector<std::uint64_t>{1, 3, 4, 6});
-    const auto run = [&](const std::vector<std::byte>& p) { (void)decode<topk_compressor, float>(c, p, g.size()); };
-    const auto set_u32 = [](std::vector<std::byte>& p, std::size_t at, std::uint32_t v) { std::memcpy(p.data() + at, &v, 4); };
-    const auto set_u64 = [](std::vector<std::byte>& p, std::size_t at, std::uint64_t v) { std::memcpy(p.data() + at, &v, 8); };
+    const auto run = [&](const std::vector<std::byte>& p) {
+      (void)decode<topk_compressor, float>(c, p, g.size());
+    };
+    const auto set_u32 = [](std::vector<std::byte>& p, std::size_t at, std::uint32_t v) {
+      std::memcpy(p.data() + at, &v, 4);
+    };
+    const auto set_u64 = [](std::vector<std::byte>& p, std::size_t at, std::uint64_t v) {
+      std::memcpy(p.data() + at, &v, 8);
+    };
 
-    check_rejects([&] { run(std::vector<std::byte>(good.begin(), good.begin() + 10)); }, "16-byte header");
-    check_rejects([&] { run(std::vector<std::byte>(good.begin(), good.begin() + 20)); }, "entry count");
-    check_rejects([&] { (void)decode<threshold_compressor, float>(threshold_compressor{}, good, g.size()); }, "kind");
+    check_rejects([&] { run(std::vector<std::byte>(good.begin(), good.begin() + 10)); },
+                  "16-byte header");
+    check_rejects([&] { run(std::vector<std::byte>(good.begin(), good.begin() + 20)); },
+                  "entry count");
+    check_rejects(
+        [&] { (void)decode<threshold_compressor, float>(threshold_compressor{}, good, g.size()); },
+        "kind");
     check_rejects([&] { (void)decode<topk_compressor, double>(c, good, g.size()); }, "decoded as");
-    check_rejects([&] { (void)decode<topk_compressor, float>(c, good, g.size() + 1); }, "decoded into");
+    check_rejects([&] { (void)decode<topk_compressor, float>(c, good, g.size() + 1); },
+                  "decoded into");
     auto p = good;
     set_u64(p, 16, 9);
     check_rejects([&] { run(p); }, "9 entries for 8 elements");
@@ -426,13 +455,16 @@ TEST_SUITE("sparsify") {
     auto h = encode(topk_compressor{}, huge_out);
     for (std::uint64_t k : {std::uint64_t{1} << 62, std::numeric_limits<std::uint64_t>::max()}) {
       set_u64(h, 16, k);
-      check_rejects([&] { (void)decode<topk_compressor, float>(topk_compressor{}, h, huge_out.size()); }, "entries for");
+      check_rejects(
+          [&] { (void)decode<topk_compressor, float>(topk_compressor{}, h, huge_out.size()); },
+          "entries for");
     }
     // a failed decode leaves out untouched
     std::vector<float> out(g.size(), 9.0f);
     p = good;
     set_u32(p, 24 + 4 * 3, 4);
-    CHECK_THROWS_AS(c.decode(host_backend{}, host_view<const std::byte>(p), host_view<float>(out)), squall::invalid_argument);
+    CHECK_THROWS_AS(c.decode(host_backend{}, host_view<const std::byte>(p), host_view<float>(out)),
+                    squall::invalid_argument);
     for (float x : out) CHECK(x == 9.0f);
   }
 
@@ -443,12 +475,14 @@ TEST_SUITE("sparsify") {
     const auto run = [&](const randomk_compressor& d, const std::vector<std::byte>& p) {
       (void)decode<randomk_compressor, double>(d, p, g.size());
     };
-    check_rejects([&] { run(c, std::vector<std::byte>(good.begin(), good.begin() + 39)); }, "seed, step and k");
+    check_rejects([&] { run(c, std::vector<std::byte>(good.begin(), good.begin() + 39)); },
+                  "seed, step and k");
     check_rejects([&] { run(randomk_compressor{.ratio = 0.2}, good); }, "gives 100");
     auto p = good;
     p.pop_back();
     check_rejects([&] { run(c, p); }, "bytes for 50 values");
-    check_rejects([&] { (void)decode<topk_compressor, double>(topk_compressor{}, good, g.size()); }, "kind");
+    check_rejects([&] { (void)decode<topk_compressor, double>(topk_compressor{}, good, g.size()); },
+                  "kind");
   }
 
   TEST_CASE("decoders survive arbitrary corruption: they throw or decode, never overrun") {
@@ -483,11 +517,15 @@ TEST_SUITE("sparsify") {
     std::vector<float> g(100, 0.001f);
     g[37] = std::numeric_limits<float>::quiet_NaN();
     g[60] = -std::numeric_limits<float>::infinity();
-    check_rejects([&] { (void)encode(topk_compressor{.check_finite = true}, g); }, "element 37 is not finite: NaN");
-    check_rejects([&] { (void)encode(randomk_compressor{.check_finite = true}, g); }, "element 37 is not finite: NaN");
-    check_rejects([&] { (void)encode(threshold_compressor{.check_finite = true}, g); }, "element 37 is not finite: NaN");
+    check_rejects([&] { (void)encode(topk_compressor{.check_finite = true}, g); },
+                  "element 37 is not finite: NaN");
+    check_rejects([&] { (void)encode(randomk_compressor{.check_finite = true}, g); },
+                  "element 37 is not finite: NaN");
+    check_rejects([&] { (void)encode(threshold_compressor{.check_finite = true}, g); },
+                  "element 37 is not finite: NaN");
     g[37] = 1.0f;
-    check_rejects([&] { (void)encode(topk_compressor{.check_finite = true}, g); }, "element 60 is not finite: infinite");
+    check_rejects([&] { (void)encode(topk_compressor{.check_finite = true}, g); },
+                  "element 60 is not finite: infinite");
     g[37] = -std::numeric_limits<float>::quiet_NaN();
 
     // without check_finite: NaN ranks as the largest magnitude, then -Inf
@@ -498,7 +536,8 @@ TEST_SUITE("sparsify") {
     CHECK(std::isnan(out[37]));
     CHECK(out[60] == -std::numeric_limits<float>::infinity());
     // sampled threshold with NaN in the sample: still valid, NaN still selected
-    const topk_compressor sampled{.ratio = 0.02, .method = topk_method::sampled_threshold, .sample_ratio = 1.0};
+    const topk_compressor sampled{
+        .ratio = 0.02, .method = topk_method::sampled_threshold, .sample_ratio = 1.0};
     const auto es = parse<float>(encode(sampled, g));
     CHECK(std::find(es.index.begin(), es.index.end(), 37u) != es.index.end());
     // threshold: NaN passes and is sent as NaN, -Inf as -tau
@@ -508,7 +547,8 @@ TEST_SUITE("sparsify") {
     CHECK(to[60] == -0.5f);
     // randomk sends what it picks as it is
     const std::vector<float> all_nan(10, std::numeric_limits<float>::quiet_NaN());
-    const std::vector<float> ro = decode<randomk_compressor, float>(randomk_compressor{.ratio = 0.5}, encode(randomk_compressor{.ratio = 0.5}, all_nan), 10);
+    const std::vector<float> ro = decode<randomk_compressor, float>(
+        randomk_compressor{.ratio = 0.5}, encode(randomk_compressor{.ratio = 0.5}, all_nan), 10);
     CHECK(std::count_if(ro.begin(), ro.end(), [](float x) { return std::isnan(x); }) == 5);
   }
 
@@ -525,12 +565,16 @@ TEST_SUITE("sparsify") {
       const std::size_t size = ef.encode(host_backend{}, state, host_view<const double>(g),
                                          host_view<std::byte>(payload), host_view<double>(scratch));
       const std::vector<double> got = decode<topk_compressor, double>(
-          ef.inner, std::vector<std::byte>(payload.begin(), payload.begin() + static_cast<std::ptrdiff_t>(size)), n);
+          ef.inner,
+          std::vector<std::byte>(payload.begin(),
+                                 payload.begin() + static_cast<std::ptrdiff_t>(size)),
+          n);
       for (std::size_t i = 0; i < n; ++i) {
         sent[i] += got[i];
         total[i] += g[i];
       }
     }
-    for (std::size_t i = 0; i < n; ++i) REQUIRE(sent[i] + state.residual()[i] == doctest::Approx(total[i]).epsilon(1e-9));
+    for (std::size_t i = 0; i < n; ++i)
+      REQUIRE(sent[i] + state.residual()[i] == doctest::Approx(total[i]).epsilon(1e-9));
   }
 }

@@ -26,7 +26,8 @@ namespace {
 
 template <class C, class T>
 void check_twin(C c, std::size_t count) {
-  test::check_codec_twin(c, test::random_values<T>(count, 300 + count), squall::random_stream{5, 1});
+  test::check_codec_twin(c, test::random_values<T>(count, 300 + count),
+                         squall::random_stream{5, 1});
 }
 
 }  // namespace
@@ -35,8 +36,8 @@ TEST_SUITE("cuda") {
   TEST_CASE_TEMPLATE("device quantizers equal their host twins byte for byte" *
                          doctest::skip(test::no_cuda_device()),
                      T, float, double) {
-    for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000},
-                                    std::size_t{1024 * 1024 + 3}}) {
+    for (const std::size_t count :
+         {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{1024 * 1024 + 3}}) {
       check_twin<squall::int8_compressor, T>({}, count);
       check_twin<squall::sign_compressor, T>({}, count);
       check_twin<squall::sign_vote_compressor, T>({}, count);

@@ -34,7 +34,6 @@ using squall::host_view;
 
 namespace {
 
-
 template <class T>
 T value_at(const std::vector<std::byte>& bytes, std::size_t offset) {
   T v;

@@ -47,7 +47,6 @@ std::vector<T> make_data(data_kind kind, std::size_t count, std::uint64_t seed) 
   return out;
 }
 
-
 constexpr std::size_t counts[] = {0, 1, 1000, 1024 * 1024 + 3};
 constexpr data_kind kinds[] = {data_kind::ties, data_kind::continuous, data_kind::non_finite};
 

@@ -24,7 +24,6 @@
 
 #include <doctest/doctest.h>
 #include <mpi.h>
-#include <unistd.h>  // getpid
 
 #include <chrono>
 #include <cmath>
@@ -35,13 +34,14 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unistd.h>  // getpid
 #include <vector>
 
 #include "../support/collective_data.hpp"
-#include "../support/topologies.hpp"
 #include "../support/data.hpp"
 #include "../support/mpi_types.hpp"
 #include "../support/result_hash.hpp"
+#include "../support/topologies.hpp"
 
 namespace {
 
@@ -196,7 +196,8 @@ tally compare_within_bound(const T* got, const T* want, std::size_t count, std::
     }
     const double bound = test::reassociation_bound<T>(p, magnitude);
     const auto g = static_cast<double>(got[k]);
-    if (!(std::fabs(g - static_cast<double>(want[k])) <= bound) || !(std::fabs(g - exact) <= bound)) {
+    if (!(std::fabs(g - static_cast<double>(want[k])) <= bound) ||
+        !(std::fabs(g - exact) <= bound)) {
       t.add(i);
     }
   }
@@ -214,14 +215,15 @@ tally compare_exact_reference(const T* got, std::size_t count) {
   return t;
 }
 
-#define SQUALL_CHECK_TALLY(t)            \
-  do {                                   \
-    const tally tally_ = (t);            \
-    CAPTURE(tally_.first);               \
-    CHECK(tally_.wrong == 0);            \
+#define SQUALL_CHECK_TALLY(t) \
+  do {                        \
+    const tally tally_ = (t); \
+    CAPTURE(tally_.first);    \
+    CHECK(tally_.wrong == 0); \
   } while (false)
 
-// ---- allreduce -----------------------------------------------------------------------------------
+// ---- allreduce
+// -----------------------------------------------------------------------------------
 
 /// One allreduce of `count` elements against MPI_Allreduce of the same inputs.
 template <class T, class Op, class Comm>
@@ -254,7 +256,8 @@ void check_allreduce(Comm& comm, std::size_t count, input_kind kind, bool in_pla
     }
   } else {
     SQUALL_CHECK_TALLY(compare_bitwise(got.data(), want.data(), count));
-    if (kind == input_kind::exact) SQUALL_CHECK_TALLY((compare_exact_reference<T, Op>(got.data(), count)));
+    if (kind == input_kind::exact)
+      SQUALL_CHECK_TALLY((compare_exact_reference<T, Op>(got.data(), count)));
   }
   CHECK(same_on_every_rank(got.data(), count));
 }
@@ -295,9 +298,11 @@ void allreduce_against_mpi() {
     check_allreduce<float, squall::sum_op>(comm, count, input_kind::noisy, true, ++seed);
     check_allreduce<float, squall::sum_op>(comm, count, input_kind::noisy, false, ++seed);
     check_allreduce<float, squall::sum_op>(comm, count, input_kind::exact, count % 2 == 0, ++seed);
-    check_allreduce<std::int32_t, squall::sum_op>(comm, count, input_kind::noisy, count % 2 == 1, ++seed);
+    check_allreduce<std::int32_t, squall::sum_op>(comm, count, input_kind::noisy, count % 2 == 1,
+                                                  ++seed);
     check_allreduce<double, squall::max_op>(comm, count, input_kind::noisy, count % 2 == 0, ++seed);
-    check_allreduce<std::int64_t, squall::min_op>(comm, count, input_kind::noisy, count % 2 == 1, ++seed);
+    check_allreduce<std::int64_t, squall::min_op>(comm, count, input_kind::noisy, count % 2 == 1,
+                                                  ++seed);
   }
 
   // Large, in place: exact inputs, so MPI's sum, the reference and ours agree bitwise.
@@ -312,9 +317,8 @@ void allreduce_against_mpi() {
   comm.allreduce(squall::host_view<float>(got));
   const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
   if (comm.rank() == 0) {
-    std::printf("mpi_collectives: %s (%s), np%d: allreduce of %zu floats in %.3f s\n",
-                what.c_str(), comm.schedule_for(large_count * sizeof(float)).c_str(), p,
-                large_count, seconds);
+    std::printf("mpi_collectives: %s (%s), np%d: allreduce of %zu floats in %.3f s\n", what.c_str(),
+                comm.schedule_for(large_count * sizeof(float)).c_str(), p, large_count, seconds);
     std::fflush(stdout);
   }
   {
@@ -327,7 +331,8 @@ void allreduce_against_mpi() {
   }
 }
 
-// ---- allgather, reduce_scatter, broadcast ----------------------------------------------------------
+// ---- allgather, reduce_scatter, broadcast
+// ----------------------------------------------------------
 
 template <class Via, class Topology>
 void others_against_mpi() {
@@ -369,7 +374,8 @@ void others_against_mpi() {
       ++seed;
       const auto mine = make_input<std::int32_t>(input_kind::noisy, seed, rank, count);
       auto got = poisoned<std::int32_t>(count * up);
-      if (count != 0) std::memcpy(got.data() + me * count, mine.data(), count * sizeof(std::int32_t));
+      if (count != 0)
+        std::memcpy(got.data() + me * count, mine.data(), count * sizeof(std::int32_t));
       comm.allgather(squall::host_view<const std::int32_t>(got.data() + me * count, count),
                      squall::host_view<std::int32_t>(got));
       std::vector<std::int32_t> want(count * up);
@@ -404,8 +410,7 @@ void others_against_mpi() {
       auto got = poisoned<float>(block);
       comm.reduce_scatter(squall::host_view<const float>(in), squall::host_view<float>(got));
       std::vector<float> want(block);
-      MPI_Reduce_scatter(in.data(), want.data(), counts.data(), MPI_FLOAT, MPI_SUM,
-                         MPI_COMM_WORLD);
+      MPI_Reduce_scatter(in.data(), want.data(), counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       SQUALL_CHECK_TALLY(compare_within_bound(got.data(), want.data(), block, offsets[me], seed));
     }
     {  // reduce_scatter, in place: float sum of exact inputs, exactly
@@ -413,8 +418,7 @@ void others_against_mpi() {
       auto whole = in;
       comm.reduce_scatter(squall::host_view<float>(whole));
       std::vector<float> want(block);
-      MPI_Reduce_scatter(in.data(), want.data(), counts.data(), MPI_FLOAT, MPI_SUM,
-                         MPI_COMM_WORLD);
+      MPI_Reduce_scatter(in.data(), want.data(), counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       SQUALL_CHECK_TALLY(compare_bitwise(whole.data() + offsets[me], want.data(), block));
       tally t;
       for (std::size_t i = 0; i < block; ++i) {
@@ -442,9 +446,9 @@ void others_against_mpi() {
 
 }  // namespace
 
-#define SQUALL_TOPOLOGIES                                                                     \
-  squall::ring_topology, squall::tree_topology, squall::direct_topology,                      \
-      squall::halving_doubling_topology, squall::hierarchical_topology<>,                     \
+#define SQUALL_TOPOLOGIES                                                 \
+  squall::ring_topology, squall::tree_topology, squall::direct_topology,  \
+      squall::halving_doubling_topology, squall::hierarchical_topology<>, \
       squall::automatic_topology
 
 TEST_SUITE("mpi_collectives") {
@@ -456,12 +460,12 @@ TEST_SUITE("mpi_collectives") {
                      SQUALL_TOPOLOGIES) {
     allreduce_against_mpi<over_shm, Topology>();
   }
-  TEST_CASE_TEMPLATE("allgather, reduce_scatter, broadcast match MPI, over mpi_transport",
-                     Topology, SQUALL_TOPOLOGIES) {
+  TEST_CASE_TEMPLATE("allgather, reduce_scatter, broadcast match MPI, over mpi_transport", Topology,
+                     SQUALL_TOPOLOGIES) {
     others_against_mpi<over_mpi, Topology>();
   }
-  TEST_CASE_TEMPLATE("allgather, reduce_scatter, broadcast match MPI, over shm_transport",
-                     Topology, SQUALL_TOPOLOGIES) {
+  TEST_CASE_TEMPLATE("allgather, reduce_scatter, broadcast match MPI, over shm_transport", Topology,
+                     SQUALL_TOPOLOGIES) {
     others_against_mpi<over_shm, Topology>();
   }
 }

@@ -141,8 +141,9 @@ std::vector<float> gathered_payload_sum(const C& c, const std::vector<float>& mi
   std::vector<float> decoded(count);
   for (int q = 0; q < p; ++q) {
     c.decode(b,
-             squall::host_view<const std::byte>(all.data() + static_cast<std::size_t>(q) * capacity,
-                                                static_cast<std::size_t>(sizes[static_cast<std::size_t>(q)])),
+             squall::host_view<const std::byte>(
+                 all.data() + static_cast<std::size_t>(q) * capacity,
+                 static_cast<std::size_t>(sizes[static_cast<std::size_t>(q)])),
              squall::host_view<float>(decoded));
     for (std::size_t i = 0; i < count; ++i) sum[i] = q == 0 ? decoded[i] : sum[i] + decoded[i];
   }
@@ -167,9 +168,8 @@ void run_case(const C& c, std::size_t count, bool exact, Check check,
       test::make_topology<Topology>(world_size()), c, squall::options{},
       squall::collective_tuning{.requantize = algorithm});
   auto state = comm.template make_state<float>(count);
-  const std::string label = squall::compressor_label<C>() + " on " +
-                            std::string(Topology::name) + ", " + std::to_string(count) +
-                            " elements";
+  const std::string label = squall::compressor_label<C>() + " on " + std::string(Topology::name) +
+                            ", " + std::to_string(count) + " elements";
   for (int s = 0; s < steps; ++s) {
     const std::vector<float> in = input_of(world_rank(), s, count, exact);
     std::vector<float> data = in;
@@ -197,39 +197,39 @@ void check_linear() {
   const int p = world_size();
   for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1009}}) {
     // cast: one rounding to bfloat16 (u = 2^-8) of each input and of each partial sum
-    run_case<Topology>(squall::cast_compressor<squall::bfloat16>{}, count, false,
-                       [&](int, const std::vector<float>& in, const std::vector<float>& got) {
-                         const exact_sum e = mpi_sum(in);
-                         for (std::size_t i = 0; i < got.size(); ++i) {
-                           if (std::fabs(got[i] - e.sum[i]) >
-                               2.0 * p / 256 * e.magnitude[i] + 1e-7) {
-                             return false;
-                           }
-                         }
-                         return true;
-                       });
+    run_case<Topology>(
+        squall::cast_compressor<squall::bfloat16>{}, count, false,
+        [&](int, const std::vector<float>& in, const std::vector<float>& got) {
+          const exact_sum e = mpi_sum(in);
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            if (std::fabs(got[i] - e.sum[i]) > 2.0 * p / 256 * e.magnitude[i] + 1e-7) {
+              return false;
+            }
+          }
+          return true;
+        });
     // randomk: the exact sum at the step's indices (exact inputs), zero elsewhere
     const squall::randomk_compressor rk{.ratio = 0.1, .seed = 21};
-    run_case<Topology>(rk, count, true,
-                       [&](int s, const std::vector<float>& in, const std::vector<float>& got) {
-                         const exact_sum e = mpi_sum(in);
-                         std::vector<double> want(got.size(), 0.0);
-                         for (const std::size_t i : rk.indices(got.size(), static_cast<std::uint64_t>(s))) {
-                           want[i] = e.sum[i];
-                         }
-                         for (std::size_t i = 0; i < got.size(); ++i) {
-                           if (got[i] != want[i]) return false;
-                         }
-                         return true;
-                       });
+    run_case<Topology>(
+        rk, count, true, [&](int s, const std::vector<float>& in, const std::vector<float>& got) {
+          const exact_sum e = mpi_sum(in);
+          std::vector<double> want(got.size(), 0.0);
+          for (const std::size_t i : rk.indices(got.size(), static_cast<std::uint64_t>(s))) {
+            want[i] = e.sum[i];
+          }
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            if (got[i] != want[i]) return false;
+          }
+          return true;
+        });
     // count_sketch: linear, so the decode of the sketch of the exact sum
     const squall::count_sketch_compressor<3, 256> cs{.seed = 5};
-    run_case<Topology>(cs, count, true,
-                       [&](int s, const std::vector<float>& in, const std::vector<float>& got) {
-                         const exact_sum e = mpi_sum(in);
-                         const std::vector<float> sum(e.sum.begin(), e.sum.end());
-                         return got == test::decoded_payload(cs, sum, static_cast<std::uint64_t>(s), 0);
-                       });
+    run_case<Topology>(
+        cs, count, true, [&](int s, const std::vector<float>& in, const std::vector<float>& got) {
+          const exact_sum e = mpi_sum(in);
+          const std::vector<float> sum(e.sum.begin(), e.sum.end());
+          return got == test::decoded_payload(cs, sum, static_cast<std::uint64_t>(s), 0);
+        });
   }
 }
 
@@ -246,11 +246,10 @@ void check_gather() {
     using ef_topk = squall::error_feedback<squall::topk_compressor>;
     const ef_topk top{{.ratio = 0.05}};
     squall::error_feedback_state<float> residual(count);  // this rank's, mirrored
-    run_case<Topology>(top, count, false,
-                       [&](int s, const std::vector<float>& in, const std::vector<float>& got) {
-                         return got == gathered_payload_sum(top, in, static_cast<std::uint64_t>(s),
-                                                            &residual);
-                       });
+    run_case<Topology>(
+        top, count, false, [&](int s, const std::vector<float>& in, const std::vector<float>& got) {
+          return got == gathered_payload_sum(top, in, static_cast<std::uint64_t>(s), &residual);
+        });
   }
 }
 
@@ -269,7 +268,8 @@ void check_per_hop() {
           if (got != ref.out) return false;
           const exact_sum e = mpi_sum(in);
           for (std::size_t i = 0; i < got.size(); ++i) {
-            const double bound = 0.5 * ref.steps[i] + 4e-7 * (p + 1) * (e.magnitude[i] + ref.steps[i]);
+            const double bound =
+                0.5 * ref.steps[i] + 4e-7 * (p + 1) * (e.magnitude[i] + ref.steps[i]);
             if (std::fabs(got[i] - e.sum[i]) > bound) return false;
           }
           return true;
@@ -323,7 +323,7 @@ void check_powersgd() {
 
 }  // namespace
 
-#define SQUALL_MPI_TOPOLOGIES \
+#define SQUALL_MPI_TOPOLOGIES                                            \
   squall::ring_topology, squall::tree_topology, squall::direct_topology, \
       squall::halving_doubling_topology
 

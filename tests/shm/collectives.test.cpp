@@ -34,9 +34,9 @@
 #include <vector>
 
 #include "../support/collective_data.hpp"
-#include "../support/topologies.hpp"
 #include "../support/result_hash.hpp"
 #include "../support/shm_ranks.hpp"
+#include "../support/topologies.hpp"
 
 using squall::shm_job;
 using squall::shm_transport;
@@ -134,8 +134,7 @@ void allreduce_on_processes() {
         if (wrong != npos) {
           std::fprintf(stderr, "rank %d of %d: %s: allreduce of %zu: element %zu is %g, not %g\n",
                        me.rank, me.size, comm.schedule_for(count * sizeof(float)).c_str(), count,
-                       wrong, static_cast<double>(out[wrong]),
-                       static_cast<double>(refs[k][wrong]));
+                       wrong, static_cast<double>(out[wrong]), static_cast<double>(refs[k][wrong]));
           return 10 + static_cast<int>(k);
         }
         hashes[static_cast<std::size_t>(me.rank) * counts.size() + k] =
@@ -144,11 +143,10 @@ void allreduce_on_processes() {
       comm.barrier();
       return 0;
     });
-    MESSAGE(std::string(Topology::name) << " on " << ranks << " processes: "
-                                        << std::chrono::duration<double>(
-                                               std::chrono::steady_clock::now() - start)
-                                               .count()
-                                        << " s");
+    MESSAGE(std::string(Topology::name)
+            << " on " << ranks << " processes: "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+            << " s");
     // Every rank holds bitwise the same result (and wrote one).
     for (std::size_t k = 0; k < counts.size(); ++k) {
       CAPTURE(counts[k]);
@@ -173,9 +171,9 @@ int small_value(int rank, std::size_t i) {
 
 }  // namespace
 
-#define SQUALL_TOPOLOGIES                                                                     \
-  squall::ring_topology, squall::tree_topology, squall::direct_topology,                      \
-      squall::halving_doubling_topology, squall::hierarchical_topology<>,                     \
+#define SQUALL_TOPOLOGIES                                                 \
+  squall::ring_topology, squall::tree_topology, squall::direct_topology,  \
+      squall::halving_doubling_topology, squall::hierarchical_topology<>, \
       squall::automatic_topology
 
 TEST_SUITE("shm_collectives") {
@@ -218,8 +216,9 @@ TEST_SUITE("shm_collectives_large") {
         const double seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (me.rank == 0) {
-          std::printf("shm_collectives_large: allreduce of %zu float16 (%s, 2 processes) in %.3f s\n",
-                      count, std::string(Topology::name).c_str(), seconds);
+          std::printf(
+              "shm_collectives_large: allreduce of %zu float16 (%s, 2 processes) in %.3f s\n",
+              count, std::string(Topology::name).c_str(), seconds);
           std::fflush(stdout);
         }
         std::size_t wrong = 0;

@@ -138,13 +138,16 @@ void run_on_processes(const C& c, bool exact, Check check,
 /// The gather-then-reduce compressors: bitwise the serial sum of the decoded payloads.
 template <class Topology, class C>
 void gather_on_processes(const C& c) {
-  run_on_processes<Topology>(c, false, [&](int s, const std::vector<float>& got) {
-    const auto in = inputs_at(s, false);
-    const auto want = C::aggregation == squall::aggregation_class::vote
-                          ? test::vote_reference(c, in, static_cast<std::uint64_t>(s))
-                          : test::gather_reference(c, in, static_cast<std::uint64_t>(s));
-    return got == want;
-  }, squall::collective_tuning{.requantize = squall::requantize_algorithm::gather});
+  run_on_processes<Topology>(
+      c, false,
+      [&](int s, const std::vector<float>& got) {
+        const auto in = inputs_at(s, false);
+        const auto want = C::aggregation == squall::aggregation_class::vote
+                              ? test::vote_reference(c, in, static_cast<std::uint64_t>(s))
+                              : test::gather_reference(c, in, static_cast<std::uint64_t>(s));
+        return got == want;
+      },
+      squall::collective_tuning{.requantize = squall::requantize_algorithm::gather});
 }
 
 }  // namespace
@@ -253,16 +256,16 @@ TEST_SUITE("shm_compressed_collectives") {
         squall::error_feedback<squall::topk_compressor>{top}, false,
         [&](int s, const std::vector<float>& got) {
           return got == test::gtopk_reference(top, inputs_at(s, false),
-                                              static_cast<std::uint64_t>(s),
-                                              top.entries(count), &residuals);
+                                              static_cast<std::uint64_t>(s), top.entries(count),
+                                              &residuals);
         },
         gtopk);
     const squall::threshold_compressor thr{.tau = 0.9};
     run_on_processes<squall::direct_topology>(
         thr, false,
         [&](int s, const std::vector<float>& got) {
-          return got == test::gtopk_reference(thr, inputs_at(s, false),
-                                              static_cast<std::uint64_t>(s), 0);
+          return got ==
+                 test::gtopk_reference(thr, inputs_at(s, false), static_cast<std::uint64_t>(s), 0);
         },
         gtopk);
   }

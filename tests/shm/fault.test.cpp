@@ -236,13 +236,15 @@ TEST_SUITE("shm_fault") {
             const std::size_t count = std::size_t{64} << 20;
             std::vector<float> data(count);
             for (std::size_t i = 0; i < count; ++i) {
-              data[i] = static_cast<float>(static_cast<int>((i + static_cast<std::size_t>(me.rank)) % 5) - 2);
+              data[i] = static_cast<float>(
+                  static_cast<int>((i + static_cast<std::size_t>(me.rank)) % 5) - 2);
             }
             comm.allreduce(squall::host_view<float>(data));
             for (std::size_t i = 0; i < count; i += 4099) {  // the first call is whole
               float want = 0;
               for (int q = 0; q < 3; ++q) {
-                want += static_cast<float>(static_cast<int>((i + static_cast<std::size_t>(q)) % 5) - 2);
+                want +=
+                    static_cast<float>(static_cast<int>((i + static_cast<std::size_t>(q)) % 5) - 2);
               }
               if (data[i] != want) return 45;
             }

@@ -22,7 +22,8 @@ namespace squall::test {
 /// Element `i` of rank `rank`'s input: an integer in [-8, 8].
 template <class T>
 T exact_value(int rank, std::size_t i) {
-  const auto v = static_cast<int>((static_cast<std::uint64_t>(rank) * 7919u + i * 13u + (i >> 7)) % 17u) - 8;
+  const auto v =
+      static_cast<int>((static_cast<std::uint64_t>(rank) * 7919u + i * 13u + (i >> 7)) % 17u) - 8;
   return static_cast<T>(static_cast<float>(v));
 }
 

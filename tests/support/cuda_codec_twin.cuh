@@ -29,7 +29,8 @@ void check_codec_twin(const C& c, const std::vector<T>& g, random_stream stream 
     }
   };
   std::vector<std::byte> expected(room);
-  const std::size_t size = encode(host_backend{}, host_view<const T>(g), host_view<std::byte>(expected));
+  const std::size_t size =
+      encode(host_backend{}, host_view<const T>(g), host_view<std::byte>(expected));
   expected.resize(size);
 
   device_vector<T> in(g);

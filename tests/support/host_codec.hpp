@@ -17,7 +17,8 @@
 namespace squall::test {
 
 template <class C, class T>
-std::vector<std::byte> encode_on_host(const C& c, const std::vector<T>& in, random_stream stream = {}) {
+std::vector<std::byte> encode_on_host(const C& c, const std::vector<T>& in,
+                                      random_stream stream = {}) {
   std::vector<std::byte> payload(c.max_payload_bytes(dtype_of<T>, in.size()));
   const std::size_t written =
       c.encode(host_backend{}, host_view<const T>(in), host_view<std::byte>(payload), stream);

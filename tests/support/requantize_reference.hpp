@@ -45,7 +45,8 @@ void encode_hop(const C& c, std::vector<T>& partial, std::size_t begin, std::siz
   std::vector<T> decoded(n);
   c.decode(b, host_view<const std::byte>(payload.data(), size), host_view<T>(decoded));
   // the payload's buckets: `bucket` elements from the block's start (one if bucket >= n or 0)
-  const std::size_t bucket = c.bucket == 0 || c.bucket >= n ? n : static_cast<std::size_t>(c.bucket);
+  const std::size_t bucket =
+      c.bucket == 0 || c.bucket >= n ? n : static_cast<std::size_t>(c.bucket);
   for (std::size_t first = 0; first < n; first += bucket) {
     const std::size_t last = std::min(n, first + bucket);
     double largest = 0;
@@ -96,21 +97,22 @@ hop_reference<T> ring_reference(const C& c, const std::vector<std::vector<T>>& i
                                 std::vector<std::vector<T>>* residuals = nullptr) {
   const int p = static_cast<int>(inputs.size());
   const std::size_t count = inputs[0].size();
-  hop_reference<T> ref{std::vector<T>(count), std::vector<double>(count), std::vector<double>(count)};
+  hop_reference<T> ref{std::vector<T>(count), std::vector<double>(count),
+                       std::vector<double>(count)};
   std::vector<std::vector<T>> x = with_residuals(inputs, residuals);
   if (count == 0) return ref;
   std::vector<T> partial(count);
   for (int b = 0; b < p; ++b) {
-    const auto block = detail::split_range(count, static_cast<std::size_t>(p), static_cast<std::size_t>(b));
+    const auto block =
+        detail::split_range(count, static_cast<std::size_t>(p), static_cast<std::size_t>(b));
     for (int j = 0; j < p; ++j) {
       const int q = (b + 1 + j) % p;
       const auto& mine = x[static_cast<std::size_t>(q)];
       for (std::size_t i = block.begin; i < block.begin + block.count; ++i) {
         partial[i] = j == 0 ? mine[i] : mine[i] + partial[i];
       }
-      encode_hop(c, partial, block.begin, block.count, step,
-                 static_cast<std::uint32_t>(q + p * j), ref,
-                 residuals != nullptr ? &(*residuals)[static_cast<std::size_t>(q)] : nullptr);
+      encode_hop(c, partial, block.begin, block.count, step, static_cast<std::uint32_t>(q + p * j),
+                 ref, residuals != nullptr ? &(*residuals)[static_cast<std::size_t>(q)] : nullptr);
     }
   }
   ref.out = partial;
@@ -126,7 +128,8 @@ hop_reference<T> tree_reference(const C& c, const std::vector<std::vector<T>>& i
                                 std::vector<std::vector<T>>* residuals = nullptr) {
   const int p = static_cast<int>(inputs.size());
   const std::size_t count = inputs[0].size();
-  hop_reference<T> ref{std::vector<T>(count), std::vector<double>(count), std::vector<double>(count)};
+  hop_reference<T> ref{std::vector<T>(count), std::vector<double>(count),
+                       std::vector<double>(count)};
   std::vector<std::vector<T>> x = with_residuals(inputs, residuals);
   if (count == 0) return ref;
   // children have larger numbers than parents: walk v from P-1 down to 0
@@ -135,7 +138,8 @@ hop_reference<T> tree_reference(const C& c, const std::vector<std::vector<T>>& i
     std::vector<T> partial = x[static_cast<std::size_t>(v)];
     for (const int child : {2 * v + 1, 2 * v + 2}) {
       if (child >= p) continue;
-      for (std::size_t i = 0; i < count; ++i) partial[i] += sent[static_cast<std::size_t>(child)][i];
+      for (std::size_t i = 0; i < count; ++i)
+        partial[i] += sent[static_cast<std::size_t>(child)][i];
     }
     encode_hop(c, partial, 0, count, step, static_cast<std::uint32_t>(v), ref,
                residuals != nullptr ? &(*residuals)[static_cast<std::size_t>(v)] : nullptr);

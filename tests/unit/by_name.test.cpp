@@ -65,23 +65,25 @@ TEST_SUITE("compress") {
   }
 
   TEST_CASE("the parameter reaches the policy") {
-    const auto ratio = squall::visit_compressor(squall::parse_compressor("topk:0.25+ef"), [](auto c) {
-      if constexpr (requires { c.inner.ratio; }) return c.inner.ratio;
-      return -1.0;
-    });
+    const auto ratio =
+        squall::visit_compressor(squall::parse_compressor("topk:0.25+ef"), [](auto c) {
+          if constexpr (requires { c.inner.ratio; }) return c.inner.ratio;
+          return -1.0;
+        });
     CHECK(ratio == 0.25);
     CHECK(squall::visit_compressor(squall::parse_compressor("topk_sampled"), [](auto c) {
-      if constexpr (requires { c.method; }) return c.method == squall::topk_method::sampled_threshold;
+      if constexpr (requires { c.method; })
+        return c.method == squall::topk_method::sampled_threshold;
       return false;
     }));
     CHECK(squall::visit_compressor(squall::parse_compressor("threshold:0.125"), [](auto c) {
-      if constexpr (requires { c.tau; }) return c.tau;
-      return -1.0;
-    }) == 0.125);
+            if constexpr (requires { c.tau; }) return c.tau;
+            return -1.0;
+          }) == 0.125);
     CHECK(squall::visit_compressor(squall::parse_compressor("powersgd:3"), [](auto c) {
-      if constexpr (requires { c.rank; }) return c.rank;
-      return std::size_t{0};
-    }) == 3);
+            if constexpr (requires { c.rank; }) return c.rank;
+            return std::size_t{0};
+          }) == 3);
   }
 
   TEST_CASE("@algorithm sets the sparse or requantize algorithm of a tuning") {

@@ -27,7 +27,8 @@ template <class To, class T>
 std::vector<std::byte> encode(const std::vector<T>& in) {
   const squall::cast_compressor<To> c;
   std::vector<std::byte> payload(c.max_payload_bytes(squall::dtype_of<T>, in.size()));
-  const std::size_t written = c.encode(host_backend{}, host_view<const T>(in), host_view<std::byte>(payload));
+  const std::size_t written =
+      c.encode(host_backend{}, host_view<const T>(in), host_view<std::byte>(payload));
   REQUIRE(written == payload.size());
   return payload;
 }
@@ -36,7 +37,8 @@ template <class To, class T>
 std::vector<T> round_trip(const std::vector<T>& in) {
   const auto payload = encode<To>(in);
   std::vector<T> out(in.size());
-  squall::cast_compressor<To>{}.decode(host_backend{}, host_view<const std::byte>(payload), host_view<T>(out));
+  squall::cast_compressor<To>{}.decode(host_backend{}, host_view<const std::byte>(payload),
+                                       host_view<T>(out));
   return out;
 }
 
@@ -46,7 +48,8 @@ template <class To>
 double ulp_at(double y) {
   const To v(y);
   const To next = To::from_bits(static_cast<std::uint16_t>(v.bits() + 1));
-  return std::fabs(static_cast<double>(static_cast<float>(next)) - std::fabs(static_cast<double>(static_cast<float>(v))));
+  return std::fabs(static_cast<double>(static_cast<float>(next)) -
+                   std::fabs(static_cast<double>(static_cast<float>(v))));
 }
 
 // Floats spread over To's normal range, both signs.
@@ -58,7 +61,8 @@ std::vector<float> spread(std::size_t n, unsigned seed) {
   std::uniform_int_distribution<int> exponent(low, high);
   std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
   std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = std::ldexp(mantissa(gen), exponent(gen)) * (i % 2 ? -1.0f : 1.0f);
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = std::ldexp(mantissa(gen), exponent(gen)) * (i % 2 ? -1.0f : 1.0f);
   return v;
 }
 
@@ -72,7 +76,8 @@ TEST_SUITE("cast") {
     for (double x : round_trip<To>(dzeros)) REQUIRE(x == 0.0);
   }
 
-  TEST_CASE_TEMPLATE("every value within half a unit in the last place of To", To, float16, bfloat16) {
+  TEST_CASE_TEMPLATE("every value within half a unit in the last place of To", To, float16,
+                     bfloat16) {
     const std::vector<float> in = spread<To>(200000, 7);
     const std::vector<float> out = round_trip<To>(in);
     for (std::size_t i = 0; i < in.size(); ++i) {
@@ -96,7 +101,8 @@ TEST_SUITE("cast") {
     CHECK(round_trip<float16>(in)[0] == 1.0 + std::ldexp(1.0, -10));
   }
 
-  TEST_CASE_TEMPLATE("NaN stays NaN, infinities and overflow become infinities", To, float16, bfloat16) {
+  TEST_CASE_TEMPLATE("NaN stays NaN, infinities and overflow become infinities", To, float16,
+                     bfloat16) {
     const float inf = std::numeric_limits<float>::infinity();
     const float big = std::same_as<To, float16> ? 1e6f : std::numeric_limits<float>::max();
     const std::vector<float> in = {std::numeric_limits<float>::quiet_NaN(), inf, -inf, big, -big};
@@ -109,12 +115,14 @@ TEST_SUITE("cast") {
   }
 
   TEST_CASE_TEMPLATE("bits per element on the wire: 16 + 128 / count", To, float16, bfloat16) {
-    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{1} << 20}) {
-      const std::size_t bytes = squall::cast_compressor<To>{}.max_payload_bytes(squall::dtype::float32, count);
+    for (std::size_t count :
+         {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{1} << 20}) {
+      const std::size_t bytes =
+          squall::cast_compressor<To>{}.max_payload_bytes(squall::dtype::float32, count);
       CHECK(bytes * 8 == 16 * count + 128);
     }
-    CHECK_THROWS_AS(squall::cast_compressor<To>{}.max_payload_bytes(squall::dtype::float32,
-                                                                    std::numeric_limits<std::size_t>::max() / 2),
+    CHECK_THROWS_AS(squall::cast_compressor<To>{}.max_payload_bytes(
+                        squall::dtype::float32, std::numeric_limits<std::size_t>::max() / 2),
                     squall::invalid_argument);
   }
 
@@ -134,29 +142,37 @@ TEST_SUITE("cast") {
       return p;
     };
     CHECK_THROWS_WITH_AS(decode(with(0, 0)), doctest::Contains("magic"), squall::invalid_argument);
-    CHECK_THROWS_WITH_AS(decode(with(2, 2)), doctest::Contains("kind 2 where kind 1"), squall::invalid_argument);
-    CHECK_THROWS_WITH_AS(decode(with(3, 9)), doctest::Contains("version 9"), squall::invalid_argument);
-    CHECK_THROWS_WITH_AS(decode(with(5, 1)), doctest::Contains("reserved"), squall::invalid_argument);
-    CHECK_THROWS_WITH_AS(decode(good, 11), doctest::Contains("10 elements decoded into 11"), squall::invalid_argument);
+    CHECK_THROWS_WITH_AS(decode(with(2, 2)), doctest::Contains("kind 2 where kind 1"),
+                         squall::invalid_argument);
+    CHECK_THROWS_WITH_AS(decode(with(3, 9)), doctest::Contains("version 9"),
+                         squall::invalid_argument);
+    CHECK_THROWS_WITH_AS(decode(with(5, 1)), doctest::Contains("reserved"),
+                         squall::invalid_argument);
+    CHECK_THROWS_WITH_AS(decode(good, 11), doctest::Contains("10 elements decoded into 11"),
+                         squall::invalid_argument);
     auto truncated = good;
     truncated.pop_back();
-    CHECK_THROWS_WITH_AS(decode(truncated), doctest::Contains("bytes for 10 elements"), squall::invalid_argument);
+    CHECK_THROWS_WITH_AS(decode(truncated), doctest::Contains("bytes for 10 elements"),
+                         squall::invalid_argument);
     auto longer = good;
     longer.push_back(std::byte{0});
     CHECK_THROWS_AS(decode(longer), squall::invalid_argument);
     CHECK_THROWS_WITH_AS(decode(std::vector<std::byte>(good.begin(), good.begin() + 8)),
-                         doctest::Contains("shorter than its 16-byte header"), squall::invalid_argument);
+                         doctest::Contains("shorter than its 16-byte header"),
+                         squall::invalid_argument);
     // a float payload decoded as double
     std::vector<double> d(10);
-    CHECK_THROWS_WITH_AS(c.decode(host_backend{}, host_view<const std::byte>(good), host_view<double>(d)),
-                         doctest::Contains("float32 elements decoded as float64"), squall::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        c.decode(host_backend{}, host_view<const std::byte>(good), host_view<double>(d)),
+        doctest::Contains("float32 elements decoded as float64"), squall::invalid_argument);
     // a bfloat16 payload decoded by the float16 compressor
     const auto other = encode<bfloat16>(in);
     CHECK_THROWS_AS(decode(other), squall::invalid_argument);
     // a buffer too small to encode into
     std::vector<std::byte> small(good.size() - 1);
-    CHECK_THROWS_AS(c.encode(host_backend{}, host_view<const float>(in), host_view<std::byte>(small)),
-                    squall::invalid_argument);
+    CHECK_THROWS_AS(
+        c.encode(host_backend{}, host_view<const float>(in), host_view<std::byte>(small)),
+        squall::invalid_argument);
   }
 
   TEST_CASE("cast compressors model the compressor roles") {

@@ -36,27 +36,14 @@
 #include "../support/compressed_reference.hpp"
 #include "../support/data.hpp"
 #include "../support/thread_ranks.hpp"
+#include "../support/topologies.hpp"
 
 namespace {
 
 using squall::inproc_transport;
 using squall::test::run_ranks;
 
-template <class Topology>
-Topology make_topology(int size) {
-  Topology t{};
-  if constexpr (squall::detail::has_node_map<Topology>) {
-    for (int q = 0; q < size; ++q) t.node_of.push_back(q / 2);
-  }
-  if constexpr (squall::detail::has_cost_model<Topology>) {
-    auto& m = t.model.measured;  // a fixed model: no calibration per test
-    m[0] = {{64, 9e-6}, {4096, 10e-6}, {1 << 20, 1.0e-3}};
-    m[1] = {{64, 2e-6}, {4096, 12e-6}, {1 << 20, 4.0e-3}};
-    m[2] = {{64, 3e-6}, {4096, 5e-6}, {1 << 20, 2.0e-3}};
-    m[3] = {{64, 8e-6}, {4096, 11e-6}, {1 << 20, 1.5e-3}};
-  }
-  return t;
-}
+using squall::test::make_topology;
 
 // gather for the requantize class: per-hop requantization has its own tests (requantize.test.cpp)
 constexpr auto gather = squall::requantize_algorithm::gather;
@@ -602,16 +589,17 @@ TEST_SUITE("compressed_collectives") {
           squall::collective_tuning tuning;
           std::vector<float> data(12, 1.0f);
           if (variant == 0) {  // sparse: gTop-k on rank 0, the allgather-union on rank 1
-            tuning.sparse = first ? squall::sparse_algorithm::gtopk : squall::sparse_algorithm::allgather;
-            squall::communicator<inproc_transport, squall::ring_topology, squall::topk_compressor> comm(
-                std::move(t), {}, squall::topk_compressor{.ratio = 0.25}, {}, tuning);
+            tuning.sparse =
+                first ? squall::sparse_algorithm::gtopk : squall::sparse_algorithm::allgather;
+            squall::communicator<inproc_transport, squall::ring_topology, squall::topk_compressor>
+                comm(std::move(t), {}, squall::topk_compressor{.ratio = 0.25}, {}, tuning);
             auto state = comm.make_state<float>(data.size());
             comm.allreduce(squall::host_view<float>(data), state);
           } else {  // requantize: per hop on rank 0, gather on rank 1
-            tuning.requantize =
-                first ? squall::requantize_algorithm::per_hop : squall::requantize_algorithm::gather;
-            squall::communicator<inproc_transport, squall::ring_topology, squall::int8_compressor> comm(
-                std::move(t), {}, squall::int8_compressor{}, {}, tuning);
+            tuning.requantize = first ? squall::requantize_algorithm::per_hop
+                                      : squall::requantize_algorithm::gather;
+            squall::communicator<inproc_transport, squall::ring_topology, squall::int8_compressor>
+                comm(std::move(t), {}, squall::int8_compressor{}, {}, tuning);
             auto state = comm.make_state<float>(data.size());
             comm.allreduce(squall::host_view<float>(data), state);
           }

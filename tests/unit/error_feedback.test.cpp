@@ -38,7 +38,8 @@ TEST_SUITE("error_feedback") {
       }
       const std::size_t bytes = ef.encode(host_backend{}, state, host_view<const float>(g),
                                           host_view<std::byte>(payload), host_view<float>(scratch));
-      ef.decode(host_backend{}, host_view<const std::byte>(payload.data(), bytes), host_view<float>(decoded));
+      ef.decode(host_backend{}, host_view<const std::byte>(payload.data(), bytes),
+                host_view<float>(decoded));
       for (std::size_t i = 0; i < n; ++i) sent[i] += decoded[i];
     }
     // Each step rounds the residual twice in float, and the residual stays below twice the
@@ -78,25 +79,28 @@ TEST_SUITE("error_feedback") {
     squall::error_feedback_state<float> s(5);
     for (std::size_t i = 0; i < 5; ++i) s.residual()[i] = 0.5f * static_cast<float>(i);
     const auto bytes = s.save();
-    const auto back = squall::error_feedback_state<float>::restore(host_view<const std::byte>(bytes));
+    const auto back =
+        squall::error_feedback_state<float>::restore(host_view<const std::byte>(bytes));
     REQUIRE(back.count() == 5);
     for (std::size_t i = 0; i < 5; ++i) CHECK(back.residual()[i] == s.residual()[i]);
-    CHECK_THROWS_WITH_AS(squall::error_feedback_state<double>::restore(host_view<const std::byte>(bytes)),
-                         doctest::Contains("float32 restored as float64"), squall::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        squall::error_feedback_state<double>::restore(host_view<const std::byte>(bytes)),
+        doctest::Contains("float32 restored as float64"), squall::invalid_argument);
     auto cut = bytes;
     cut.pop_back();
     CHECK_THROWS_AS(squall::error_feedback_state<float>::restore(host_view<const std::byte>(cut)),
                     squall::invalid_argument);
     auto bad = bytes;
     bad[0] = std::byte{0};
-    CHECK_THROWS_WITH_AS(squall::error_feedback_state<float>::restore(host_view<const std::byte>(bad)),
-                         doctest::Contains("not a saved"), squall::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        squall::error_feedback_state<float>::restore(host_view<const std::byte>(bad)),
+        doctest::Contains("not a saved"), squall::invalid_argument);
     // a gradient of the wrong size
     const squall::error_feedback<squall::cast_compressor<squall::float16>> ef;
     std::vector<float> g(4), scratch(4);
     std::vector<std::byte> payload(ef.max_payload_bytes(squall::dtype::float32, 4));
-    CHECK_THROWS_AS(ef.encode(host_backend{}, s, host_view<const float>(g), host_view<std::byte>(payload),
-                              host_view<float>(scratch)),
+    CHECK_THROWS_AS(ef.encode(host_backend{}, s, host_view<const float>(g),
+                              host_view<std::byte>(payload), host_view<float>(scratch)),
                     squall::invalid_argument);
   }
 }

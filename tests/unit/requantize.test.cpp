@@ -45,8 +45,9 @@ struct record {
 
 /// Rank r's input at `step`: multiples of 1/8192 in [-1/8, 1/8] (`fixed`: the same every step).
 std::vector<float> input_of(int r, int step, std::size_t count, bool fixed = false) {
-  auto v = squall::test::random_values<float>(
-      count, 4000 + 31 * static_cast<std::uint64_t>(r) + (fixed ? 0 : static_cast<std::uint64_t>(step)));
+  auto v =
+      squall::test::random_values<float>(count, 4000 + 31 * static_cast<std::uint64_t>(r) +
+                                                    (fixed ? 0 : static_cast<std::uint64_t>(step)));
   for (auto& x : v) x /= 8;
   return v;
 }
@@ -89,8 +90,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 template <class Topology, class C>
 squall::test::hop_reference<float> reference(const C& c, const std::vector<std::vector<float>>& in,
-                                              std::uint64_t step,
-                                              std::vector<std::vector<float>>* residuals) {
+                                             std::uint64_t step,
+                                             std::vector<std::vector<float>>* residuals) {
   if constexpr (std::is_same_v<Topology, squall::ring_topology>) {
     return squall::test::ring_reference(c, in, step, residuals);
   } else {
@@ -123,7 +124,8 @@ void check_against_reference(const Inner& inner, double per_step) {
         const auto in = inputs_at(p, s, count);
         const auto ref = reference<Topology>(inner, in, static_cast<std::uint64_t>(s),
                                              Feedback ? &residuals : nullptr);
-        for (const auto& rec : records) REQUIRE(same_bits(rec.out[static_cast<std::size_t>(s)], ref.out));
+        for (const auto& rec : records)
+          REQUIRE(same_bits(rec.out[static_cast<std::size_t>(s)], ref.out));
         if (Feedback) continue;  // the error bound is against the inputs, without residuals
         for (std::size_t i = 0; i < count; ++i) {
           double exact = 0;
@@ -133,7 +135,8 @@ void check_against_reference(const Inner& inner, double per_step) {
             magnitude += std::fabs(x[i]);
           }
           // float rounding of the additions and of decode's (code - s) x scale / s
-          const double bound = per_step * ref.steps[i] + 4e-7 * (p + 1) * (magnitude + ref.steps[i]);
+          const double bound =
+              per_step * ref.steps[i] + 4e-7 * (p + 1) * (magnitude + ref.steps[i]);
           const double got = records[0].out[static_cast<std::size_t>(s)][i];
           if (std::fabs(got - exact) > bound) {
             CAPTURE(i);
@@ -216,8 +219,8 @@ using squall::test::what_of;
 }  // namespace
 
 TEST_SUITE("requantize") {
-  TEST_CASE_TEMPLATE("per hop: bitwise the serial hop sequence, within the per-hop bound",
-                     Topology, squall::ring_topology, squall::tree_topology) {
+  TEST_CASE_TEMPLATE("per hop: bitwise the serial hop sequence, within the per-hop bound", Topology,
+                     squall::ring_topology, squall::tree_topology) {
     check_every_quantizer<Topology>();
   }
 
@@ -272,13 +275,15 @@ TEST_SUITE("requantize") {
         CAPTURE(count);
         const auto up = static_cast<std::size_t>(p);
         const auto payload = [&](int b) {
-          const auto block = squall::detail::split_range(count, up, static_cast<std::size_t>((b + p) % p));
-          return static_cast<std::uint64_t>(c.max_payload_bytes(squall::dtype::float32, block.count));
+          const auto block =
+              squall::detail::split_range(count, up, static_cast<std::size_t>((b + p) % p));
+          return static_cast<std::uint64_t>(
+              c.max_payload_bytes(squall::dtype::float32, block.count));
         };
         std::uint64_t all = 0;
         for (int b = 0; b < p; ++b) all += payload(b);
-        const auto ring =
-            run<squall::ring_topology>(p, c, count, 1, requantize_algorithm::per_hop, false, no_check);
+        const auto ring = run<squall::ring_topology>(p, c, count, 1, requantize_algorithm::per_hop,
+                                                     false, no_check);
         for (int r = 0; r < p; ++r) {
           CAPTURE(r);
           const auto& st = ring[static_cast<std::size_t>(r)].stats;
@@ -291,8 +296,8 @@ TEST_SUITE("requantize") {
         // elements at the compressed size
         if (count % up == 0) CHECK(ring[0].stats.bytes_sent == 2 * (up - 1) * payload(0));
         const std::uint64_t whole = c.max_payload_bytes(squall::dtype::float32, count);
-        const auto tree =
-            run<squall::tree_topology>(p, c, count, 1, requantize_algorithm::per_hop, false, no_check);
+        const auto tree = run<squall::tree_topology>(p, c, count, 1, requantize_algorithm::per_hop,
+                                                     false, no_check);
         for (int r = 0; r < p; ++r) {
           CAPTURE(r);
           const std::uint64_t links = static_cast<std::uint64_t>(r != 0) +
@@ -314,10 +319,18 @@ TEST_SUITE("requantize") {
       const auto hop_ring = squall::test::ring_reference(c, in, 0).out;
       const auto hop_tree = squall::test::tree_reference(c, in, 0).out;
       const auto gathered = squall::test::gather_reference(c, in, 0);
-      CHECK(same_bits(run<squall::ring_topology>(p, c, count, 1, requantize_algorithm::automatic)[0].out[0], hop_ring));
-      CHECK(same_bits(run<squall::tree_topology>(p, c, count, 1, requantize_algorithm::automatic)[0].out[0], hop_tree));
-      CHECK(same_bits(run<squall::ring_topology>(p, c, count, 1, requantize_algorithm::gather)[0].out[0], gathered));
-      CHECK(same_bits(run<squall::direct_topology>(p, c, count, 1, requantize_algorithm::automatic)[0].out[0], gathered));
+      CHECK(same_bits(
+          run<squall::ring_topology>(p, c, count, 1, requantize_algorithm::automatic)[0].out[0],
+          hop_ring));
+      CHECK(same_bits(
+          run<squall::tree_topology>(p, c, count, 1, requantize_algorithm::automatic)[0].out[0],
+          hop_tree));
+      CHECK(same_bits(
+          run<squall::ring_topology>(p, c, count, 1, requantize_algorithm::gather)[0].out[0],
+          gathered));
+      CHECK(same_bits(
+          run<squall::direct_topology>(p, c, count, 1, requantize_algorithm::automatic)[0].out[0],
+          gathered));
     }
     // one rank: one encode with the gather path's stream {step, 0}, so all three agree
     CHECK(same_bits(squall::test::ring_reference(c, inputs_at(1, 0, count), 0).out,
@@ -326,7 +339,8 @@ TEST_SUITE("requantize") {
 
   TEST_CASE("requantize_algorithm::per_hop on another topology is refused, naming it") {
     const std::string what = what_of([] {
-      run<squall::direct_topology>(2, squall::int8_compressor{}, 10, 1, requantize_algorithm::per_hop);
+      run<squall::direct_topology>(2, squall::int8_compressor{}, 10, 1,
+                                   requantize_algorithm::per_hop);
     });
     CHECK(what.find("per_hop") != std::string::npos);
     CHECK(what.find("'direct'") != std::string::npos);

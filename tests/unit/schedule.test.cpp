@@ -48,7 +48,8 @@ struct simulation {
 // The element range of `blocks` (contiguous) in a buffer of `count` elements.
 std::pair<std::size_t, std::size_t> span_of(std::size_t count, const block_range& blocks) {
   const auto first = squall::detail::split_range(count, blocks.parts, blocks.first);
-  const auto last = squall::detail::split_range(count, blocks.parts, blocks.first + blocks.count - 1);
+  const auto last =
+      squall::detail::split_range(count, blocks.parts, blocks.first + blocks.count - 1);
   return {first.begin, last.end() - first.begin};
 }
 
@@ -76,8 +77,9 @@ simulation simulate(const std::vector<schedule>& schedules, std::vector<buffer> 
           const auto [begin, n] = span_of(count, s.send);
           const auto& mine = data[static_cast<std::size_t>(r)];
           wire[{r, s.send_to}].push_back(
-              {r, begin, n, buffer(mine.begin() + static_cast<std::ptrdiff_t>(begin),
-                                   mine.begin() + static_cast<std::ptrdiff_t>(begin + n))});
+              {r, begin, n,
+               buffer(mine.begin() + static_cast<std::ptrdiff_t>(begin),
+                      mine.begin() + static_cast<std::ptrdiff_t>(begin + n))});
         }
         sent[static_cast<std::size_t>(r)] = true;
         if (s.recv_from != nobody) {
@@ -95,14 +97,16 @@ simulation simulate(const std::vector<schedule>& schedules, std::vector<buffer> 
           const auto& source = data[static_cast<std::size_t>(m.from)];
           for (std::size_t k = 0; k < n; ++k) {
             if (source[m.begin + k] != m.data[k]) {
-              out.failure = "rank " + std::to_string(m.from) + " changed a region it sent to rank " +
-                            std::to_string(r) + " before it was received";
+              out.failure = "rank " + std::to_string(m.from) +
+                            " changed a region it sent to rank " + std::to_string(r) +
+                            " before it was received";
               return out;
             }
           }
           auto& mine = data[static_cast<std::size_t>(r)];
           for (std::size_t k = 0; k < n; ++k) {
-            mine[begin + k] = s.action == step_action::reduce ? mine[begin + k] + m.data[k] : m.data[k];
+            mine[begin + k] =
+                s.action == step_action::reduce ? mine[begin + k] + m.data[k] : m.data[k];
           }
         }
         sent[static_cast<std::size_t>(r)] = false;
@@ -217,7 +221,8 @@ void check_scatter_and_gather() {
       REQUIRE_MESSAGE(ag.failure.empty(), ag.failure);
       for (int r = 0; r < p; ++r) {
         for (int q = 0; q < p; ++q) {
-          const auto theirs = squall::detail::split_range(count, parts, static_cast<std::size_t>(q));
+          const auto theirs =
+              squall::detail::split_range(count, parts, static_cast<std::size_t>(q));
           for (std::size_t i = theirs.begin; i < theirs.end(); ++i) {
             REQUIRE(ag.data[static_cast<std::size_t>(r)][i] == static_cast<std::uint64_t>(q) + 1);
           }
@@ -231,7 +236,9 @@ void check_scatter_and_gather() {
 
 TEST_SUITE("schedule") {
   TEST_CASE("ring allreduce, reduce-scatter, allgather, chain reduce and broadcast") {
-    check_allreduce([](int r, int p, std::size_t b) { return squall::ring_topology{}.allreduce_schedule(r, p, b); });
+    check_allreduce([](int r, int p, std::size_t b) {
+      return squall::ring_topology{}.allreduce_schedule(r, p, b);
+    });
     check_scatter_and_gather<squall::ring_topology>();
     check_reduce_and_broadcast<squall::ring_topology>();
     // 2(P-1) steps, each moving one of P blocks each way.
@@ -239,14 +246,18 @@ TEST_SUITE("schedule") {
     CHECK(s.steps.size() == 8);
   }
   TEST_CASE("tree allreduce, reduce and broadcast") {
-    check_allreduce([](int r, int p, std::size_t b) { return squall::tree_topology{}.allreduce_schedule(r, p, b); });
+    check_allreduce([](int r, int p, std::size_t b) {
+      return squall::tree_topology{}.allreduce_schedule(r, p, b);
+    });
     check_reduce_and_broadcast<squall::tree_topology>();
     // A leaf of 16 ranks: one step up, one step down; the root: two children each way.
     CHECK(squall::tree_topology{}.allreduce_schedule(15, 16, 0).steps.size() == 2);
     CHECK(squall::tree_topology{}.allreduce_schedule(0, 16, 0).steps.size() == 4);
   }
   TEST_CASE("direct allreduce, reduce-scatter, allgather, flat reduce and broadcast") {
-    check_allreduce([](int r, int p, std::size_t b) { return squall::direct_topology{}.allreduce_schedule(r, p, b); });
+    check_allreduce([](int r, int p, std::size_t b) {
+      return squall::direct_topology{}.allreduce_schedule(r, p, b);
+    });
     check_scatter_and_gather<squall::direct_topology>();
     check_reduce_and_broadcast<squall::direct_topology>();
     CHECK(squall::direct_topology{}.allreduce_schedule(0, 4, 0).one_shot);
@@ -268,7 +279,7 @@ TEST_SUITE("schedule") {
         return h.allreduce_schedule(r, p, b);
       });
       check_allreduce([per](int r, int p, std::size_t b) {
-        squall::hierarchical_topology<> h;  // direct inside, ring across
+        squall::hierarchical_topology<> h;                         // direct inside, ring across
         for (int q = 0; q < p; ++q) h.node_of.push_back(q % per);  // interleaved nodes
         return h.allreduce_schedule(r, p, b);
       });
@@ -292,10 +303,51 @@ TEST_SUITE("schedule") {
     CHECK(a.choice(16 << 20, 4) == "ring");
     CHECK(a.choice(std::size_t{256} << 20, 4) == "ring");  // extends the last band's line
     CHECK(a.allreduce_schedule(0, 4, 4096).name == "tree");
-    // Uncalibrated: the alpha-beta-gamma formulas; latency terms win small, and halving-
+    // Unmeasured: the alpha-beta-gamma formulas; latency terms win small, and halving-
     // doubling's fold costs it at P = 3.
     squall::automatic_topology formulas;
     CHECK(formulas.model.predict(0, 0, 8) > formulas.model.predict(3, 0, 8));
     CHECK(formulas.model.predict(3, 1 << 20, 3) > formulas.model.predict(0, 1 << 20, 3));
+    // One port (a network): direct pays an alpha per peer, halving-doubling wins small at P =
+    // 8 and ring large at P = 6; all peers at once (shared memory): direct wins at every size.
+    formulas.model.link = squall::link_costs{.alpha = 5e-6, .beta = 1e-10, .gamma = 5e-11};
+    CHECK(formulas.choice(4096, 8) == "halving_doubling");
+    CHECK(formulas.choice(std::size_t{64} << 20, 6) == "ring");
+    formulas.model.link->all_peers_at_once = true;
+    for (std::size_t b = 64; b <= (std::size_t{256} << 20); b *= 8) {
+      for (int p : {2, 3, 4, 8}) CHECK(formulas.choice(b, p) == "direct");
+    }
+  }
+  TEST_CASE("a cost model reads back what it wrote; a malformed one names its line") {
+    squall::cost_model model;
+    model.link = squall::link_costs{
+        .alpha = 1.5e-6, .beta = 1.0 / 3e9, .gamma = 0.1, .all_peers_at_once = true};
+    model.ranks = 4;
+    for (std::size_t c = 0; c < squall::cost_model::candidates; ++c) {
+      model.measured[c] = {{4096, 1e-6 * static_cast<double>(c + 1) / 3.0}, {65536, 2e-5 + c}};
+    }
+    const std::string text = model.to_text();
+    CHECK(text.rfind("squall cost model 1\nranks 4\nlink ", 0) == 0);
+    CHECK(squall::cost_model::from_text(text) == model);  // bit for bit: shortest round trip
+    squall::cost_model formulas;
+    CHECK(squall::cost_model::from_text(formulas.to_text()) == formulas);
+    const auto bad = [](const std::string& t, const char* why) {
+      CAPTURE(t);
+      CHECK_THROWS_WITH_AS((void)squall::cost_model::from_text(t), doctest::Contains(why),
+                           squall::invalid_argument);
+    };
+    bad("", "empty text");
+    bad("squall cost model 2\n", "line 1");
+    bad("squall cost model 1\nranks x\n", "line 2 (\"ranks x\"): \"x\" is not a number");
+    bad("squall cost model 1\nlink 1 2 3\n", "expected ranks, link or measured");
+    bad("squall cost model 1\nlink 1 2 -3 0\n", "finite and >= 0");
+    bad("squall cost model 1\nlink 1 2 3 2\n", "all_peers_at_once is 0 or 1");
+    bad("squall cost model 1\nranks 2\nmeasured star 1:1 2:2\n", "unknown schedule");
+    bad("squall cost model 1\nranks 2\nmeasured ring 2:1 1:2\n", "ascend");
+    bad("squall cost model 1\nranks 2\nmeasured ring 1-1 2:2\n", "<bytes>:<seconds>");
+    bad("squall cost model 1\nranks 2\nmeasured ring 1:1 2:2\n", "two points for every");
+    CHECK_THROWS_WITH_AS((void)squall::cost_model::load("/nonexistent/squall-model"),
+                         doctest::Contains("cannot read /nonexistent/squall-model"),
+                         squall::invalid_argument);
   }
 }

@@ -14,6 +14,7 @@
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
+#include <squall/core/link_costs.hpp>
 #include <squall/core/ops.hpp>
 #include <squall/core/options.hpp>
 #include <squall/core/types.hpp>
@@ -110,9 +111,22 @@ class dense_collectives {
       }
     }
     if constexpr (has_cost_model<Topology>) {
-      if (!topology_.model.calibrated())
-        calibrate(*this, topology_.model, topology_.calibrate_up_to);
+      cost_model& model = topology_.model;
+      if (!model.link) model.link = link_costs_of<Transport>();
+      if (model.calibrated() && model.ranks != size()) {
+        throw invalid_argument({.operation = "communicator", .rank = rank()},
+                               "automatic_topology's cost model was measured on " +
+                                   std::to_string(model.ranks) + " ranks, this communicator has " +
+                                   std::to_string(size()));
+      }
     }
+  }
+
+  /// Measures `automatic_topology`'s model on these ranks (a collective call; see
+  /// `communicator::calibrate`).
+  const cost_model& calibrate(std::size_t up_to) requires has_cost_model<Topology> {
+    detail::calibrate(*this, topology_.model, up_to);
+    return topology_.model;
   }
 
   int rank() const { return transport_.rank(); }

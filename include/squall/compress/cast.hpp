@@ -32,8 +32,9 @@ concept castable = std::same_as<T, float> || std::same_as<T, double> || float16_
 /// 128 / count for the header.
 template <float16_like To>
 struct cast_compressor {
-  static constexpr std::string_view name =
-      std::same_as<To, float16> ? std::string_view("cast_float16") : std::string_view("cast_bfloat16");
+  static constexpr std::string_view name = std::same_as<To, float16>
+                                               ? std::string_view("cast_float16")
+                                               : std::string_view("cast_bfloat16");
   static constexpr aggregation_class aggregation = aggregation_class::linear;
   static constexpr bool fixed_size = true;
   static constexpr payload_kind kind =
@@ -70,7 +71,8 @@ struct cast_compressor {
   }
 
   /// Reads a payload back into `out`: validates the header (kind, version, element type,
-  /// count), the size and the address (2-byte aligned), then widens. Throws `invalid_argument` on any inconsistency.
+  /// count), the size and the address (2-byte aligned), then widens. Throws `invalid_argument` on
+  /// any inconsistency.
   template <class B, castable T>
   void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
@@ -79,9 +81,9 @@ struct cast_compressor {
                payload.count() < sizeof head ? payload.count() : sizeof head);
     read_payload_header(name, head, payload.count(), kind, dtype_of<T>, out.count());
     if (payload.count() != payload_header::bytes + out.count() * sizeof(To)) {
-      throw invalid_argument({.operation = name},
-                             "payload of " + std::to_string(payload.count()) + " bytes for " +
-                                 std::to_string(out.count()) + " elements");
+      throw invalid_argument({.operation = name}, "payload of " + std::to_string(payload.count()) +
+                                                      " bytes for " + std::to_string(out.count()) +
+                                                      " elements");
     }
     require_payload_alignment(name, payload.data(), alignof(To));
     const To* body = reinterpret_cast<const To*>(payload.data() + payload_header::bytes);

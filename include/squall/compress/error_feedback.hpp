@@ -34,7 +34,9 @@ class error_feedback_state {
   explicit error_feedback_state(std::size_t count) : residual_(count, T{}) {}
 
   std::size_t count() const { return residual_.size(); }
-  host_view<const T> residual() const { return host_view<const T>(residual_.data(), residual_.size()); }
+  host_view<const T> residual() const {
+    return host_view<const T>(residual_.data(), residual_.size());
+  }
   host_view<T> residual() { return host_view<T>(residual_.data(), residual_.size()); }
 
   /// The residual as bytes: a 16-byte header (magic, version 1, dtype, count), then the values.
@@ -46,7 +48,8 @@ class error_feedback_state {
     std::memcpy(out.data(), &magic, 4);
     std::memcpy(out.data() + 4, &head, 4);
     std::memcpy(out.data() + 8, &n, 8);
-    if (!residual_.empty()) std::memcpy(out.data() + 16, residual_.data(), residual_.size() * sizeof(T));
+    if (!residual_.empty())
+      std::memcpy(out.data() + 16, residual_.data(), residual_.size() * sizeof(T));
     return out;
   }
 
@@ -62,18 +65,20 @@ class error_feedback_state {
     std::memcpy(&head, bytes.data() + 4, 4);
     std::memcpy(&n, bytes.data() + 8, 8);
     if (magic != save_magic) throw invalid_argument(where, "not a saved error-feedback state");
-    if ((head & 0xff) != 1) throw invalid_argument(where, "version " + std::to_string(head & 0xff) + " is not 1");
+    if ((head & 0xff) != 1)
+      throw invalid_argument(where, "version " + std::to_string(head & 0xff) + " is not 1");
     if (static_cast<dtype>((head >> 8) & 0xff) != dtype_of<T>) {
-      throw invalid_argument(where, "a state of " +
-                                        std::string(to_string(static_cast<dtype>((head >> 8) & 0xff))) +
-                                        " restored as " + std::string(to_string(dtype_of<T>)));
+      throw invalid_argument(
+          where, "a state of " + std::string(to_string(static_cast<dtype>((head >> 8) & 0xff))) +
+                     " restored as " + std::string(to_string(dtype_of<T>)));
     }
     if (n > (bytes.count() - 16) / sizeof(T) || bytes.count() != 16 + n * sizeof(T)) {
-      throw invalid_argument(where, std::to_string(bytes.count()) + " bytes for " + std::to_string(n) +
-                                        " elements");
+      throw invalid_argument(
+          where, std::to_string(bytes.count()) + " bytes for " + std::to_string(n) + " elements");
     }
     error_feedback_state s(static_cast<std::size_t>(n));
-    if (n != 0) std::memcpy(s.residual_.data(), bytes.data() + 16, static_cast<std::size_t>(n) * sizeof(T));
+    if (n != 0)
+      std::memcpy(s.residual_.data(), bytes.data() + 16, static_cast<std::size_t>(n) * sizeof(T));
     return s;
   }
 

@@ -68,9 +68,8 @@ inline void require_room(std::string_view operation, std::size_t have, std::size
 inline void require_payload_alignment(std::string_view operation, const std::byte* payload,
                                       std::size_t alignment) {
   if (reinterpret_cast<std::uintptr_t>(payload) % alignment != 0) {
-    throw invalid_argument({.operation = operation},
-                           "payload address is not aligned to " + std::to_string(alignment) +
-                               " bytes");
+    throw invalid_argument({.operation = operation}, "payload address is not aligned to " +
+                                                         std::to_string(alignment) + " bytes");
   }
 }
 
@@ -87,8 +86,8 @@ inline payload_header read_payload_header(std::string_view operation, const std:
                                           std::size_t count) {
   const error_context where{.operation = operation};
   if (size < payload_header::bytes) {
-    throw invalid_argument(where, "payload of " + std::to_string(size) +
-                                      " bytes is shorter than its 16-byte header");
+    throw invalid_argument(
+        where, "payload of " + std::to_string(size) + " bytes is shorter than its 16-byte header");
   }
   payload_header h;
   std::memcpy(&h, payload, sizeof h);
@@ -101,8 +100,7 @@ inline payload_header read_payload_header(std::string_view operation, const std:
                                       " is expected");
   }
   if (h.version != 1) {
-    throw invalid_argument(where,
-                           "payload version " + std::to_string(h.version) + " is not 1");
+    throw invalid_argument(where, "payload version " + std::to_string(h.version) + " is not 1");
   }
   if (h.type != type) {
     throw invalid_argument(where, "payload of " + std::string(to_string(h.type)) +

@@ -100,9 +100,10 @@ struct quantize_compressor {
     store_bytes(backend, payload.data(), head, body_offset);
     std::byte* p = payload.data();
     T* scales = reinterpret_cast<T*>(p + body_offset);
-    auto* codes = reinterpret_cast<std::uint8_t*>(p + body_offset + buckets(count, bucket_size) * sizeof(T));
-    const std::size_t bad = quantize<scheme>(backend, in.data(), count, bucket_size, scales, codes,
-                                             seed, stream);
+    auto* codes =
+        reinterpret_cast<std::uint8_t*>(p + body_offset + buckets(count, bucket_size) * sizeof(T));
+    const std::size_t bad =
+        quantize<scheme>(backend, in.data(), count, bucket_size, scales, codes, seed, stream);
     if (check_finite && bad != count) {
       // the element itself may be in device memory: the kind is not read back
       throw_not_finite(name, bad, "NaN or infinite");
@@ -133,9 +134,8 @@ struct quantize_compressor {
     std::memcpy(&b, head + payload_header::bytes, 8);
     std::memcpy(prefix, head + payload_header::bytes + 8, 8);
     if (prefix[0] != scheme.levels) {
-      throw invalid_argument(where, "payload of " + std::to_string(prefix[0]) +
-                                        " levels where " + std::to_string(scheme.levels) +
-                                        " are expected");
+      throw invalid_argument(where, "payload of " + std::to_string(prefix[0]) + " levels where " +
+                                        std::to_string(scheme.levels) + " are expected");
     }
     if (prefix[1] != 0) throw invalid_argument(where, "payload's reserved word is not 0");
     const bool one_bucket = b == count;
@@ -153,7 +153,8 @@ struct quantize_compressor {
     const T* scales = reinterpret_cast<const T*>(payload.data() + body_offset);
     const auto* codes = reinterpret_cast<const std::uint8_t*>(
         payload.data() + body_offset + buckets(count, bucket_size) * sizeof(T));
-    const std::size_t bad = dequantize<scheme>(backend, scales, codes, count, bucket_size, out.data());
+    const std::size_t bad =
+        dequantize<scheme>(backend, scales, codes, count, bucket_size, out.data());
     if (bad != count) {
       throw invalid_argument(where, "payload's code of element " + std::to_string(bad) +
                                         " is above the top level " +
@@ -177,7 +178,8 @@ struct quantize_compressor {
   }
 
   /// 32 + scales + codes bytes; throws on overflow.
-  std::size_t payload_bytes(std::size_t scale_bytes, std::size_t count, std::size_t bucket_size) const {
+  std::size_t payload_bytes(std::size_t scale_bytes, std::size_t count,
+                            std::size_t bucket_size) const {
     constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
     const std::size_t nb = buckets(count, bucket_size);
     if (count > (max - 7) / scheme.width || nb > (max / 2) / scale_bytes) {
@@ -202,8 +204,11 @@ struct int8_spec {
   static constexpr std::string_view name = "int8";
   static constexpr payload_kind kind = payload_kind::int8;
   static constexpr aggregation_class aggregation = aggregation_class::requantize;
-  static constexpr kernels::quantize_scheme scheme = {.levels = 127, .width = 8, .scale = kernels::bucket_scale::max_abs, .stochastic = false,
-     .sign_only = false};
+  static constexpr kernels::quantize_scheme scheme = {.levels = 127,
+                                                      .width = 8,
+                                                      .scale = kernels::bucket_scale::max_abs,
+                                                      .stochastic = false,
+                                                      .sign_only = false};
   static constexpr std::uint64_t default_bucket = 512;
 };
 using int8_compressor = quantize_compressor<int8_spec>;
@@ -216,8 +221,11 @@ struct sign_spec {
   static constexpr std::string_view name = "sign";
   static constexpr payload_kind kind = payload_kind::sign;
   static constexpr aggregation_class aggregation = aggregation_class::requantize;
-  static constexpr kernels::quantize_scheme scheme = {.levels = 1, .width = 1, .scale = kernels::bucket_scale::mean_abs, .stochastic = false,
-     .sign_only = true};
+  static constexpr kernels::quantize_scheme scheme = {.levels = 1,
+                                                      .width = 1,
+                                                      .scale = kernels::bucket_scale::mean_abs,
+                                                      .stochastic = false,
+                                                      .sign_only = true};
   static constexpr std::uint64_t default_bucket = 512;
 };
 using sign_compressor = quantize_compressor<sign_spec>;
@@ -230,8 +238,11 @@ struct sign_vote_spec {
   static constexpr std::string_view name = "sign_vote";
   static constexpr payload_kind kind = payload_kind::sign_vote;
   static constexpr aggregation_class aggregation = aggregation_class::vote;
-  static constexpr kernels::quantize_scheme scheme = {.levels = 1, .width = 1, .scale = kernels::bucket_scale::mean_abs, .stochastic = false,
-     .sign_only = true};
+  static constexpr kernels::quantize_scheme scheme = {.levels = 1,
+                                                      .width = 1,
+                                                      .scale = kernels::bucket_scale::mean_abs,
+                                                      .stochastic = false,
+                                                      .sign_only = true};
   static constexpr std::uint64_t default_bucket = 0;
 };
 using sign_vote_compressor = quantize_compressor<sign_vote_spec>;
@@ -243,8 +254,11 @@ struct terngrad_spec {
   static constexpr std::string_view name = "terngrad";
   static constexpr payload_kind kind = payload_kind::terngrad;
   static constexpr aggregation_class aggregation = aggregation_class::requantize;
-  static constexpr kernels::quantize_scheme scheme = {.levels = 1, .width = 2, .scale = kernels::bucket_scale::max_abs, .stochastic = true,
-     .sign_only = false};
+  static constexpr kernels::quantize_scheme scheme = {.levels = 1,
+                                                      .width = 2,
+                                                      .scale = kernels::bucket_scale::max_abs,
+                                                      .stochastic = true,
+                                                      .sign_only = false};
   static constexpr std::uint64_t default_bucket = 512;
 };
 using terngrad_compressor = quantize_compressor<terngrad_spec>;
@@ -260,13 +274,15 @@ constexpr unsigned qsgd_width(std::uint32_t levels) {
 /// to a neighbouring integer: unbiased, variance at most min(n / s^2, sqrt(n) / s) ||v||^2
 /// for a bucket of n (their Lemma 3.1). Codes of 2, 4 or 8 bits (`qsgd_width`); no Elias coding.
 template <std::uint32_t Levels>
-  requires(Levels >= 1 && Levels <= 127)
-struct qsgd_spec {
+requires(Levels >= 1 && Levels <= 127) struct qsgd_spec {
   static constexpr std::string_view name = "qsgd";
   static constexpr payload_kind kind = payload_kind::qsgd;
   static constexpr aggregation_class aggregation = aggregation_class::requantize;
-  static constexpr kernels::quantize_scheme scheme = {.levels = Levels, .width = qsgd_width(Levels), .scale = kernels::bucket_scale::l2_norm,
-     .stochastic = true, .sign_only = false};
+  static constexpr kernels::quantize_scheme scheme = {.levels = Levels,
+                                                      .width = qsgd_width(Levels),
+                                                      .scale = kernels::bucket_scale::l2_norm,
+                                                      .stochastic = true,
+                                                      .sign_only = false};
   static constexpr std::uint64_t default_bucket = 512;
 };
 template <std::uint32_t Levels>

@@ -50,10 +50,7 @@
 
 namespace squall {
 
-namespace detail {
-
-
-}  // namespace detail
+namespace detail {}  // namespace detail
 
 // ---- count sketch ----------------------------------------------------------------------------
 

@@ -80,7 +80,6 @@ inline std::size_t payload_bytes(std::string_view operation, std::size_t fixed, 
   return payload_header::bytes + fixed + k * entry;
 }
 
-
 /// Writes the header and k of a sparse payload of `k` entries (built on the host, stored with
 /// the backend's `store_bytes`), then calls `write(Index{}, indices, values)` to fill its index
 /// and value arrays (Index u32 or u64 as the layout says; pointers into the payload, in the
@@ -167,8 +166,8 @@ void decode_sparse(const B& backend, std::string_view operation, payload_kind ki
   read_payload_header(operation, head, size, kind, dtype_of<T>, count);
   const error_context where{.operation = operation};
   if (size < 24) {
-    throw invalid_argument(where, "payload of " + std::to_string(size) +
-                                      " bytes ends before its entry count");
+    throw invalid_argument(
+        where, "payload of " + std::to_string(size) + " bytes ends before its entry count");
   }
   std::uint64_t k64 = 0;
   std::memcpy(&k64, head + 16, 8);
@@ -181,8 +180,8 @@ void decode_sparse(const B& backend, std::string_view operation, payload_kind ki
   const std::size_t entry = index_bytes + sizeof(T);
   if (k > (size - 24) / entry || size != 24 + k * entry) {
     throw invalid_argument(where, "payload of " + std::to_string(size) + " bytes for " +
-                                      std::to_string(k) + " entries (" +
-                                      std::to_string(entry) + " bytes each after 24)");
+                                      std::to_string(k) + " entries (" + std::to_string(entry) +
+                                      " bytes each after 24)");
   }
   const std::byte* indices = payload.data() + 24;
   const std::byte* values = indices + k * index_bytes;
@@ -259,8 +258,7 @@ struct topk_compressor {
     const std::size_t k = entries(count);
     if (k != 0 && method == topk_method::sampled_threshold) {
       if (!std::isfinite(sample_ratio) || sample_ratio <= 0) {
-        throw invalid_argument({.operation = name}, "sample_ratio " +
-                                                        std::to_string(sample_ratio) +
+        throw invalid_argument({.operation = name}, "sample_ratio " + std::to_string(sample_ratio) +
                                                         " is not a finite value > 0");
       }
       const std::size_t samples = detail::sparse_k(name, sample_ratio, count);
@@ -323,7 +321,8 @@ struct randomk_compressor {
   /// The k indices this compressor picks for `count` elements at `step`, ascending.
   std::vector<std::size_t> indices(std::size_t count, std::uint64_t step) const {
     std::vector<std::size_t> out(entries(count));
-    kernels::randomk_indices(host_backend{}, count, out.size(), seed, step, host_view<std::size_t>(out));
+    kernels::randomk_indices(host_backend{}, count, out.size(), seed, step,
+                             host_view<std::size_t>(out));
     return out;
   }
 
@@ -360,17 +359,17 @@ struct randomk_compressor {
     read_payload_header(name, head, size, kind, dtype_of<T>, count);
     const error_context where{.operation = name};
     if (size < 40) {
-      throw invalid_argument(where, "payload of " + std::to_string(size) +
-                                        " bytes ends before its seed, step and k");
+      throw invalid_argument(
+          where, "payload of " + std::to_string(size) + " bytes ends before its seed, step and k");
     }
     std::uint64_t fields[3];
     std::memcpy(fields, head + 16, sizeof fields);
     const std::size_t k = entries(count);
     if (fields[2] != k) {
       throw invalid_argument(where, "payload of " + std::to_string(fields[2]) +
-                                        " values where ratio " + std::to_string(ratio) +
-                                        " gives " + std::to_string(k) + " for " +
-                                        std::to_string(count) + " elements");
+                                        " values where ratio " + std::to_string(ratio) + " gives " +
+                                        std::to_string(k) + " for " + std::to_string(count) +
+                                        " elements");
     }
     if (size != 40 + k * sizeof(T)) {  // k <= count, and out's bytes fit in size_t
       throw invalid_argument(where, "payload of " + std::to_string(size) + " bytes for " +
@@ -420,7 +419,8 @@ struct threshold_compressor {
     // The smallest T at or above tau: |g| >= it in T exactly when |g| >= tau.
     const bool beyond = tau > static_cast<double>(std::numeric_limits<T>::max());
     T low = beyond ? std::numeric_limits<T>::infinity() : static_cast<T>(tau);
-    if (static_cast<double>(low) < tau) low = std::nextafter(low, std::numeric_limits<T>::infinity());
+    if (static_cast<double>(low) < tau)
+      low = std::nextafter(low, std::numeric_limits<T>::infinity());
     const T level = beyond ? std::numeric_limits<T>::infinity() : static_cast<T>(tau);
     const auto key = kernels::magnitude_key(low);  // > 0, as low > 0
     kernels::selection_cut<T> cut{.key = static_cast<kernels::magnitude_key_type<T>>(key - 1),

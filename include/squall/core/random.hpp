@@ -6,8 +6,8 @@
 /// (seed, step, rank, element) and the same on the host and in a CUDA kernel.
 ///
 /// Keying (docs/compressors.md): key = (seed low 32 bits, seed high 32 bits); counter =
-/// (block low 32 bits, block high 32 bits, step's low 32 bits, rank), where block = element / 4 and the
-/// element takes word element % 4 of the block's four outputs. `step` counts the calls on one
+/// (block low 32 bits, block high 32 bits, step's low 32 bits, rank), where block = element / 4 and
+/// the element takes word element % 4 of the block's four outputs. `step` counts the calls on one
 /// tensor (the caller's state advances it); `rank` separates the ranks' streams. A compressor
 /// whose payloads must agree across ranks (randomk's indices, count_sketch's hashes) draws
 /// with `rank = shared_rank`, the same on every rank.
@@ -15,7 +15,6 @@
 #include <squall/core/config.hpp>
 
 #include <Random123/philox.h>
-
 #include <cstddef>
 #include <cstdint>
 
@@ -78,8 +77,8 @@ __attribute__((target("avx2"))) inline void philox_blocks_avx2(std::uint64_t see
   __m256i c0[G], c1[G], c2[G], c3[G];
   for (std::size_t g = 0; g < G; ++g) {
     const int base = static_cast<int>(8 * g);
-    c0[g] = _mm256_add_epi32(low, _mm256_setr_epi32(base, base + 1, base + 2, base + 3,
-                                                    base + 4, base + 5, base + 6, base + 7));
+    c0[g] = _mm256_add_epi32(low, _mm256_setr_epi32(base, base + 1, base + 2, base + 3, base + 4,
+                                                    base + 5, base + 6, base + 7));
     c1[g] = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(first >> 32)));
     c2[g] = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(stream.step)));
     c3[g] = _mm256_set1_epi32(static_cast<int>(stream.rank));
@@ -144,7 +143,8 @@ inline void philox_fill(std::uint64_t seed, random_stream stream, std::uint64_t 
     constexpr std::size_t pass = detail::philox_avx2_blocks;
     for (; j + pass <= blocks; j += pass) {
       const std::uint64_t block = first + j;
-      if (static_cast<std::uint32_t>(block) > 0xffffffffu - (pass - 1)) break;  // a carry: go scalar
+      if (static_cast<std::uint32_t>(block) > 0xffffffffu - (pass - 1))
+        break;  // a carry: go scalar
       detail::philox_blocks_avx2(seed, stream, block, words + 4 * j);
     }
   }

@@ -79,7 +79,8 @@ struct direct_topology {
 
  private:
   static constexpr block_range block(int b, int size) {
-    return {.first = static_cast<std::size_t>(b), .count = 1, .parts = static_cast<std::size_t>(size)};
+    return {
+        .first = static_cast<std::size_t>(b), .count = 1, .parts = static_cast<std::size_t>(size)};
   }
 };
 

@@ -45,8 +45,11 @@ struct halving_doubling_topology {
       const bool upper = (v & d) != 0;
       const block_range keep{.first = upper ? first + half : first, .count = half, .parts = parts};
       const block_range give{.first = upper ? first : first + half, .count = half, .parts = parts};
-      s.steps.push_back({.send_to = real(v ^ d), .send = give, .recv_from = real(v ^ d),
-                         .recv = keep, .action = step_action::reduce});
+      s.steps.push_back({.send_to = real(v ^ d),
+                         .send = give,
+                         .recv_from = real(v ^ d),
+                         .recv = keep,
+                         .action = step_action::reduce});
       first = keep.first;
       count = half;
     }
@@ -54,10 +57,13 @@ struct halving_doubling_topology {
     for (int d = 1; d < pow2; d *= 2) {
       const bool upper = (v & d) != 0;
       const block_range mine{.first = first, .count = count, .parts = parts};
-      const block_range theirs{.first = upper ? first - count : first + count, .count = count,
-                               .parts = parts};
-      s.steps.push_back({.send_to = real(v ^ d), .send = mine, .recv_from = real(v ^ d),
-                         .recv = theirs, .action = step_action::copy});
+      const block_range theirs{
+          .first = upper ? first - count : first + count, .count = count, .parts = parts};
+      s.steps.push_back({.send_to = real(v ^ d),
+                         .send = mine,
+                         .recv_from = real(v ^ d),
+                         .recv = theirs,
+                         .action = step_action::copy});
       first = upper ? first - count : first;
       count *= 2;
     }

@@ -33,8 +33,8 @@ struct hierarchical_topology {
   schedule allreduce_schedule(int rank, int size, std::size_t bytes) const {
     if (node_of.size() != static_cast<std::size_t>(size)) {
       throw invalid_argument({.operation = "hierarchical_topology", .rank = rank},
-                             "node_of has " + std::to_string(node_of.size()) +
-                                 " entries for " + std::to_string(size) + " ranks");
+                             "node_of has " + std::to_string(node_of.size()) + " entries for " +
+                                 std::to_string(size) + " ranks");
     }
     std::vector<int> members;  // the ranks of this rank's node, ascending
     std::vector<int> leaders;  // the lowest rank of every node, ascending
@@ -49,7 +49,8 @@ struct hierarchical_topology {
       bool first = true;
       for (int e = 0; e < q && first; ++e) first = node_of[static_cast<std::size_t>(e)] != node;
       if (first) {
-        if (node == node_of[static_cast<std::size_t>(rank)]) node_index = static_cast<int>(leaders.size());
+        if (node == node_of[static_cast<std::size_t>(rank)])
+          node_index = static_cast<int>(leaders.size());
         leaders.push_back(q);
       }
     }

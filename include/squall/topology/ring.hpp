@@ -34,7 +34,8 @@ struct ring_topology {
   schedule broadcast_schedule(int rank, int size, int root) const {
     schedule s{.name = name};
     const int v = detail::wrap(rank - root, size);
-    if (v > 0) s.steps.push_back(recv_step(detail::wrap(rank - 1, size), whole_buffer, step_action::copy));
+    if (v > 0)
+      s.steps.push_back(recv_step(detail::wrap(rank - 1, size), whole_buffer, step_action::copy));
     if (v + 1 < size) s.steps.push_back(send_step(detail::wrap(rank + 1, size), whole_buffer));
     return s;
   }

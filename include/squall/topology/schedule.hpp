@@ -71,9 +71,7 @@ struct schedule {
 };
 
 /// A step that sends `blocks` to `peer`.
-constexpr step send_step(int peer, block_range blocks) {
-  return {.send_to = peer, .send = blocks};
-}
+constexpr step send_step(int peer, block_range blocks) { return {.send_to = peer, .send = blocks}; }
 /// A step that receives `blocks` from `peer` and applies `action`.
 constexpr step recv_step(int peer, block_range blocks, step_action action) {
   return {.recv_from = peer, .recv = blocks, .action = action};
@@ -134,7 +132,8 @@ inline std::vector<step> ring_steps(int rank, int size, int lag, step_action act
   std::vector<step> steps;
   const auto parts = static_cast<std::size_t>(size);
   auto block = [&](int b) {
-    return block_range{.first = static_cast<std::size_t>(wrap(b, size)), .count = 1, .parts = parts};
+    return block_range{
+        .first = static_cast<std::size_t>(wrap(b, size)), .count = 1, .parts = parts};
   };
   for (int k = 0; k + 1 < size; ++k) {
     steps.push_back({.send_to = wrap(rank + 1, size),

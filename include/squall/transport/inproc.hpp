@@ -21,6 +21,7 @@
 #include <squall/core/buffer.hpp>
 #include <squall/core/completion.hpp>  // detail::deadline
 #include <squall/core/error.hpp>
+#include <squall/core/link_costs.hpp>
 #include <squall/core/options.hpp>
 
 #include <algorithm>  // min
@@ -112,6 +113,9 @@ class inproc_transport {
  public:
   /// Buffers are host memory.
   using memory_space = host_memory;
+  /// One process's memory, as `shm_transport`'s (the same figures).
+  static constexpr link_costs costs{
+      .alpha = 1e-6, .beta = 1.0 / 11e9, .gamma = 1.0 / 8e9, .all_peers_at_once = true};
 
   inproc_transport(inproc_transport&& other) noexcept;
   /// Leaves the world as the destructor does, then takes `other`'s rank.
@@ -677,7 +681,8 @@ inline buffer_view<std::byte> inproc_transport::local_view() { return state_->wi
 
 inline void inproc_transport::read_peer(int peer, std::uint64_t from, buffer_view<std::byte> into) {
   check_peer("read_peer", peer);
-  if (!into.empty()) std::memcpy(into.data(), reinterpret_cast<const std::byte*>(from), into.count());
+  if (!into.empty())
+    std::memcpy(into.data(), reinterpret_cast<const std::byte*>(from), into.count());
 }
 
 inline void inproc_transport::write_peer(int peer, std::uint64_t to,

@@ -24,11 +24,11 @@
 #include <squall/core/buffer.hpp>
 #include <squall/core/completion.hpp>
 #include <squall/core/error.hpp>
+#include <squall/core/link_costs.hpp>
 #include <squall/core/options.hpp>
 #include <squall/detail/math.hpp>
 #include <squall/transport/detail/shm_segment.hpp>
 
-#include <sched.h>    // sched_getaffinity, CPU_COUNT
 #include <sys/uio.h>  // process_vm_readv
 
 #include <algorithm>
@@ -39,6 +39,7 @@
 #include <cstring>  // memcpy
 #include <deque>
 #include <memory>
+#include <sched.h>  // sched_getaffinity, CPU_COUNT
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -599,6 +600,13 @@ class shm_completion {
 class shm_transport {
  public:
   using memory_space = host_memory;
+
+  /// What `automatic_topology` predicts with before any calibration: one host's memory,
+  /// peers reached at once through their mapped buffers; alpha and beta from squall-bench on
+  /// the 2-core machine (docs/performance.md: a 4 KiB one-shot allreduce about 2 us, memcpy
+  /// about 11 GB/s per rank with every rank copying).
+  static constexpr link_costs costs{
+      .alpha = 1e-6, .beta = 1.0 / 11e9, .gamma = 1.0 / 8e9, .all_peers_at_once = true};
 
   /// Joins job `job`: rank 0 creates the segment, the others attach; returns once all
   /// `job.size` ranks are in. Throws `timeout_error` naming the missing ranks at the deadline,

@@ -80,6 +80,7 @@ void calibrate(Dense& dense, cost_model& model, std::size_t up_to) {
   }
   std::vector<double> all(mine.size() * static_cast<std::size_t>(dense.size()));
   dense.exchange(mine.data(), mine.size() * sizeof(double), all.data());
+  model.ranks = dense.size();
   for (std::size_t c = 0; c < candidates; ++c) {
     auto& points = model.measured[c];
     points.clear();

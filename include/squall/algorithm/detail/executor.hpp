@@ -4,19 +4,19 @@
 /// over steps in squall. It moves bytes and calls a type-erased `reducer`, so one
 /// instantiation per transport serves every element type and op (STYLE P3).
 
+#include <squall/backend/host.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/error.hpp>
 #include <squall/detail/math.hpp>
 #include <squall/kernels/host/reduce.hpp>
-#include <squall/backend/host.hpp>
 #include <squall/topology/schedule.hpp>
 #include <squall/tuning/tuning.hpp>
 
 #include <algorithm>  // min
 #include <array>
-#include <cstdint>    // uint64_t
-#include <cstddef>    // byte, size_t
-#include <cstring>    // memcpy
+#include <cstddef>  // byte, size_t
+#include <cstdint>  // uint64_t
+#include <cstring>  // memcpy
 #include <deque>
 #include <string>
 #include <utility>  // move
@@ -30,23 +30,27 @@ struct reducer {
   /// dst[i] = dst[i] op src[i] for `count` elements
   void (*reduce_into)(std::byte* dst, const std::byte* src, std::size_t count) = nullptr;
   /// dst[i] = a[i] op b[i] for `count` elements
-  void (*reduce)(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count) = nullptr;
+  void (*reduce)(std::byte* dst, const std::byte* a, const std::byte* b,
+                 std::size_t count) = nullptr;
 };
 
 /// The reducer of elements `T` under `Op`, through the host kernels.
 template <element T, reduction_op<T> Op>
 reducer make_reducer() {
   return {.element_bytes = sizeof(T),
-          .reduce_into = [](std::byte* dst, const std::byte* src, std::size_t count) {
-            kernels::reduce_into(host_backend{}, Op{},
-                                 host_view<T>(reinterpret_cast<T*>(dst), count),
-                                 host_view<const T>(reinterpret_cast<const T*>(src), count));
-          },
-          .reduce = [](std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count) {
-            kernels::reduce(host_backend{}, Op{}, host_view<T>(reinterpret_cast<T*>(dst), count),
-                            host_view<const T>(reinterpret_cast<const T*>(a), count),
-                            host_view<const T>(reinterpret_cast<const T*>(b), count));
-          }};
+          .reduce_into =
+              [](std::byte* dst, const std::byte* src, std::size_t count) {
+                kernels::reduce_into(host_backend{}, Op{},
+                                     host_view<T>(reinterpret_cast<T*>(dst), count),
+                                     host_view<const T>(reinterpret_cast<const T*>(src), count));
+              },
+          .reduce =
+              [](std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count) {
+                kernels::reduce(host_backend{}, Op{},
+                                host_view<T>(reinterpret_cast<T*>(dst), count),
+                                host_view<const T>(reinterpret_cast<const T*>(a), count),
+                                host_view<const T>(reinterpret_cast<const T*>(b), count));
+              }};
 }
 
 /// The tail of every rank's window the communicator keeps for call signatures (two slots,
@@ -132,9 +136,7 @@ class executor {
   /// check, fused with the publish so that it costs no barrier of its own).
   template <class Check>
   void run_one_shot(std::byte* data, std::size_t count, const reducer& r, std::size_t& round,
-                    Check&& after_first_barrier)
-    requires direct_transport<Transport>
-  {
+                    Check&& after_first_barrier) requires direct_transport<Transport> {
     const int size = transport_.size();
     const int me = transport_.rank();
     const std::size_t half = window_data_bytes(transport_) / 2;
@@ -151,7 +153,8 @@ class executor {
       if (offset == 0) after_first_barrier();
       // step 1: reduce slice `me` out of every window into this rank's own window, in
       // cache-sized pieces so the destination stays in cache across the P-1 sources.
-      const index_range mine = split_range(m, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
+      const index_range mine =
+          split_range(m, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
       // Accounting: this rank reads its slice out of P - 1 windows and the other slices back
       // from their owners; the peers read as much out of its window.
       const std::uint64_t moved =
@@ -185,9 +188,7 @@ class executor {
   /// may be `out` (in place): rank r alone reads and writes block r of every buffer, and it
   /// reads a piece before it writes it.
   void run_one_shot_peer_memory(const std::byte* in, std::byte* out, std::size_t count,
-                                const reducer& r)
-    requires peer_memory_transport<Transport>
-  {
+                                const reducer& r) requires peer_memory_transport<Transport> {
     const int size = transport_.size();
     const int me = transport_.rank();
     const std::array<std::uint64_t, 2> mine = {reinterpret_cast<std::uint64_t>(in),
@@ -196,7 +197,8 @@ class executor {
     exchange(mine.data(), sizeof mine, addresses_.data());
     auto output_of = [&](int q) { return addresses_[2 * static_cast<std::size_t>(q) + 1]; };
     const std::size_t e = r.element_bytes;
-    const index_range block = split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
+    const index_range block =
+        split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
     // Accounting: the peers read the other blocks of this rank's input and write their
     // reduced blocks into its output (its own reads and writes count where they happen).
     sent_ += (count - block.count) * e;
@@ -207,8 +209,7 @@ class executor {
                             [&](std::size_t at, std::size_t n) {
                               for (int k = 1; k < size; ++k) {
                                 const int q = wrap(me + k, size);
-                                transport_.write_peer(q, output_of(q) + at,
-                                                      {out + at, n * e});
+                                transport_.write_peer(q, output_of(q) + at, {out + at, n * e});
                                 sent_ += n * e;
                               }
                             });
@@ -221,15 +222,14 @@ class executor {
   /// a barrier ends it, so no input changes while a peer reads it. `in` is this rank's whole
   /// input; `out` may be its block r (in place).
   void reduce_scatter_peer_memory(const std::byte* in, std::byte* out, std::size_t count,
-                                  const reducer& r)
-    requires peer_memory_transport<Transport>
-  {
+                                  const reducer& r) requires peer_memory_transport<Transport> {
     const int size = transport_.size();
     const int me = transport_.rank();
     const std::uint64_t mine = reinterpret_cast<std::uint64_t>(in);
     addresses_.resize(static_cast<std::size_t>(size));
     exchange(&mine, sizeof mine, addresses_.data());
-    const index_range block = split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
+    const index_range block =
+        split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
     sent_ += (count - block.count) * r.element_bytes;  // the peers read the other blocks
     reduce_block_from_peers(1, in + block.begin * r.element_bytes, out, block, r,
                             [](std::size_t, std::size_t) {});
@@ -238,9 +238,8 @@ class executor {
 
   /// Allgather through the peers' own memory: every rank writes its `block_bytes` into block
   /// r of every peer's `out` and of its own; a barrier ends it. `in` may be block r of `out`.
-  void allgather_peer_memory(const std::byte* in, std::byte* out, std::size_t block_bytes)
-    requires peer_memory_transport<Transport>
-  {
+  void allgather_peer_memory(const std::byte* in, std::byte* out,
+                             std::size_t block_bytes) requires peer_memory_transport<Transport> {
     const int size = transport_.size();
     const int me = transport_.rank();
     const std::uint64_t mine = reinterpret_cast<std::uint64_t>(out);
@@ -259,9 +258,8 @@ class executor {
 
   /// Broadcast through the root's own memory: every other rank reads the root's `bytes`
   /// at once; a barrier ends it, so the root's buffer stays unchanged until all have read.
-  void broadcast_peer_memory(std::byte* data, std::size_t bytes, int root)
-    requires peer_memory_transport<Transport>
-  {
+  void broadcast_peer_memory(std::byte* data, std::size_t bytes,
+                             int root) requires peer_memory_transport<Transport> {
     const std::uint64_t mine = reinterpret_cast<std::uint64_t>(data);
     addresses_.resize(static_cast<std::size_t>(transport_.size()));
     exchange(&mine, sizeof mine, addresses_.data());
@@ -284,10 +282,12 @@ class executor {
     pending.clear();
     for (int k = 1; k < size; ++k) {
       const int from = wrap(me - k, size);
-      pending.push_back(transport_.recv(from, {into + static_cast<std::size_t>(from) * bytes, bytes}));
+      pending.push_back(
+          transport_.recv(from, {into + static_cast<std::size_t>(from) * bytes, bytes}));
     }
     for (int k = 1; k < size; ++k) {
-      pending.push_back(transport_.send(wrap(me + k, size), {static_cast<const std::byte*>(mine), bytes}));
+      pending.push_back(
+          transport_.send(wrap(me + k, size), {static_cast<const std::byte*>(mine), bytes}));
     }
     for (auto& c : pending) c.wait();
     pending.clear();
@@ -342,7 +342,8 @@ class executor {
     const std::size_t pieces = div_up(largest, piece);
     std::size_t widest = 1;
     for (std::size_t i = begin; i < end; ++i) {
-      if (s.steps[i].action == step_action::reduce) widest = std::max(widest, s.steps[i].recv.count);
+      if (s.steps[i].action == step_action::reduce)
+        widest = std::max(widest, s.steps[i].recv.count);
     }
     const std::size_t slot_bytes = piece * r.element_bytes;
     if (scratch_.size() < widest * slot_bytes) scratch_.resize(widest * slot_bytes);
@@ -356,9 +357,8 @@ class executor {
           for (std::size_t b = 0; b < st.recv.count; ++b) {
             const index_range p = piece_of(count, st.recv, b, j, piece);
             if (p.count == 0) continue;
-            std::byte* into = st.action == step_action::reduce
-                                  ? scratch_.data() + b * slot_bytes
-                                  : data + p.begin * r.element_bytes;
+            std::byte* into = st.action == step_action::reduce ? scratch_.data() + b * slot_bytes
+                                                               : data + p.begin * r.element_bytes;
             recvs.push_back(transport_.recv(st.recv_from, {into, p.count * r.element_bytes}));
             received_ += p.count * r.element_bytes;
           }

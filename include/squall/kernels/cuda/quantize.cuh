@@ -2,9 +2,10 @@
 #pragma once
 /// CUDA twins of kernels/host/quantize.hpp (`quantize`, `dequantize`): the same signatures
 /// over device memory and the same per-element math (`quantize_code`, `dequantize_code`,
-/// Philox from Random123), so a device payload equals the host's byte for byte. One block per bucket: CUB's BlockReduce
-/// gives the scale (sum in double, or the max of the magnitudes' bit patterns, as on the host);
-/// each thread then codes 8 consecutive elements into `width` whole bytes.
+/// Philox from Random123), so a device payload equals the host's byte for byte. One block per
+/// bucket: CUB's BlockReduce gives the scale (sum in double, or the max of the magnitudes' bit
+/// patterns, as on the host); each thread then codes 8 consecutive elements into `width` whole
+/// bytes.
 
 #include <squall/backend/cuda.cuh>
 #include <squall/core/random.hpp>
@@ -37,8 +38,10 @@ __global__ void __launch_bounds__(quantize_threads)
                     unsigned long long* first_bad) {
   constexpr quantize_scheme q = scheme_of<Levels, Width, Scale, Stochastic, SignOnly>();
   using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, unsigned long long>;
-  constexpr bits_t exponent = static_cast<bits_t>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
-  constexpr bits_t magnitude = static_cast<bits_t>(sizeof(T) == 4 ? 0x7fffffffull : 0x7fffffffffffffffull);
+  constexpr bits_t exponent =
+      static_cast<bits_t>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
+  constexpr bits_t magnitude =
+      static_cast<bits_t>(sizeof(T) == 4 ? 0x7fffffffull : 0x7fffffffffffffffull);
   using sum_reduce = cub::BlockReduce<double, quantize_threads>;
   using max_reduce = cub::BlockReduce<bits_t, quantize_threads>;
   __shared__ typename sum_reduce::TempStorage sum_storage;
@@ -61,7 +64,8 @@ __global__ void __launch_bounds__(quantize_threads)
       sum += Scale == static_cast<int>(bucket_scale::l2_norm) ? a * a : a;
     }
     const double total = sum_reduce(sum_storage).Sum(sum);
-    const bits_t largest = max_reduce(max_storage).Reduce(top, [](bits_t x, bits_t y) { return x > y ? x : y; });
+    const bits_t largest =
+        max_reduce(max_storage).Reduce(top, [](bits_t x, bits_t y) { return x > y ? x : y; });
     if (threadIdx.x == 0) {
       const bool finite = largest < exponent;
       double scale;
@@ -85,7 +89,8 @@ __global__ void __launch_bounds__(quantize_threads)
     // the same inverse as the host, or double x 2^600 for a subnormal scale
     const T inverse = static_cast<T>(static_cast<double>(Levels) / static_cast<double>(scale));
     const bool wide = !isfinite(inverse);
-    const double wide_inverse = static_cast<double>(Levels) / (static_cast<double>(scale) * 0x1p600);
+    const double wide_inverse =
+        static_cast<double>(Levels) / (static_cast<double>(scale) * 0x1p600);
     const std::size_t groups = (n + 7) / 8;
     for (std::size_t g = threadIdx.x; g < groups; g += quantize_threads) {
       const std::size_t first = begin + 8 * g;  // a multiple of 8
@@ -122,8 +127,10 @@ __global__ void __launch_bounds__(quantize_threads)
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * quantize_threads + threadIdx.x;
        i < count; i += stride) {
     const unsigned bit = static_cast<unsigned>((i * Width) % 8);
-    const auto code = static_cast<std::uint8_t>((codes[i * Width / 8] >> bit) & ((1u << Width) - 1));
-    if (code > (q.sign_only ? 1u : 2u * q.levels)) atomicMin(first_bad, static_cast<unsigned long long>(i));
+    const auto code =
+        static_cast<std::uint8_t>((codes[i * Width / 8] >> bit) & ((1u << Width) - 1));
+    if (code > (q.sign_only ? 1u : 2u * q.levels))
+      atomicMin(first_bad, static_cast<unsigned long long>(i));
     out[i] = dequantize_code(q, code, scales[i / bucket]);
   }
 }
@@ -142,7 +149,8 @@ class first_index_slot {
  public:
   first_index_slot(const cuda_backend& backend, std::size_t none) : backend_(backend), none_(none) {
     SQUALL_CUDA_CHECK(cudaMallocAsync(&word_, sizeof *word_, backend_.stream));
-    SQUALL_CUDA_CHECK(cudaMemcpyAsync(word_, &none_, sizeof none_, cudaMemcpyHostToDevice, backend_.stream));
+    SQUALL_CUDA_CHECK(
+        cudaMemcpyAsync(word_, &none_, sizeof none_, cudaMemcpyHostToDevice, backend_.stream));
   }
   first_index_slot(const first_index_slot&) = delete;
   first_index_slot& operator=(const first_index_slot&) = delete;
@@ -153,7 +161,8 @@ class first_index_slot {
   /// The recorded index, or `none` if no thread recorded one.
   std::size_t read() {
     unsigned long long index = none_;
-    SQUALL_CUDA_CHECK(cudaMemcpyAsync(&index, word_, sizeof index, cudaMemcpyDeviceToHost, backend_.stream));
+    SQUALL_CUDA_CHECK(
+        cudaMemcpyAsync(&index, word_, sizeof index, cudaMemcpyDeviceToHost, backend_.stream));
     SQUALL_CUDA_CHECK(cudaFreeAsync(word_, backend_.stream));
     word_ = nullptr;
     SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend_.stream));
@@ -195,10 +204,10 @@ std::size_t dequantize(const cuda_backend& backend, const T* scales, const std::
   detail::first_index_slot first_bad(backend, count);
   detail::dequantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only>
       <<<detail::quantize_grid((count + detail::quantize_threads - 1) / detail::quantize_threads),
-         detail::quantize_threads, 0, backend.stream>>>(scales, codes, count, bucket, out, first_bad.get());
+         detail::quantize_threads, 0, backend.stream>>>(scales, codes, count, bucket, out,
+                                                        first_bad.get());
   SQUALL_CUDA_CHECK(cudaGetLastError());
   return first_bad.read();
 }
-
 
 }  // namespace squall::kernels

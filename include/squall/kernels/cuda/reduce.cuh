@@ -255,7 +255,8 @@ void finalize(const cuda_backend& backend, Op op, device_view<T> dst, std::size_
 
 /// Copies `size` host bytes into device memory at `dst` (stream-ordered; the host source is
 /// staged by the driver, so it may be reused when the call returns).
-inline void store_bytes(const cuda_backend& backend, std::byte* dst, const void* src, std::size_t size) {
+inline void store_bytes(const cuda_backend& backend, std::byte* dst, const void* src,
+                        std::size_t size) {
   if (size == 0) return;
   squall::detail::device_guard guard(backend.device);
   SQUALL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyHostToDevice, backend.stream));
@@ -263,7 +264,8 @@ inline void store_bytes(const cuda_backend& backend, std::byte* dst, const void*
 }
 
 /// Copies `size` device bytes at `src` to the host, after the stream's earlier work.
-inline void load_bytes(const cuda_backend& backend, void* dst, const std::byte* src, std::size_t size) {
+inline void load_bytes(const cuda_backend& backend, void* dst, const std::byte* src,
+                       std::size_t size) {
   if (size == 0) return;
   squall::detail::device_guard guard(backend.device);
   SQUALL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyDeviceToHost, backend.stream));

@@ -62,7 +62,8 @@ SQUALL_HOST_DEVICE SQUALL_FORCEINLINE std::uint8_t quantize_code(quantize_scheme
     const T fraction = x - static_cast<T>(low);
     if constexpr (std::is_same_v<T, float>) {
       // 24 random bits against the fraction: P(up) = ceil(fraction x 2^24) / 2^24
-      level = low + (static_cast<float>(static_cast<std::int32_t>(word >> 8)) < fraction * 16777216.0f);
+      level =
+          low + (static_cast<float>(static_cast<std::int32_t>(word >> 8)) < fraction * 16777216.0f);
     } else {
       level = low + (static_cast<double>(word) < fraction * 4294967296.0);
     }
@@ -96,8 +97,10 @@ template <bucket_scale S, class T>
 SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bucket_stats bucket_stats_of(const T* SQUALL_RESTRICT v,
                                                                         std::size_t n) {
   using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
-  constexpr bits_t exponent = static_cast<bits_t>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
-  constexpr bits_t magnitude = static_cast<bits_t>(sizeof(T) == 4 ? 0x7fffffffull : 0x7fffffffffffffffull);
+  constexpr bits_t exponent =
+      static_cast<bits_t>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
+  constexpr bits_t magnitude =
+      static_cast<bits_t>(sizeof(T) == 4 ? 0x7fffffffull : 0x7fffffffffffffffull);
   constexpr std::size_t lanes = 8;
   bits_t top[lanes] = {};
   double acc[lanes] = {};
@@ -141,10 +144,11 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bucket_stats bucket_stats_of(const T*
 }
 
 template <quantize_scheme Q, class T>
-SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void quantize_block_loop(const T* SQUALL_RESTRICT in, std::size_t n, T inverse,
-                                            const std::uint32_t* SQUALL_RESTRICT words,
-                                            std::uint8_t* SQUALL_RESTRICT codes) {
-  for (std::size_t k = 0; k < n; ++k) codes[k] = quantize_code(Q, in[k], inverse, Q.stochastic ? words[k] : 0u);
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void quantize_block_loop(
+    const T* SQUALL_RESTRICT in, std::size_t n, T inverse,
+    const std::uint32_t* SQUALL_RESTRICT words, std::uint8_t* SQUALL_RESTRICT codes) {
+  for (std::size_t k = 0; k < n; ++k)
+    codes[k] = quantize_code(Q, in[k], inverse, Q.stochastic ? words[k] : 0u);
 }
 
 /// The same for a bucket whose levels / scale overflows T (a subnormal scale): values and
@@ -155,14 +159,15 @@ void quantize_block_wide(const T* in, std::size_t n, double scale, const std::ui
   constexpr double up = 0x1p600;
   const double inverse = static_cast<double>(Q.levels) / (scale * up);
   for (std::size_t k = 0; k < n; ++k) {
-    codes[k] = quantize_code(Q, static_cast<double>(in[k]) * up, inverse, Q.stochastic ? words[k] : 0u);
+    codes[k] =
+        quantize_code(Q, static_cast<double>(in[k]) * up, inverse, Q.stochastic ? words[k] : 0u);
   }
 }
 
 /// Decodes `n` codes; returns whether every code is a level (at most 2s; sign codes always are).
 template <quantize_scheme Q, class T>
-SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bool dequantize_block_loop(const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n,
-                                              T scale, T* SQUALL_RESTRICT out) {
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bool dequantize_block_loop(
+    const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n, T scale, T* SQUALL_RESTRICT out) {
   constexpr unsigned top = Q.sign_only ? 1u : 2u * Q.levels;
   unsigned over = 0;
   for (std::size_t k = 0; k < n; ++k) {
@@ -188,7 +193,8 @@ SQUALL_HOST_CLONES void pack_codes(const std::uint8_t* SQUALL_RESTRICT codes, st
     }
     if (n % per != 0) {
       unsigned b = 0;
-      for (std::size_t t = 0; t < n % per; ++t) b |= static_cast<unsigned>(codes[full * per + t]) << (t * W);
+      for (std::size_t t = 0; t < n % per; ++t)
+        b |= static_cast<unsigned>(codes[full * per + t]) << (t * W);
       out[full] = static_cast<std::uint8_t>(b);
     }
   }
@@ -201,7 +207,8 @@ struct code_table {
   std::uint8_t codes[256][per];
   constexpr code_table() : codes{} {
     for (unsigned b = 0; b < 256; ++b) {
-      for (unsigned t = 0; t < per; ++t) codes[b][t] = static_cast<std::uint8_t>((b >> (t * W)) & ((1u << W) - 1));
+      for (unsigned t = 0; t < per; ++t)
+        codes[b][t] = static_cast<std::uint8_t>((b >> (t * W)) & ((1u << W) - 1));
     }
   }
 };
@@ -216,8 +223,10 @@ SQUALL_HOST_CLONES void unpack_codes(const std::uint8_t* SQUALL_RESTRICT in, std
   } else {
     constexpr unsigned per = 8 / W;
     const std::size_t full = n / per;
-    for (std::size_t j = 0; j < full; ++j) std::memcpy(codes + j * per, code_table_v<W>.codes[in[j]], per);
-    for (std::size_t k = full * per; k < n; ++k) codes[k] = code_table_v<W>.codes[in[full]][k - full * per];
+    for (std::size_t j = 0; j < full; ++j)
+      std::memcpy(codes + j * per, code_table_v<W>.codes[in[j]], per);
+    for (std::size_t k = full * per; k < n; ++k)
+      codes[k] = code_table_v<W>.codes[in[full]][k - full * per];
   }
 }
 
@@ -288,7 +297,8 @@ std::size_t dequantize(const host_backend& /*backend*/, const T* scales, const s
       detail::unpack_codes<Q.width>(codes + first * Q.width / 8, m, block_codes);
       T scale;
       std::memcpy(&scale, scales + b, sizeof scale);  // payloads need not be aligned
-      if (!detail::dequantize_block_loop<Q>(block_codes, m, scale, out + first) && first_bad == count) {
+      if (!detail::dequantize_block_loop<Q>(block_codes, m, scale, out + first) &&
+          first_bad == count) {
         std::size_t k = 0;
         while (block_codes[k] <= 2 * Q.levels) ++k;
         first_bad = first + k;

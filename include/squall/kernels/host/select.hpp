@@ -21,15 +21,15 @@
 
 #include <algorithm>  // nth_element, min
 #include <array>
-#include <cmath>  // isnan, signbit
-#include <string_view>
+#include <cmath>     // isnan, signbit
 #include <concepts>  // same_as, floating_point
 #include <cstddef>   // byte, size_t
 #include <cstdint>
-#include <cstring>  // memcpy
+#include <cstring>     // memcpy
 #include <functional>  // greater
 #include <limits>
 #include <optional>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -137,8 +137,8 @@ SQUALL_HOST_CLONES std::size_t collect_at_least(const T* SQUALL_RESTRICT in, std
 /// candidates equal to it the need largest take. Radix-refines while the candidates are many
 /// (every bucket above the chosen one is selected whole), then finishes with nth_element.
 template <class U>
-void cut_among(std::vector<U>& keys, std::size_t m, std::size_t need, unsigned low_bits,
-               U& cut_key, std::size_t& cut_ties) {
+void cut_among(std::vector<U>& keys, std::size_t m, std::size_t need, unsigned low_bits, U& cut_key,
+               std::size_t& cut_ties) {
   // Every key in keys[0, m) shares its bits above `low_bits`.
   constexpr std::size_t buckets = std::size_t{1} << radix_bits;
   while (m > 4096 && low_bits > 0) {
@@ -231,7 +231,8 @@ template <real_gradient T>
 SQUALL_HOST_CLONES std::size_t count_at_least(const T* SQUALL_RESTRICT in, std::size_t count,
                                               magnitude_key_type<T> key) {
   std::size_t n = 0;
-  for (std::size_t i = 0; i < count; ++i) n += static_cast<std::size_t>(magnitude_key(in[i]) >= key);
+  for (std::size_t i = 0; i < count; ++i)
+    n += static_cast<std::size_t>(magnitude_key(in[i]) >= key);
   return n;
 }
 
@@ -253,9 +254,8 @@ SQUALL_HOST_DEVICE inline std::size_t sample_position(std::uint64_t seed, random
 /// pass, return nothing: the caller sends their exact top k, which is the top k of `in`
 /// (`select_topk`), as DGC does.
 template <real_gradient T>
-std::optional<selection_cut<T>> sampled_cut(const host_backend& /*backend*/,
-                                            host_view<const T> in, std::size_t k,
-                                            std::size_t samples, std::uint64_t seed,
+std::optional<selection_cut<T>> sampled_cut(const host_backend& /*backend*/, host_view<const T> in,
+                                            std::size_t k, std::size_t samples, std::uint64_t seed,
                                             random_stream stream) {
   using U = magnitude_key_type<T>;
   const std::size_t count = in.count();
@@ -263,8 +263,8 @@ std::optional<selection_cut<T>> sampled_cut(const host_backend& /*backend*/,
   for (std::size_t j = 0; j < samples; ++j) {
     sample[j] = magnitude_key(in[sample_position(seed, stream, j, count)]);
   }
-  const double wanted = static_cast<double>(k) * static_cast<double>(samples) /
-                        static_cast<double>(count);
+  const double wanted =
+      static_cast<double>(k) * static_cast<double>(samples) / static_cast<double>(count);
   const std::size_t ks =
       std::clamp<std::size_t>(static_cast<std::size_t>(wanted + 0.5), 1, samples);
   auto nth = sample.begin() + static_cast<std::ptrdiff_t>(ks - 1);
@@ -431,15 +431,14 @@ struct strata {
 /// The element random-k picks in stratum `j`: begin(j) + mul_high(w, size(j)), w the 64-bit
 /// word pair j % 2 of Philox block j / 2 of (seed, {step, shared_rank}), so every element of
 /// the stratum is picked with probability 1 / size(j) to within size(j) / 2^64.
-SQUALL_HOST_DEVICE inline std::size_t stratum_pick(strata s, std::uint64_t seed,
-                                                   std::uint64_t step, std::size_t j) {
+SQUALL_HOST_DEVICE inline std::size_t stratum_pick(strata s, std::uint64_t seed, std::uint64_t step,
+                                                   std::size_t j) {
   return s.begin(j) + sample_position(seed, random_stream{step, shared_rank}, j, s.size(j));
 }
 
 /// Writes random-k's k indices (ascending, one per stratum) to `out`.
 inline void randomk_indices(const host_backend& /*backend*/, std::size_t count, std::size_t k,
-                            std::uint64_t seed, std::uint64_t step,
-                            host_view<std::size_t> out) {
+                            std::uint64_t seed, std::uint64_t step, host_view<std::size_t> out) {
   const strata s{count, k};
   for (std::size_t j = 0; j < k; ++j) out[j] = stratum_pick(s, seed, step, j);
 }

@@ -208,10 +208,9 @@ void keep_largest_magnitudes(const host_backend& backend, host_view<T> values, s
   }
   std::vector<std::uint64_t> indices(k);
   std::vector<T> kept(k);
-  const std::size_t n =
-      select_topk<std::uint64_t>(backend, host_view<const T>(values), k,
-                                 reinterpret_cast<std::byte*>(indices.data()),
-                                 reinterpret_cast<std::byte*>(kept.data()));
+  const std::size_t n = select_topk<std::uint64_t>(backend, host_view<const T>(values), k,
+                                                   reinterpret_cast<std::byte*>(indices.data()),
+                                                   reinterpret_cast<std::byte*>(kept.data()));
   std::fill(values.data(), values.data() + count, T(0));
   for (std::size_t e = 0; e < n; ++e) values[static_cast<std::size_t>(indices[e])] = kept[e];
 }
