@@ -30,6 +30,7 @@ struct compressed_runner final : runner_base<float> {
         state(comm.template make_state<float>(0)),
         j_(j) {
     this->name = topology;
+    (void)comm.aggregation();  // an aggregation the compressor does not allow: refused here
   }
 
   // out = in, then the compressed sum in place; the state carries over between calls (the

@@ -8,7 +8,7 @@
 //                [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] [--chunk BYTES]
 //                [--peer-memory BYTES] [--no-check] [--calibrate] [--csv FILE] [--json FILE]
 //                [--compressor none|cast:bf16|topk:0.01+ef|qsgd:4|powersgd:4|...[,..]]
-//                [--sparse-algorithm allgather|gtopk] [--requantize automatic|per_hop|gather]
+//                [--aggregation automatic|linear|low_rank|per_hop|gtopk|gather]
 //
 // --chunk and --peer-memory override collective_tuning's chunk_bytes and peer_memory_bytes.
 // --calibrate measures automatic's cost model before its rows (communicator::calibrate, 4 KiB
@@ -19,9 +19,9 @@
 // topology, beside the dense one ("none", always run) in the same run, on near-Gaussian
 // inputs: each row then gives the most bytes any rank sent in one call (wire_bytes), the
 // dense allreduce's bytes over these (compression ratio) and ||result - exact|| / ||exact||
-// of a first call from a fresh state (rel_error), in place of #wrong. --sparse-algorithm and
-// --requantize set collective_tuning's algorithms for the sparse (topk, threshold) and the
-// requantizing (int8, qsgd, terngrad, sign) compressors.
+// of a first call from a fresh state (rel_error), in place of #wrong. --aggregation sets
+// collective_tuning::aggregation of every compressor without its own @aggregation (one that
+// the compressor does not allow is refused, naming it).
 //
 // It starts its own P ranks: when MPI is built it re-runs itself under mpiexec (so the same
 // processes can time MPI's collective), else it forks them (squall::launch) and the MPI
@@ -76,7 +76,7 @@ const std::vector<std::string> all_topologies = {
       "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
       "[--chunk BYTES] [--peer-memory BYTES] [--no-check] [--calibrate] [--csv FILE] [--json FILE] "
       "[--compressor NAME[:PARAMETER][+ef][@ALGORITHM][,...]] (%s) "
-      "[--sparse-algorithm allgather|gtopk] [--requantize automatic|per_hop|gather]\n",
+      "[--aggregation automatic|linear|low_rank|per_hop|gtopk|gather]\n",
       why.c_str(), squall::compressor_usage().c_str());
   std::exit(2);
 }
@@ -156,24 +156,14 @@ settings parse(int argc, char** argv) {
       s.json = value();
     else if (a == "--compressor" || a == "-c")
       compressors = value();
-    else if (a == "--sparse-algorithm") {
+    else if (a == "--aggregation") {
       const std::string v = value();
-      if (v == "allgather")
-        s.sparse = squall::sparse_algorithm::allgather;
-      else if (v == "gtopk")
-        s.sparse = squall::sparse_algorithm::gtopk;
-      else
-        usage("unknown sparse algorithm '" + v + "'");
-    } else if (a == "--requantize") {
-      const std::string v = value();
-      if (v == "automatic")
-        s.requantize = squall::requantize_algorithm::automatic;
-      else if (v == "per_hop")
-        s.requantize = squall::requantize_algorithm::per_hop;
-      else if (v == "gather")
-        s.requantize = squall::requantize_algorithm::gather;
-      else
-        usage("unknown requantize algorithm '" + v + "'");
+      try {
+        s.aggregation = squall::parse_compressor("topk@" + v).aggregation.value();
+      } catch (const squall::invalid_argument&) {
+        usage("unknown aggregation '" + v +
+              "' (automatic, linear, low_rank, per_hop, gtopk, gather)");
+      }
     } else if (a == "-h" || a == "--help")
       usage("help");
     else
@@ -421,8 +411,7 @@ std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string&
   squall::collective_tuning tuning;
   if (s_.chunk != 0) tuning.chunk_bytes = s_.chunk;
   if (s_.peer_memory != 0) tuning.peer_memory_bytes = s_.peer_memory;
-  tuning.sparse = s_.sparse;
-  tuning.requantize = s_.requantize;
+  tuning.aggregation = s_.aggregation;
   tuning = spec.tuned(tuning);
   // one shm job per communicator: the topology, and the compressor's place in the list
   const std::string job_name = index == 0 ? name : name + "-c" + std::to_string(index);

@@ -23,10 +23,9 @@ namespace squall_bench {
 
 using clock_type = std::chrono::steady_clock;
 
-/// One `--compressor` entry: "name[:parameter][+ef][@algorithm]" (squall/compress/by_name.hpp);
-/// "none" is the dense allreduce. The algorithm (allgather|gtopk for sparse compressors,
-/// per_hop|gather|automatic for requantizing ones) overrides --sparse-algorithm /
-/// --requantize for this entry, so both can run side by side.
+/// One `--compressor` entry: "name[:parameter][+ef][@aggregation]"
+/// (squall/compress/by_name.hpp); "none" is the dense allreduce. The aggregation (e.g. gtopk,
+/// per_hop, gather) overrides --aggregation for this entry, so several run side by side.
 using compressor_spec = squall::compressor_choice;
 
 struct settings {
@@ -34,8 +33,7 @@ struct settings {
   std::string op = "allreduce";
   std::vector<std::string> topologies;
   std::vector<compressor_spec> compressors;  ///< empty: the dense collectives only
-  squall::sparse_algorithm sparse = squall::sparse_algorithm::allgather;
-  squall::requantize_algorithm requantize = squall::requantize_algorithm::automatic;
+  squall::aggregation aggregation = squall::aggregation::automatic;
   std::string transport = "shm";
   std::string dtype = "float";
   std::size_t min_bytes = std::size_t{4} << 10;

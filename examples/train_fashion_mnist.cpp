@@ -315,7 +315,9 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
       reduce(comm1, model.w1(grads), state1, compress1);
       reduce(comm2, model.w2(grads), state2, compress2);
       reduce(comm1, model.biases(grads), state1, false);
-      if constexpr (local_momentum && C::aggregation == squall::aggregation_class::sparse) {
+      // the sparse-set compressors (topk, threshold): the ones gTop-k merges
+      if constexpr (local_momentum && squall::compression_traits<C>::aggregations.contains(
+                                          squall::aggregation::gtopk)) {
         if (s.masking) {
           mask_sent(state1, velocity.data(), compress1);
           mask_sent(state2, velocity.data() + model.w1_count(), compress2);

@@ -18,8 +18,10 @@ echo "== formatting (scripts/format.sh --check)"
 
 jobs=$(nproc)
 echo "== build (preset ci)"
+start=$SECONDS
 cmake --preset ci >/dev/null
 cmake --build --preset ci -j "$jobs"
+echo "== build (preset ci) took $((SECONDS - start)) s on $jobs jobs"
 echo "== tests (preset ci)"
 ctest --preset ci -j "$jobs"
 

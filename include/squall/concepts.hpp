@@ -9,7 +9,9 @@
 /// `static assertion failed: squall: ...` line naming the missing piece, not a page of
 /// template noise. Entry points that take policies call it (`static_assert(check_backend<B>())`).
 
+#include <squall/core/aggregation.hpp>
 #include <squall/core/buffer.hpp>
+#include <squall/core/random.hpp>
 #include <squall/core/types.hpp>
 #include <squall/topology/schedule.hpp>
 
@@ -135,20 +137,12 @@ concept topology = std::default_initializable<T> && std::copyable<T> && topology
 
 // ---- compressor: what travels ----------------------------------------------------------------
 
-/// How payloads of a compressor combine, which decides the allreduce algorithm.
-enum class aggregation_class {
-  linear,      ///< C(a) + C(b) = C(a + b): any topology reduces payloads directly
-  requantize,  ///< sums need decoding: decode, add, re-encode per hop, or gather then reduce
-  sparse,      ///< (index, value) lists: allgather-union, or gTop-k up a tree
-  vote,        ///< one bit per element: majority vote from summed counts
-};
-
 template <class C>
 concept compressor_has_identity = requires {
   /// "none", "topk": names the compressor in output
   { C::name } -> std::convertible_to<std::string_view>;
-  /// which allreduce algorithm its payloads need
-  { C::aggregation } -> std::convertible_to<aggregation_class>;
+  /// the aggregations its payloads allow, preferred first
+  { C::aggregations } -> std::convertible_to<aggregation_set>;
 };
 template <class C>
 concept compressor_has_payload_bound = requires(const C& c, dtype type, std::size_t count) {
@@ -161,15 +155,18 @@ template <class C>
 concept compressor =
     std::copyable<C> && compressor_has_identity<C> && compressor_has_payload_bound<C>;
 
-/// A compressor that can encode and decode elements of `T` with backend `B`.
+/// A compressor that can encode and decode elements of `T` with backend `B`: exactly what
+/// the compressed algorithms call (every encode gets the rank's stream of the step; a
+/// deterministic compressor ignores it).
 template <class C, class T, class B>
 concept compressor_for = compressor<C> && backend<B> && element<T> &&
     requires(const C& c, const B& b, buffer_view<const T, typename B::memory_space> in,
              buffer_view<T, typename B::memory_space> out,
              buffer_view<std::byte, typename B::memory_space> payload,
-             buffer_view<const std::byte, typename B::memory_space> received) {
-  /// writes the payload of `in`; returns its size in bytes
-  { c.encode(b, in, payload) } -> std::same_as<std::size_t>;
+             buffer_view<const std::byte, typename B::memory_space> received,
+             random_stream stream) {
+  /// writes the payload of `in`, drawing from `stream`; returns its size in bytes
+  { c.encode(b, in, payload, stream) } -> std::same_as<std::size_t>;
   /// reads a payload back into `out`; throws invalid_argument if it is malformed
   c.decode(b, received, out);
 };
@@ -225,7 +222,7 @@ template <class C>
 consteval bool check_compressor() {
   static_assert(compressor_has_identity<C>,
                 "squall: the Compressor policy needs 'static constexpr name' and "
-                "'static constexpr aggregation_class aggregation'; see squall/concepts.hpp");
+                "'static constexpr aggregation_set aggregations'; see squall/concepts.hpp");
   static_assert(compressor_has_payload_bound<C>,
                 "squall: the Compressor policy has no "
                 "'std::size_t max_payload_bytes(dtype, std::size_t count) const'");

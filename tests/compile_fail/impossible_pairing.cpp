@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Must not compile: a compressor that says its payloads add (aggregation_class::linear) but
+// Must not compile: a compressor that says its payloads add (aggregation::linear) but
 // does not say where the summable body lies (no linear_body), paired with a topology that
 // would add them. The diagnostic names both policies.
 #include <squall/algorithm/communicator.hpp>

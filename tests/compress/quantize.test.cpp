@@ -360,18 +360,17 @@ TEST_SUITE("quantize") {
     CHECK_THROWS_AS(odd.max_payload_bytes(squall::dtype::int32, n), squall::invalid_argument);
   }
 
-  TEST_CASE("the aggregation classes the collectives dispatch on") {
-    using squall::aggregation_class;
-    CHECK(squall::compression_traits<squall::int8_compressor>::aggregation ==
-          aggregation_class::requantize);
-    CHECK(squall::compression_traits<squall::sign_compressor>::aggregation ==
-          aggregation_class::requantize);
-    CHECK(squall::compression_traits<squall::sign_vote_compressor>::aggregation ==
-          aggregation_class::vote);
-    CHECK(squall::compression_traits<squall::terngrad_compressor>::aggregation ==
-          aggregation_class::requantize);
-    CHECK(squall::compression_traits<squall::qsgd_compressor<4>>::aggregation ==
-          aggregation_class::requantize);
+  TEST_CASE("the aggregations the collectives dispatch on") {
+    const auto allowed = [](auto c) {
+      return squall::compression_traits<decltype(c)>::aggregations.names();
+    };
+    CHECK(allowed(squall::int8_compressor{}) == "per_hop, gather");
+    CHECK(allowed(squall::sign_compressor{}) == "per_hop, gather");
+    CHECK(allowed(squall::sign_vote_compressor{}) == "gather");
+    CHECK(squall::compression_traits<squall::sign_vote_compressor>::majority_vote);
+    CHECK_FALSE(squall::compression_traits<squall::sign_compressor>::majority_vote);
+    CHECK(allowed(squall::terngrad_compressor{}) == "per_hop, gather");
+    CHECK(allowed(squall::qsgd_compressor<4>{}) == "per_hop, gather");
     CHECK(squall::compression_traits<squall::qsgd_compressor<4>>::fixed_size);
   }
 

@@ -51,7 +51,6 @@ namespace {
 
 using namespace std::chrono_literals;
 namespace test = squall::test;
-using squall::requantize_algorithm;
 
 constexpr int steps = 2;
 
@@ -162,11 +161,11 @@ void fail(const std::string& what) {
 /// `check(step, input, result)` (a collective call: every rank makes it).
 template <class Topology, class C, class Check>
 void run_case(const C& c, std::size_t count, bool exact, Check check,
-              requantize_algorithm algorithm = requantize_algorithm::automatic) {
+              squall::aggregation how = squall::aggregation::automatic) {
   squall::communicator<squall::mpi_transport, Topology, C> comm(
       squall::mpi_transport(MPI_COMM_WORLD, squall::options{.deadline = 120s}),
       test::make_topology<Topology>(world_size()), c, squall::options{},
-      squall::collective_tuning{.requantize = algorithm});
+      squall::collective_tuning{.aggregation = how});
   auto state = comm.template make_state<float>(count);
   const std::string label = squall::compressor_label<C>() + " on " + std::string(Topology::name) +
                             ", " + std::to_string(count) + " elements";
@@ -242,7 +241,7 @@ void check_gather() {
         [&](int s, const std::vector<float>& in, const std::vector<float>& got) {
           return got == gathered_payload_sum(q8, in, static_cast<std::uint64_t>(s), nullptr);
         },
-        requantize_algorithm::gather);
+        squall::aggregation::gather);
     using ef_topk = squall::error_feedback<squall::topk_compressor>;
     const ef_topk top{{.ratio = 0.05}};
     squall::error_feedback_state<float> residual(count);  // this rank's, mirrored
@@ -274,7 +273,7 @@ void check_per_hop() {
           }
           return true;
         },
-        requantize_algorithm::per_hop);
+        squall::aggregation::per_hop);
   }
 }
 

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "../support/collective_data.hpp"
+#include "../support/deferred_backend.hpp"
 #include "../support/result_hash.hpp"
 #include "../support/shm_ranks.hpp"
 #include "../support/topologies.hpp"
@@ -101,7 +102,7 @@ std::size_t first_difference(const float* got, const float* want, std::size_t co
   return npos;
 }
 
-template <class Topology>
+template <class Topology, class Backend = squall::host_backend>
 void allreduce_on_processes() {
   for (int ranks = 1; ranks <= max_ranks; ++ranks) {
     CAPTURE(ranks);
@@ -109,7 +110,7 @@ void allreduce_on_processes() {
     const shared_array<std::uint64_t> hashes(max_ranks * counts.size());
     const auto start = std::chrono::steady_clock::now();
     test::expect_ranks_succeed(ranks, [&](const shm_job& me) {
-      squall::communicator<shm_transport, Topology> comm(
+      squall::communicator<shm_transport, Topology, squall::identity_compressor, Backend> comm(
           shm_transport(me, squall::options{.deadline = 60s}), make_topology<Topology>(me.size));
       for (std::size_t k = 0; k < counts.size(); ++k) {
         const std::size_t count = counts[k];
@@ -180,6 +181,11 @@ TEST_SUITE("shm_collectives") {
   TEST_CASE_TEMPLATE("allreduce of exact float sums on 1 to 4 processes equals the serial sum",
                      Topology, SQUALL_TOPOLOGIES) {
     allreduce_on_processes<Topology>();
+  }
+  TEST_CASE_TEMPLATE("the same on the deferred backend (kernels run at the ordering points)",
+                     Topology, squall::ring_topology, squall::direct_topology,
+                     squall::hierarchical_topology<>) {
+    allreduce_on_processes<Topology, squall::test::deferred_backend>();
   }
 }
 

@@ -142,12 +142,12 @@ void gather_on_processes(const C& c) {
       c, false,
       [&](int s, const std::vector<float>& got) {
         const auto in = inputs_at(s, false);
-        const auto want = C::aggregation == squall::aggregation_class::vote
+        const auto want = squall::compression_traits<C>::majority_vote
                               ? test::vote_reference(c, in, static_cast<std::uint64_t>(s))
                               : test::gather_reference(c, in, static_cast<std::uint64_t>(s));
         return got == want;
       },
-      squall::collective_tuning{.requantize = squall::requantize_algorithm::gather});
+      squall::collective_tuning{.aggregation = squall::aggregation::gather});
 }
 
 }  // namespace
@@ -211,7 +211,7 @@ TEST_SUITE("shm_compressed_collectives") {
           return got ==
                  test::ring_reference(q8, inputs_at(s, false), static_cast<std::uint64_t>(s)).out;
         },
-        squall::collective_tuning{.requantize = squall::requantize_algorithm::per_hop});
+        squall::collective_tuning{.aggregation = squall::aggregation::per_hop});
     const squall::qsgd_compressor<4> qsgd{.seed = 12};
     // each process checks its own steps in order, so the residuals advance step by step
     std::vector<std::vector<float>> residuals(ranks, std::vector<float>(count, 0.0f));
@@ -248,7 +248,7 @@ TEST_SUITE("shm_compressed_collectives") {
   }
 
   TEST_CASE("gtopk: topk with error feedback and threshold, the serial gTop-k") {
-    const squall::collective_tuning gtopk{.sparse = squall::sparse_algorithm::gtopk};
+    const squall::collective_tuning gtopk{.aggregation = squall::aggregation::gtopk};
     const squall::topk_compressor top{.ratio = 0.01};
     // each process checks its own steps in order, so the residuals advance step by step
     std::vector<std::vector<float>> residuals(ranks, std::vector<float>(count, 0.0f));

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Compressors by name (compress/by_name.hpp): the text's parts, the policy each name visits
-// with its parameter, the tuning an @algorithm sets, and a clear error for every bad text.
+// with its parameter, the tuning an @aggregation sets, and a clear error for every bad text.
 
 #include <squall/compress/by_name.hpp>
 
@@ -31,17 +31,17 @@ bool visits(std::string_view text) {
 }  // namespace
 
 TEST_SUITE("compress") {
-  TEST_CASE("a compressor's text splits into name, parameter, +ef and @algorithm") {
+  TEST_CASE("a compressor's text splits into name, parameter, +ef and @aggregation") {
     const auto c = squall::parse_compressor("topk:0.001+ef@gtopk");
     CHECK(c.text == "topk:0.001+ef@gtopk");
     CHECK(c.name == "topk");
     CHECK(c.parameter == "0.001");
     CHECK(c.error_feedback);
-    CHECK(c.algorithm == "gtopk");
+    CHECK(c.aggregation == squall::aggregation::gtopk);
     CHECK_FALSE(c.dense());
     const auto plain = squall::parse_compressor("int8");
     CHECK(plain.parameter.empty());
-    CHECK(plain.algorithm.empty());
+    CHECK_FALSE(plain.aggregation.has_value());
     CHECK_FALSE(plain.error_feedback);
     CHECK(squall::parse_compressor("none").dense());
   }
@@ -86,22 +86,25 @@ TEST_SUITE("compress") {
           }) == 3);
   }
 
-  TEST_CASE("@algorithm sets the sparse or requantize algorithm of a tuning") {
+  TEST_CASE("@aggregation sets the aggregation of a tuning") {
     const squall::collective_tuning base{.chunk_bytes = 4096};
     const auto g = squall::parse_compressor("topk+ef@gtopk").tuned(base);
-    CHECK(g.sparse == squall::sparse_algorithm::gtopk);
+    CHECK(g.aggregation == squall::aggregation::gtopk);
     CHECK(g.chunk_bytes == 4096);
-    CHECK(squall::parse_compressor("int8@gather").tuned(base).requantize ==
-          squall::requantize_algorithm::gather);
-    CHECK(squall::parse_compressor("int8@per_hop").tuned(base).requantize ==
-          squall::requantize_algorithm::per_hop);
+    CHECK(squall::parse_compressor("int8@gather").tuned(base).aggregation ==
+          squall::aggregation::gather);
+    CHECK(squall::parse_compressor("int8@per_hop").tuned(base).aggregation ==
+          squall::aggregation::per_hop);
+    CHECK(squall::parse_compressor("powersgd:2@low_rank").tuned(base).aggregation ==
+          squall::aggregation::low_rank);
     CHECK(squall::parse_compressor("int8").tuned(base) == base);
   }
 
   TEST_CASE("bad texts throw invalid_argument naming the text and the fault") {
     CHECK(fault_of("topk:0.01") == "");
     CHECK(fault_of("zstd").find("unknown compressor 'zstd'") != std::string::npos);
-    CHECK(fault_of("topk@fastest").find("unknown algorithm 'fastest'") != std::string::npos);
+    CHECK(fault_of("topk@fastest").find("unknown aggregation 'fastest'") != std::string::npos);
+    CHECK(fault_of("topk@allgather").find("unknown aggregation 'allgather'") != std::string::npos);
     CHECK(fault_of("int8:3").find("int8 takes no parameter") != std::string::npos);
     CHECK(fault_of("none+ef").find("none takes no +ef") != std::string::npos);
     CHECK(fault_of("qsgd:5").find("qsgd takes 4, 16 or 127") != std::string::npos);

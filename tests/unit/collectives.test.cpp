@@ -5,6 +5,7 @@
 // in place and out of place; tiny pieces (chunk_bytes = 64) so the pipeline runs many
 // pieces; windows small enough that the one-shot schedule runs many rounds.
 #include <squall/algorithm/communicator.hpp>
+#include <squall/backend/dispatch.hpp>
 #include <squall/topology/automatic.hpp>
 #include <squall/topology/direct.hpp>
 #include <squall/topology/halving_doubling.hpp>
@@ -27,6 +28,7 @@
 
 #include "../support/collective_data.hpp"
 #include "../support/data.hpp"
+#include "../support/deferred_backend.hpp"
 #include "../support/thread_ranks.hpp"
 #include "../support/topologies.hpp"
 
@@ -37,12 +39,14 @@ using squall::test::run_ranks;
 
 using squall::test::make_topology;
 
+static_assert(squall::check_backend_kernels<squall::test::deferred_backend>());
+
 constexpr squall::collective_tuning tiny_pieces{.chunk_bytes = 64, .pipeline_depth = 3};
 // The one-shot schedule reads the peers' buffers from the first byte (read_peer).
 constexpr squall::collective_tuning peer_memory{
     .chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1};
 
-template <class Topology, class T, class Op>
+template <class Topology, class T, class Op, class Backend = squall::host_backend>
 void check_allreduce(int p, std::size_t count, bool in_place,
                      const squall::collective_tuning& tuning, std::size_t window_bytes) {
   CAPTURE(p);
@@ -53,7 +57,7 @@ void check_allreduce(int p, std::size_t count, bool in_place,
       p,
       [&](inproc_transport& t) {
         const int r = t.rank();
-        squall::communicator<inproc_transport, Topology> comm(
+        squall::communicator<inproc_transport, Topology, squall::identity_compressor, Backend> comm(
             std::move(t), make_topology<Topology>(p), {}, tuning);
         std::vector<T> data = squall::test::exact_input<T>(r, count);
         std::vector<T> out(count);
@@ -87,26 +91,31 @@ void check_allreduce(int p, std::size_t count, bool in_place,
   }
 }
 
-template <class Topology>
+template <class Topology, class Backend = squall::host_backend>
 void check_topology_matrix() {
   for (int p : {1, 2, 3, 4, 5, 8}) {
     const auto u = static_cast<std::size_t>(p);
     for (std::size_t count :
          {std::size_t{0}, std::size_t{1}, u > 1 ? u - 1 : 3, u + 1, std::size_t{1009}}) {
-      check_allreduce<Topology, float, squall::sum_op>(p, count, true, tiny_pieces, 4096);
-      check_allreduce<Topology, std::int32_t, squall::sum_op>(p, count, false, tiny_pieces, 4096);
+      check_allreduce<Topology, float, squall::sum_op, Backend>(p, count, true, tiny_pieces, 4096);
+      check_allreduce<Topology, std::int32_t, squall::sum_op, Backend>(p, count, false, tiny_pieces,
+                                                                       4096);
     }
-    check_allreduce<Topology, double, squall::avg_op>(p, 777, false, tiny_pieces, 4096);
-    check_allreduce<Topology, std::int64_t, squall::min_op>(p, 777, true, {}, 4096);
-    check_allreduce<Topology, squall::float16, squall::max_op>(p, 777, false, tiny_pieces, 4096);
-    check_allreduce<Topology, squall::bfloat16, squall::sum_op>(p, 777, true, tiny_pieces, 4096);
-    check_allreduce<Topology, std::int32_t, squall::avg_op>(p, 100, true, {}, 0);
-    check_allreduce<Topology, float, squall::sum_op>(p, 100003, false, {}, 1 << 16);
+    check_allreduce<Topology, double, squall::avg_op, Backend>(p, 777, false, tiny_pieces, 4096);
+    check_allreduce<Topology, std::int64_t, squall::min_op, Backend>(p, 777, true, {}, 4096);
+    check_allreduce<Topology, squall::float16, squall::max_op, Backend>(p, 777, false, tiny_pieces,
+                                                                        4096);
+    check_allreduce<Topology, squall::bfloat16, squall::sum_op, Backend>(p, 777, true, tiny_pieces,
+                                                                         4096);
+    check_allreduce<Topology, std::int32_t, squall::avg_op, Backend>(p, 100, true, {}, 0);
+    check_allreduce<Topology, float, squall::sum_op, Backend>(p, 100003, false, {}, 1 << 16);
     for (bool in_place : {false, true}) {
-      check_allreduce<Topology, float, squall::sum_op>(p, 100003, in_place, peer_memory, 4096);
-      check_allreduce<Topology, squall::bfloat16, squall::avg_op>(p, u + 1, in_place, peer_memory,
-                                                                  0);
-      check_allreduce<Topology, std::int64_t, squall::max_op>(p, 1, in_place, peer_memory, 0);
+      check_allreduce<Topology, float, squall::sum_op, Backend>(p, 100003, in_place, peer_memory,
+                                                                4096);
+      check_allreduce<Topology, squall::bfloat16, squall::avg_op, Backend>(p, u + 1, in_place,
+                                                                           peer_memory, 0);
+      check_allreduce<Topology, std::int64_t, squall::max_op, Backend>(p, 1, in_place, peer_memory,
+                                                                       0);
     }
   }
 }
@@ -128,6 +137,16 @@ TEST_SUITE("collectives") {
         squall::hierarchical_topology<squall::tree_topology, squall::halving_doubling_topology>>();
   }
   TEST_CASE("allreduce, automatic") { check_topology_matrix<squall::automatic_topology>(); }
+  TEST_CASE(
+      "allreduce on the deferred backend (kernels run at the ordering points), every topology") {
+    using deferred = squall::test::deferred_backend;
+    check_topology_matrix<squall::ring_topology, deferred>();
+    check_topology_matrix<squall::tree_topology, deferred>();
+    check_topology_matrix<squall::direct_topology, deferred>();
+    check_topology_matrix<squall::halving_doubling_topology, deferred>();
+    check_topology_matrix<squall::hierarchical_topology<>, deferred>();
+    check_topology_matrix<squall::automatic_topology, deferred>();
+  }
 
   TEST_CASE("random floats: within the reassociation bound of a double sum") {
     for (int p : {2, 3, 5}) {
@@ -161,8 +180,9 @@ TEST_SUITE("collectives") {
 
   TEST_CASE("reduce_scatter, allgather and broadcast on every topology") {
     // as messages in tiny pieces, and through peer memory from the first byte
-    auto run = [](auto topology_tag) {
+    auto run = [](auto topology_tag, auto backend_tag) {
       using Topology = decltype(topology_tag);
+      using Backend = decltype(backend_tag);
       for (const squall::collective_tuning& tuning : {tiny_pieces, peer_memory})
         for (int p : {1, 2, 3, 4, 5}) {
           for (std::size_t count :
@@ -172,8 +192,8 @@ TEST_SUITE("collectives") {
             CAPTURE(tuning.peer_memory_bytes);
             run_ranks(p, [&](inproc_transport& t) {
               const int r = t.rank();
-              squall::communicator<inproc_transport, Topology> comm(
-                  std::move(t), make_topology<Topology>(p), {}, tuning);
+              squall::communicator<inproc_transport, Topology, squall::identity_compressor, Backend>
+                  comm(std::move(t), make_topology<Topology>(p), {}, tuning);
               // reduce_scatter, out of place then in place
               const std::vector<std::int32_t> in =
                   squall::test::exact_input<std::int32_t>(r, count);
@@ -220,12 +240,17 @@ TEST_SUITE("collectives") {
           }
         }
     };
-    run(squall::ring_topology{});
-    run(squall::tree_topology{});
-    run(squall::direct_topology{});
-    run(squall::halving_doubling_topology{});
-    run(squall::hierarchical_topology<>{});
-    run(squall::automatic_topology{});
+    // on the host, and on the deferred backend (kernels run at the ordering points)
+    const auto both = [&](auto topology_tag) {
+      run(topology_tag, squall::host_backend{});
+      run(topology_tag, squall::test::deferred_backend{});
+    };
+    both(squall::ring_topology{});
+    both(squall::tree_topology{});
+    both(squall::direct_topology{});
+    both(squall::halving_doubling_topology{});
+    both(squall::hierarchical_topology<>{});
+    both(squall::automatic_topology{});
   }
 
   TEST_CASE("mismatched calls give mismatch_error on every rank") {

@@ -45,14 +45,22 @@ using squall::test::run_ranks;
 
 using squall::test::make_topology;
 
-// gather for the requantize class: per-hop requantization has its own tests (requantize.test.cpp)
-constexpr auto gather = squall::requantize_algorithm::gather;
-constexpr squall::collective_tuning tiny_pieces{
-    .chunk_bytes = 64, .pipeline_depth = 3, .requantize = gather};
+constexpr squall::collective_tuning tiny_pieces{.chunk_bytes = 64, .pipeline_depth = 3};
 constexpr squall::collective_tuning peer_memory{
-    .chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1, .requantize = gather};
-constexpr squall::collective_tuning messages_only{
-    .peer_memory_bytes = std::numeric_limits<std::size_t>::max(), .requantize = gather};
+    .chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1};
+constexpr squall::collective_tuning messages_only{.peer_memory_bytes =
+                                                      std::numeric_limits<std::size_t>::max()};
+
+// The per-hop compressors (int8, qsgd, terngrad, sign) gather here, where the tuning leaves
+// the aggregation automatic: per-hop requantization has its own tests (requantize.test.cpp).
+template <class C>
+squall::collective_tuning gathering(squall::collective_tuning tuning) {
+  if (squall::compression_traits<C>::aggregations.contains(squall::aggregation::per_hop) &&
+      tuning.aggregation == squall::aggregation::automatic) {
+    tuning.aggregation = squall::aggregation::gather;
+  }
+  return tuning;
+}
 
 /// What one rank saw: its result of every step, the bytes of its last call, its final
 /// residual (error feedback) and its saved state.
@@ -78,7 +86,7 @@ std::vector<rank_record<T>> run_compressed(
         const int r = t.rank();
         auto& rec = records[static_cast<std::size_t>(r)];
         squall::communicator<inproc_transport, Topology, C> comm(
-            std::move(t), make_topology<Topology>(p), c, opts, tuning);
+            std::move(t), make_topology<Topology>(p), c, opts, gathering<C>(tuning));
         auto state = comm.template make_state<T>(count);
         if (resume != nullptr) {
           state.restore(squall::host_view<const std::byte>((*resume)[static_cast<std::size_t>(r)]));
@@ -248,7 +256,7 @@ void check_gather(const C& c) {
         for (int s = 0; s < 2; ++s) {
           const auto in = all_inputs(p, s, count, false);
           std::vector<float> want =
-              C::aggregation == squall::aggregation_class::vote
+              squall::compression_traits<C>::majority_vote
                   ? squall::test::vote_reference(c, in, static_cast<std::uint64_t>(s))
                   : squall::test::gather_reference(c, in, static_cast<std::uint64_t>(s));
           if constexpr (std::is_same_v<Op, squall::avg_op>) {
@@ -538,7 +546,7 @@ TEST_SUITE("compressed_collectives") {
     squall::compression_state<squall::powersgd_compressor, float> ps_other(
         squall::powersgd_compressor{.rank = 2, .columns = 12}, 120);
     CHECK(contains(what_of([&] { ps_other.restore(squall::host_view<const std::byte>(ps_bytes)); }),
-                   "PowerSGD state of 12 x 10 rank 2 restored for 10 x 12 rank 2"));
+                   "low-rank state of 12 x 10 rank 2 restored for 10 x 12 rank 2"));
   }
 
   TEST_CASE("a state of another count is refused, naming both counts") {
@@ -589,15 +597,13 @@ TEST_SUITE("compressed_collectives") {
           squall::collective_tuning tuning;
           std::vector<float> data(12, 1.0f);
           if (variant == 0) {  // sparse: gTop-k on rank 0, the allgather-union on rank 1
-            tuning.sparse =
-                first ? squall::sparse_algorithm::gtopk : squall::sparse_algorithm::allgather;
+            tuning.aggregation = first ? squall::aggregation::gtopk : squall::aggregation::gather;
             squall::communicator<inproc_transport, squall::ring_topology, squall::topk_compressor>
                 comm(std::move(t), {}, squall::topk_compressor{.ratio = 0.25}, {}, tuning);
             auto state = comm.make_state<float>(data.size());
             comm.allreduce(squall::host_view<float>(data), state);
           } else {  // requantize: per hop on rank 0, gather on rank 1
-            tuning.requantize = first ? squall::requantize_algorithm::per_hop
-                                      : squall::requantize_algorithm::gather;
+            tuning.aggregation = first ? squall::aggregation::per_hop : squall::aggregation::gather;
             squall::communicator<inproc_transport, squall::ring_topology, squall::int8_compressor>
                 comm(std::move(t), {}, squall::int8_compressor{}, {}, tuning);
             auto state = comm.make_state<float>(data.size());
@@ -607,7 +613,7 @@ TEST_SUITE("compressed_collectives") {
       } catch (const squall::mismatch_error& e) {
         what = e.what();
       }
-      CHECK(contains(what, variant == 0 ? "compressed (gTop-k)" : "compressed (per hop)"));
+      CHECK(contains(what, variant == 0 ? "compressed (gtopk)" : "compressed (per_hop)"));
       CHECK(contains(what, "compressed (gather)"));
     }
   }

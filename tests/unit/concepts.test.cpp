@@ -57,7 +57,7 @@ struct shaped_topology {
 
 struct shaped_compressor {
   static constexpr std::string_view name = "shaped";
-  static constexpr squall::aggregation_class aggregation = squall::aggregation_class::sparse;
+  static constexpr squall::aggregation_set aggregations{squall::aggregation::gather};
   std::size_t max_payload_bytes(squall::dtype, std::size_t count) const { return count; }
 };
 
@@ -107,12 +107,21 @@ TEST_SUITE("concepts") {
     CHECK(true);
   }
 
-  TEST_CASE("compression traits follow the aggregation class") {
+  TEST_CASE("compression traits follow the declared aggregations") {
     using identity = squall::compression_traits<squall::identity_compressor>;
     static_assert(identity::linear && identity::fixed_size);
     using shaped = squall::compression_traits<shaped_compressor>;
     static_assert(!shaped::linear && !shaped::fixed_size);
-    static_assert(shaped::aggregation == squall::aggregation_class::sparse);
+    static_assert(shaped::aggregations.size() == 1 &&
+                  shaped::aggregations[0] == squall::aggregation::gather);
+    static_assert(!shaped::majority_vote);
+    // a set keeps its order and drops repeats
+    constexpr squall::aggregation_set set{squall::aggregation::per_hop, squall::aggregation::gather,
+                                          squall::aggregation::per_hop};
+    static_assert(set.size() == 2 && set[0] == squall::aggregation::per_hop);
+    static_assert(set.contains(squall::aggregation::gather));
+    static_assert(!set.contains(squall::aggregation::linear));
+    CHECK(set.names() == "per_hop, gather");
     CHECK(squall::identity_compressor::name == "none");
   }
 }

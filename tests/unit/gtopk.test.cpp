@@ -4,7 +4,7 @@
 // every rank bitwise the same; bitwise the serial gTop-k of tests/support/gtopk_reference.hpp
 // (same tree, same merge rule, written apart); error feedback's residuals bitwise the
 // reference's, and inputs = results + residuals over several steps; the bytes each rank moved
-// against the tree's count of sets; the default (allgather) unchanged.
+// against the tree's count of sets; the default (gather) unchanged.
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/error_feedback.hpp>
 #include <squall/compress/sparsify.hpp>
@@ -35,10 +35,10 @@ using squall::inproc_transport;
 using squall::test::run_ranks;
 
 constexpr squall::collective_tuning gtopk_tuning{
-    .chunk_bytes = 64, .pipeline_depth = 3, .sparse = squall::sparse_algorithm::gtopk};
+    .chunk_bytes = 64, .pipeline_depth = 3, .aggregation = squall::aggregation::gtopk};
 constexpr squall::collective_tuning gtopk_messages{
     .peer_memory_bytes = std::numeric_limits<std::size_t>::max(),
-    .sparse = squall::sparse_algorithm::gtopk};
+    .aggregation = squall::aggregation::gtopk};
 
 template <class T>
 struct record {
@@ -294,8 +294,9 @@ TEST_SUITE("gtopk") {
     }
   }
 
-  TEST_CASE("the default is allgather: the serial sum of every rank's decoded payload") {
-    CHECK(squall::collective_tuning{}.sparse == squall::sparse_algorithm::allgather);
+  TEST_CASE("the default is gather: the serial sum of every rank's decoded payload") {
+    CHECK(squall::collective_tuning{}.aggregation == squall::aggregation::automatic);
+    CHECK(squall::topk_compressor::aggregations[0] == squall::aggregation::gather);
     const squall::topk_compressor c{.ratio = 0.1};
     const std::size_t count = 101;
     const auto input = [&](int r, int s) { return input_of<float>(r, s, count, false); };

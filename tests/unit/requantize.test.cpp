@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Per-hop requantization (the compressed allreduce of int8, qsgd, terngrad and sign on a ring
-// or a tree, collective_tuning::requantize per_hop or automatic), ranks as threads over
+// or a tree, collective_tuning::aggregation per_hop or automatic), ranks as threads over
 // inproc_transport, 1 to 4 ranks: every rank bitwise alike; bitwise the serial re-implementation
 // of the documented hop order and streams (tests/support/requantize_reference.hpp), residuals
 // included; within the per-hop error bound of the exact sum (int8: half a step per encode;
@@ -11,6 +11,7 @@
 #include <squall/compress/quantize.hpp>
 #include <squall/compress/state.hpp>
 #include <squall/topology/direct.hpp>
+#include <squall/topology/hierarchical.hpp>
 #include <squall/topology/ring.hpp>
 #include <squall/topology/tree.hpp>
 #include <squall/transport/inproc.hpp>
@@ -31,8 +32,8 @@
 
 namespace {
 
+using squall::aggregation;
 using squall::inproc_transport;
-using squall::requantize_algorithm;
 
 constexpr squall::options no_check{.check_mismatch = false};
 
@@ -61,14 +62,14 @@ std::vector<std::vector<float>> inputs_at(int p, int step, std::size_t count, bo
 /// `steps` compressed allreduces on `p` thread ranks.
 template <class Topology, class C, class Op = squall::sum_op>
 std::vector<record<float>> run(int p, const C& c, std::size_t count, int steps,
-                               requantize_algorithm algorithm = requantize_algorithm::per_hop,
-                               bool fixed = false, const squall::options& opts = {}) {
+                               aggregation how = aggregation::per_hop, bool fixed = false,
+                               const squall::options& opts = {}) {
   std::vector<record<float>> records(static_cast<std::size_t>(p));
   squall::test::run_ranks(p, [&](inproc_transport& t) {
     const int r = t.rank();
     auto& rec = records[static_cast<std::size_t>(r)];
     squall::communicator<inproc_transport, Topology, C> comm(
-        std::move(t), {}, c, opts, {.chunk_bytes = 64, .requantize = algorithm});
+        std::move(t), {}, c, opts, {.chunk_bytes = 64, .aggregation = how});
     auto state = comm.template make_state<float>(count);
     for (int s = 0; s < steps; ++s) {
       std::vector<float> data = input_of(r, s, count, fixed);
@@ -184,7 +185,7 @@ void check_unbiased(const C& c) {
   for (const int p : {3, 4}) {
     CAPTURE(p);
     const std::size_t count = 257;
-    const auto records = run<Topology>(p, c, count, steps, requantize_algorithm::per_hop, true);
+    const auto records = run<Topology>(p, c, count, steps, aggregation::per_hop, true);
     const auto in = inputs_at(p, 0, count, true);
     std::vector<double> mean(count, 0.0);
     std::vector<double> variance(count, 0.0);
@@ -282,8 +283,8 @@ TEST_SUITE("requantize") {
         };
         std::uint64_t all = 0;
         for (int b = 0; b < p; ++b) all += payload(b);
-        const auto ring = run<squall::ring_topology>(p, c, count, 1, requantize_algorithm::per_hop,
-                                                     false, no_check);
+        const auto ring =
+            run<squall::ring_topology>(p, c, count, 1, aggregation::per_hop, false, no_check);
         for (int r = 0; r < p; ++r) {
           CAPTURE(r);
           const auto& st = ring[static_cast<std::size_t>(r)].stats;
@@ -296,8 +297,8 @@ TEST_SUITE("requantize") {
         // elements at the compressed size
         if (count % up == 0) CHECK(ring[0].stats.bytes_sent == 2 * (up - 1) * payload(0));
         const std::uint64_t whole = c.max_payload_bytes(squall::dtype::float32, count);
-        const auto tree = run<squall::tree_topology>(p, c, count, 1, requantize_algorithm::per_hop,
-                                                     false, no_check);
+        const auto tree =
+            run<squall::tree_topology>(p, c, count, 1, aggregation::per_hop, false, no_check);
         for (int r = 0; r < p; ++r) {
           CAPTURE(r);
           const std::uint64_t links = static_cast<std::uint64_t>(r != 0) +
@@ -310,7 +311,9 @@ TEST_SUITE("requantize") {
     }
   }
 
-  TEST_CASE("requantize_algorithm: automatic is per hop on ring and tree, gather elsewhere") {
+  TEST_CASE(
+      "automatic aggregation of a per-hop compressor: per hop where the schedule allows, else "
+      "gather") {
     const squall::qsgd_compressor<2> c{.bucket = 64, .seed = 4};
     const std::size_t count = 300;
     for (int p = 1; p <= 4; ++p) {
@@ -319,31 +322,32 @@ TEST_SUITE("requantize") {
       const auto hop_ring = squall::test::ring_reference(c, in, 0).out;
       const auto hop_tree = squall::test::tree_reference(c, in, 0).out;
       const auto gathered = squall::test::gather_reference(c, in, 0);
+      CHECK(same_bits(run<squall::ring_topology>(p, c, count, 1, aggregation::automatic)[0].out[0],
+                      hop_ring));
+      CHECK(same_bits(run<squall::tree_topology>(p, c, count, 1, aggregation::automatic)[0].out[0],
+                      hop_tree));
+      CHECK(same_bits(run<squall::ring_topology>(p, c, count, 1, aggregation::gather)[0].out[0],
+                      gathered));
       CHECK(same_bits(
-          run<squall::ring_topology>(p, c, count, 1, requantize_algorithm::automatic)[0].out[0],
-          hop_ring));
-      CHECK(same_bits(
-          run<squall::tree_topology>(p, c, count, 1, requantize_algorithm::automatic)[0].out[0],
-          hop_tree));
-      CHECK(same_bits(
-          run<squall::ring_topology>(p, c, count, 1, requantize_algorithm::gather)[0].out[0],
+          run<squall::hierarchical_topology<>>(p, c, count, 1, aggregation::automatic)[0].out[0],
           gathered));
-      CHECK(same_bits(
-          run<squall::direct_topology>(p, c, count, 1, requantize_algorithm::automatic)[0].out[0],
-          gathered));
+      // direct declares per_hop_schedule: automatic is its per-hop walk
+      CHECK(
+          same_bits(run<squall::direct_topology>(p, c, count, 1, aggregation::automatic)[0].out[0],
+                    run<squall::direct_topology>(p, c, count, 1, aggregation::per_hop)[0].out[0]));
     }
     // one rank: one encode with the gather path's stream {step, 0}, so all three agree
     CHECK(same_bits(squall::test::ring_reference(c, inputs_at(1, 0, count), 0).out,
                     squall::test::gather_reference(c, inputs_at(1, 0, count), 0)));
   }
 
-  TEST_CASE("requantize_algorithm::per_hop on another topology is refused, naming it") {
+  TEST_CASE("aggregation::per_hop on another topology is refused, naming it") {
     const std::string what = what_of([] {
-      run<squall::direct_topology>(2, squall::int8_compressor{}, 10, 1,
-                                   requantize_algorithm::per_hop);
+      run<squall::hierarchical_topology<>>(2, squall::int8_compressor{}, 10, 1,
+                                           aggregation::per_hop);
     });
-    CHECK(what.find("per_hop") != std::string::npos);
-    CHECK(what.find("'direct'") != std::string::npos);
+    CHECK(what.find("per_hop_schedule") != std::string::npos);
+    CHECK(what.find("'hierarchical'") != std::string::npos);
   }
 
   TEST_CASE("hop streams: a rank word per (rank, hop), below P^2, never shared_rank") {

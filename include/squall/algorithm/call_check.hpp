@@ -50,27 +50,6 @@ constexpr std::string_view to_string(collective c) noexcept {
 
 namespace detail {
 
-/// The algorithm a compressed collective runs, in its call signature: ranks that would run
-/// different ones (one tuned for gTop-k, one for the allgather-union) get `mismatch_error`
-/// instead of waiting on each other until the deadline.
-enum class compressed_path : std::uint8_t { linear = 1, powersgd, per_hop, gather, gtopk };
-
-inline std::string_view to_string(compressed_path p) {
-  switch (p) {
-    case compressed_path::linear:
-      return "linear";
-    case compressed_path::powersgd:
-      return "PowerSGD";
-    case compressed_path::per_hop:
-      return "per hop";
-    case compressed_path::gather:
-      return "gather";
-    case compressed_path::gtopk:
-      return "gTop-k";
-  }
-  return "?";
-}
-
 /// What each rank says about a call before running it.
 struct call_signature {
   std::uint64_t sequence = 0;
@@ -79,7 +58,7 @@ struct call_signature {
   std::uint8_t kind = 0;
   std::uint8_t type = 0;
   std::uint8_t op = 0;
-  std::uint8_t compressed = 0;  ///< a compressed collective's `compressed_path`, 0 if dense
+  std::uint8_t compressed = 0;  ///< a compressed collective's `aggregation`, 0 if dense
 };
 static_assert(sizeof(call_signature) == 24);
 
@@ -100,7 +79,7 @@ inline std::string describe(const call_signature& s) {
       " of " + std::to_string(s.count) + " " + std::string(to_string(static_cast<dtype>(s.type)));
   if (s.op != 0) text += " " + std::string(ops[std::min<std::size_t>(s.op, 4)]);
   if (s.compressed != 0) {
-    text += ", compressed (" + std::string(to_string(static_cast<compressed_path>(s.compressed))) +
+    text += ", compressed (" + std::string(to_string(static_cast<aggregation>(s.compressed))) +
             "), at step " + std::to_string(s.root) + " (mod 2^31)";
   } else if (s.root >= 0) {
     text += " from root " + std::to_string(s.root);

@@ -57,8 +57,9 @@ namespace squall {
 /// are `detail::dense_collectives<Transport, Topology, Backend>` (algorithm/dense.hpp), which
 /// does not depend on `Compressor`; the compressed allreduce and allgather (the overloads
 /// taking a `compression_state`) run the algorithms of algorithm/compressed/ over it. Owns
-/// the transport. The CUDA backend comes with its own issue; dense.hpp states so at compile
-/// time.
+/// the transport. The dense collectives run on any `Backend` whose memory is the
+/// transport's (kernels through backend/dispatch.hpp; the CUDA backend's staging comes with
+/// its issue); the compressed ones on `host_backend` so far.
 template <transport Transport, topology Topology = automatic_topology,
           compressor Compressor = identity_compressor, backend Backend = host_backend>
 class communicator {
@@ -78,15 +79,15 @@ class communicator {
   /// `node_of`, it finds the nodes (one exchange of host names). `invalid_argument` for a
   /// model measured on another rank count.
   explicit communicator(Transport transport, Topology topology = {}, const options& opts = {},
-                        const collective_tuning& tuning = {})
-      : dense_(std::move(transport), std::move(topology), opts, tuning) {}
+                        const collective_tuning& tuning = {}, Backend backend = {})
+      : dense_(std::move(transport), std::move(topology), opts, tuning, std::move(backend)) {}
 
   /// The same, with the compressor the compressed collectives use (its tuned parameters:
   /// ratio, bits, rank, seed). Every rank must pass the same parameters.
   template <std::same_as<Compressor> C>
   communicator(Transport transport, Topology topology, C compressor, const options& opts = {},
-               const collective_tuning& tuning = {})
-      : dense_(std::move(transport), std::move(topology), opts, tuning),
+               const collective_tuning& tuning = {}, Backend backend = {})
+      : dense_(std::move(transport), std::move(topology), opts, tuning, std::move(backend)),
         compressor_(std::move(compressor)) {}
 
   int rank() const { return dense_.rank(); }
@@ -94,6 +95,11 @@ class communicator {
   Transport& transport() { return dense_.transport(); }
   const Topology& topology() const { return dense_.topology(); }
   const Compressor& compressor() const { return compressor_; }
+  /// Where the kernels run (the CUDA backend carries its device and stream).
+  const Backend& backend() const { return dense_.backend(); }
+  /// The views the dense collectives take: buffers in the backend's memory.
+  template <class T>
+  using view = buffer_view<T, typename Backend::memory_space>;
 
   /// A fresh compression state for a tensor of `count` elements of `T`, for this
   /// communicator's compressor (PowerSGD's Q drawn from its seed and shape).
@@ -112,6 +118,14 @@ class communicator {
     return dense_.calibrate(up_to);
   }
 
+  /// The aggregation the compressed allreduce runs (`collective_tuning::aggregation`, or with
+  /// `automatic` the compressor's first allowed one that this topology runs on these ranks).
+  /// Throws `invalid_argument` where the tuning asks for one the compressor does not allow
+  /// or that cannot run here.
+  squall::aggregation aggregation() const {
+    return detail::aggregation_of<Compressor, Topology>(dense_.tuning(), rank(), size());
+  }
+
   /// The bytes this rank moved in its last collective (counted from its start).
   transfer_stats last_transfer() const { return dense_.last_transfer(); }
 
@@ -123,13 +137,13 @@ class communicator {
 
   /// `data[i] = op over ranks of data[i]`, in place.
   template <element T, reduction_op<T> Op = sum_op>
-  void allreduce(host_view<T> data, Op op = {}) {
+  void allreduce(view<T> data, Op op = {}) {
     dense_.allreduce(data, op);
   }
   /// `out[i] = op over ranks of in[i]`; `in` and `out` have the same count and do not
   /// partially overlap (`invalid_argument` otherwise).
   template <element T, reduction_op<T> Op = sum_op>
-  void allreduce(host_view<const T> in, host_view<T> out, Op op = {}) {
+  void allreduce(view<const T> in, view<T> out, Op op = {}) {
     dense_.allreduce(in, out, op);
   }
 
@@ -137,29 +151,30 @@ class communicator {
   /// ranks of what `Compressor` sends of each rank's `data`; every rank gets bitwise the same
   /// result. `state` is this tensor's (`make_state`); its step keys the compressor's draws
   /// and advances by one; its residual (error feedback) and Q (PowerSGD) are updated. The
-  /// algorithm follows the compressor's aggregation class:
+  /// aggregation is `aggregation()`: what the compressor allows (`C::aggregations`), asked
+  /// for by `collective_tuning::aggregation` or the first that runs here:
   ///
-  /// - linear with a `linear_body` (cast, randomk, count_sketch): encode, reduce the
+  /// - linear (cast, randomk, count_sketch; needs a `linear_body`): encode, reduce the
   ///   payloads' bodies through the topology's own allreduce schedule, decode;
-  /// - PowerSGD: P = M Q, summed; orthogonalize P; Q = M^T P, summed and kept; data = P Q^T;
-  ///   with error feedback M = residual + data and residual = M - P Q_mine^T, the rank's own
-  ///   share (so the residuals and the results add up to the inputs);
-  /// - requantize (int8, qsgd, terngrad, sign) on ring or tree with `collective_tuning::
-  ///   requantize` automatic or per_hop: decode, add and re-encode at each hop (CGX): the
-  ///   ring's reduce-scatter of encoded partials, each block's owner encoding the sum once,
-  ///   an allgather of those payloads; the tree's reduce up, the root's payload broadcast
-  ///   down; every rank decodes every final payload (algorithm/detail/requantize.hpp has the
-  ///   streams and the error-feedback rule). per_hop on another topology: `invalid_argument`;
-  /// - sparse (topk, threshold) with `collective_tuning::sparse` gtopk: gTop-k (Shi et al.
-  ///   2019): the local sets merged pairwise up a tree keeping the k largest sums, the global
-  ///   set G broadcast down; data = G (algorithm/detail/gtopk.hpp: tree, ties, error feedback);
-  /// - requantize otherwise, sparse, vote (and linear compressors without a body): every rank
-  /// encodes
-  ///   once, the payloads are gathered (sizes first unless fixed size, padded to the
-  ///   largest) through the topology's allgather schedule, and every rank decodes all P and
-  ///   sums them in rank order. A vote is element i = sign(sum_q sign(d_q[i])) x
-  ///   sum_q |d_q[i]|, d_q rank q's decoded payload: the majority sign times the sum of the
-  ///   ranks' scales (their mean with `avg_op`); a tie gives 0.
+  /// - low_rank (PowerSGD): P = M Q, summed; orthogonalize P; Q = M^T P, summed and kept;
+  ///   data = P Q^T; with error feedback M = residual + data and residual = M - P Q_mine^T,
+  ///   the rank's own share (so the residuals and the results add up to the inputs);
+  /// - per_hop (int8, qsgd, terngrad, sign; the default where it runs: ring or tree):
+  ///   decode, add and re-encode at each hop (CGX): the ring's reduce-scatter of encoded
+  ///   partials, each block's owner encoding the sum once, an allgather of those payloads;
+  ///   the tree's reduce up, the root's payload broadcast down; every rank decodes every
+  ///   final payload (algorithm/detail/requantize.hpp has the streams and the error-feedback
+  ///   rule);
+  /// - gtopk (topk, threshold): gTop-k (Shi et al. 2019): the local sets merged pairwise up a
+  ///   tree keeping the k largest sums, the global set G broadcast down; data = G
+  ///   (algorithm/detail/gtopk.hpp: tree, ties, error feedback);
+  /// - gather (every compressor but identity and PowerSGD; the default of topk, threshold and
+  ///   sign_vote): every rank encodes once, the payloads are gathered (sizes first unless
+  ///   fixed size, padded to the largest) through the topology's allgather schedule, and
+  ///   every rank decodes all P and sums them in rank order. A majority vote (sign_vote) is
+  ///   element i = sign(sum_q sign(d_q[i])) x sum_q |d_q[i]|, d_q rank q's decoded payload:
+  ///   the majority sign times the sum of the ranks' scales (their mean with `avg_op`); a
+  ///   tie gives 0.
   ///
   /// `avg_op` divides the sum by `size()`. Throws `invalid_argument` if `state.count()` is
   /// not `data.count()` (naming both), what the compressor throws (a bad parameter or
@@ -169,13 +184,14 @@ class communicator {
   void allreduce(host_view<T> data, compression_state<Compressor, T>& state, Op op = {}) {
     static_assert(std::same_as<Op, sum_op> || std::same_as<Op, avg_op>,
                   "squall: a compressed allreduce sums or averages: sum_op or avg_op");
+    static_assert(std::same_as<Backend, host_backend>,
+                  "squall: the compressed collectives run on host_backend so far");
     require_state("compressed allreduce", state.count(), data.count(), "data");
     // the step goes in the signature: ranks at different steps would draw differently
-    const detail::compressed_path path =
-        detail::compressed_path_of<Compressor, Topology>(dense_.tuning(), rank(), size());
+    const squall::aggregation how = aggregation();
     dense_.begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count(),
-                      static_cast<int>(state.step() & 0x7fffffff), path);
-    detail::compressed_allreduce(path, dense_, compressor_, workspace_, data, state);
+                      static_cast<int>(state.step() & 0x7fffffff), how);
+    detail::compressed_allreduce(how, dense_, compressor_, workspace_, data, state);
     kernels::finalize(host_backend{}, op, data, static_cast<std::size_t>(size()));
     state.advance();
   }
@@ -191,13 +207,13 @@ class communicator {
   /// Reduces `data` over ranks; this rank's block (`block_offset`, `block_count`) of `data`
   /// holds the result, the other blocks hold partial sums.
   template <element T, reduction_op<T> Op = sum_op>
-  void reduce_scatter(host_view<T> data, Op op = {}) {
+  void reduce_scatter(view<T> data, Op op = {}) {
     dense_.reduce_scatter(data, op);
   }
   /// `out` = this rank's block of `in` reduced over ranks; `out.count()` must be
   /// `block_count(in.count())`.
   template <element T, reduction_op<T> Op = sum_op>
-  void reduce_scatter(host_view<const T> in, host_view<T> out, Op op = {}) {
+  void reduce_scatter(view<const T> in, view<T> out, Op op = {}) {
     dense_.reduce_scatter(in, out, op);
   }
 
@@ -206,7 +222,7 @@ class communicator {
   /// `out` = the `in` of rank 0, then of rank 1, ...; `out.count()` must be
   /// `size() * in.count()`. `in` may be this rank's block of `out` (in place).
   template <element T>
-  void allgather(host_view<const T> in, host_view<T> out) {
+  void allgather(view<const T> in, view<T> out) {
     dense_.allgather(in, out);
   }
 
@@ -222,12 +238,14 @@ class communicator {
   /// and the transport's errors.
   template <real_gradient T>
   void allgather(host_view<const T> in, host_view<T> out, compression_state<Compressor, T>& state) {
+    static_assert(std::same_as<Backend, host_backend>,
+                  "squall: the compressed collectives run on host_backend so far");
     const std::size_t count = in.count();
     detail::require_count("compressed allgather", "out", out.count(),
                           count * static_cast<std::size_t>(size()));
     require_state("compressed allgather", state.count(), count, "blocks");
     dense_.begin_call(collective::allgather, dtype_of<T>, "", count,
-                      static_cast<int>(state.step() & 0x7fffffff), detail::compressed_path::gather);
+                      static_cast<int>(state.step() & 0x7fffffff), aggregation::gather);
     detail::compressed_allgather(dense_, compressor_, workspace_.payload, workspace_.gather, in,
                                  out, state);
     state.advance();
@@ -237,7 +255,7 @@ class communicator {
 
   /// `data` on every rank = `data` on `root`.
   template <element T>
-  void broadcast(host_view<T> data, int root) {
+  void broadcast(view<T> data, int root) {
     dense_.broadcast(data, root);
   }
 

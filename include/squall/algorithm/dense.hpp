@@ -10,6 +10,7 @@
 #include <squall/algorithm/detail/calibrate.hpp>
 #include <squall/algorithm/detail/executor.hpp>
 #include <squall/algorithm/detail/find_nodes.hpp>
+#include <squall/backend/dispatch.hpp>
 #include <squall/backend/host.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
@@ -85,18 +86,25 @@ inline void require_count(std::string_view operation, std::string_view what, std
 /// Owns the transport.
 template <transport Transport, topology Topology, backend Backend>
 class dense_collectives {
-  static_assert(std::same_as<Backend, host_backend>,
-                "squall: communicator runs on host_backend so far");
+  static_assert(check_backend_kernels<Backend>());
+  static_assert(std::same_as<typename Backend::memory_space, typename Transport::memory_space>,
+                "squall: a Backend whose memory is not the Transport's needs a staging step "
+                "through the transport's memory, which comes with the CUDA backend");
 
  public:
   using transport_type = Transport;
   using topology_type = Topology;
+  using backend_type = Backend;
+  /// The views the collectives take: the backend's memory.
+  template <class T>
+  using view = buffer_view<T, typename Backend::memory_space>;
 
   /// See `communicator`'s constructor.
   dense_collectives(Transport transport, Topology topology, const options& opts,
-                    const collective_tuning& tuning)
+                    const collective_tuning& tuning, Backend backend = {})
       : transport_(std::move(transport)),
         topology_(std::move(topology)),
+        backend_(std::move(backend)),
         check_(opts.check_mismatch),
         tuning_(tuning) {
     if (tuning_.chunk_bytes == 0) {
@@ -132,6 +140,7 @@ class dense_collectives {
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
   Transport& transport() { return transport_; }
+  const Backend& backend() const { return backend_; }
   const Topology& topology() const { return topology_; }
   const collective_tuning& tuning() const { return tuning_; }
   transfer_stats last_transfer() const { return {buffers_.bytes_sent, buffers_.bytes_received}; }
@@ -145,16 +154,18 @@ class dense_collectives {
   // ---- the collectives (documented in communicator.hpp) ---------------------------------------
 
   template <element T, reduction_op<T> Op>
-  void allreduce(host_view<T> data, Op op) {
+  void allreduce(view<T> data, Op op) {
     begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count());
     allreduce_into(data.data(), data, op);
+    backend_.synchronize();
   }
   template <element T, reduction_op<T> Op>
-  void allreduce(host_view<const T> in, host_view<T> out, Op op) {
+  void allreduce(view<const T> in, view<T> out, Op op) {
     require_count("allreduce", "out", out.count(), in.count());
     begin_call(collective::allreduce, dtype_of<T>, Op::name, in.count());
     place_check(in, out);
     allreduce_into(in.data(), out, op);
+    backend_.synchronize();
   }
 
   std::size_t block_count(std::size_t count) const {
@@ -167,41 +178,44 @@ class dense_collectives {
   }
 
   template <element T, reduction_op<T> Op>
-  void reduce_scatter(host_view<T> data, Op op) {
+  void reduce_scatter(view<T> data, Op op) {
     begin_call(collective::reduce_scatter, dtype_of<T>, Op::name, data.count());
     reduce_scatter_into(data.data(), data.data(), data.data() + block_offset(data.count()),
                         data.count(), op);
+    backend_.synchronize();
   }
   template <element T, reduction_op<T> Op>
-  void reduce_scatter(host_view<const T> in, host_view<T> out, Op op) {
+  void reduce_scatter(view<const T> in, view<T> out, Op op) {
     require_count("reduce_scatter", "out", out.count(), block_count(in.count()));
     begin_call(collective::reduce_scatter, dtype_of<T>, Op::name, in.count());
     reduce_scatter_into(in.data(), static_cast<T*>(nullptr), out.data(), in.count(), op);
+    backend_.synchronize();
   }
 
   template <element T>
-  void allgather(host_view<const T> in, host_view<T> out) {
+  void allgather(view<const T> in, view<T> out) {
     const std::size_t count = in.count();
     const auto p = static_cast<std::size_t>(size());
     require_count("allgather", "out", out.count(), count * p);
     begin_call(collective::allgather, dtype_of<T>, "", count);
     T* mine = out.data() + static_cast<std::size_t>(rank()) * count;
-    if (in.data() != mine) place_check(in, host_view<T>(mine, count));
+    if (in.data() != mine) place_check(in, view<T>(mine, count));
     const schedule s = gather_schedule(out.size_bytes());
     if constexpr (peer_memory_transport<Transport>) {
       if (s.one_shot && uses_peer_memory(out.size_bytes())) {
         settle();
         executor().allgather_peer_memory(reinterpret_cast<const std::byte*>(in.data()),
-                                         reinterpret_cast<std::byte*>(out.data()), in.size_bytes());
+                                         reinterpret_cast<std::byte*>(out.data()), in.size_bytes(),
+                                         copy_only_reducer());
         return;
       }
     }
-    if (in.data() != mine) place(in, host_view<T>(mine, count));
-    run(s, out.data(), out.count(), make_reducer<T, sum_op>());
+    if (in.data() != mine) place(in, view<T>(mine, count));
+    run(s, out.data(), out.count(), make_reducer<T, sum_op>(backend_));
   }
 
   template <element T>
-  void broadcast(host_view<T> data, int root) {
+  void broadcast(view<T> data, int root) {
     if (root < 0 || root >= size()) {
       throw invalid_argument(
           {.operation = "broadcast", .rank = rank()},
@@ -224,7 +238,7 @@ class dense_collectives {
         return;
       }
     }
-    run(s, data.data(), data.count(), make_reducer<T, sum_op>());
+    run(s, data.data(), data.count(), make_reducer<T, sum_op>(backend_));
   }
 
   void barrier() {
@@ -240,7 +254,7 @@ class dense_collectives {
 
   /// Starts a call: resets the byte counts and states the call for the mismatch check.
   void begin_call(collective kind, dtype type, std::string_view op, std::size_t count,
-                  int root = -1, std::optional<compressed_path> compressed = std::nullopt) {
+                  int root = -1, std::optional<aggregation> compressed = std::nullopt) {
     buffers_.bytes_sent = 0;
     buffers_.bytes_received = 0;
     check_.begin(
@@ -267,7 +281,8 @@ class dense_collectives {
       return;
     }
     run_allreduce(allreduce_schedule_for(count * sizeof(T)), x, x, count,
-                  make_reducer<T, sum_op>());
+                  make_reducer<T, sum_op>(backend_));
+    backend_.synchronize();
   }
 
   /// Gathers every rank's `bytes` at `mine` into `all`, rank q's at q x `stride` (`stride` >=
@@ -282,11 +297,12 @@ class dense_collectives {
     const schedule s = gather_schedule(total);
     if constexpr (peer_memory_transport<Transport>) {
       if (s.one_shot && uses_peer_memory(total)) {
-        executor().allgather_peer_memory(slot, all, stride);
+        executor().allgather_peer_memory(slot, all, stride, copy_only_reducer());
         return;
       }
     }
     executor().run(s, all, total, copy_only_reducer());
+    backend_.synchronize();
   }
 
   /// Every rank's `bytes` at `mine` into `all`, rank q's at q x `bytes`, by messages.
@@ -307,7 +323,11 @@ class dense_collectives {
         return;
       }
     }
-    if (in != out) std::memcpy(out, in, count * r.element_bytes);
+    if (in != out && count != 0) {
+      r.copy(reinterpret_cast<std::byte*>(out), reinterpret_cast<const std::byte*>(in),
+             count * r.element_bytes);
+      r.settle();
+    }
     if constexpr (direct_transport<Transport>) {
       if (s.one_shot && windows_fit(r)) {
         executor().run_one_shot(reinterpret_cast<std::byte*>(out), count, r, window_round_, [this] {
@@ -323,7 +343,7 @@ class dense_collectives {
  private:
   // Throws if `in` and `out` overlap without being the same memory.
   template <element T>
-  void place_check(host_view<const T> in, host_view<T> out) {
+  void place_check(view<const T> in, view<T> out) {
     if (in.data() == out.data() || in.empty()) return;
     const auto* a = reinterpret_cast<const std::byte*>(in.data());
     const auto* b = reinterpret_cast<const std::byte*>(out.data());
@@ -335,9 +355,12 @@ class dense_collectives {
 
   // Copies `in` to `out` (same count), unless they are the same memory.
   template <element T>
-  void place(host_view<const T> in, host_view<T> out) {
+  void place(view<const T> in, view<T> out) {
     place_check(in, out);
-    if (in.data() != out.data() && !in.empty()) std::memcpy(out.data(), in.data(), in.size_bytes());
+    if (in.data() != out.data() && !in.empty()) {
+      dispatch::copy_on(backend_, out, in);
+      backend_.synchronize();
+    }
   }
 
   // Whether a one-shot collective of `bytes` goes through the peers' own memory.
@@ -352,14 +375,14 @@ class dense_collectives {
 
   // out = op over ranks of in (`in` may be `out.data()`), then the op's finalize.
   template <element T, reduction_op<T> Op>
-  void allreduce_into(const T* in, host_view<T> out, Op op) {
+  void allreduce_into(const T* in, view<T> out, Op op) {
     if (out.empty()) {
       settle();
       return;
     }
     run_allreduce(allreduce_schedule_for(out.size_bytes()), in, out.data(), out.count(),
-                  make_reducer<T, Op>());
-    kernels::finalize(host_backend{}, op, out, static_cast<std::size_t>(size()));
+                  make_reducer<T, Op>(backend_));
+    dispatch::finalize_on(backend_, op, out, static_cast<std::size_t>(size()));
   }
 
   // Reduce-scatter of `count` elements of `in` into `out` (this rank's block). `whole` is
@@ -369,8 +392,8 @@ class dense_collectives {
   void reduce_scatter_into(const T* in, T* whole, T* out, std::size_t count, Op op) {
     const std::size_t bytes = count * sizeof(T);
     const schedule s = scatter_schedule(bytes);
-    const host_view<T> result(out, block_count(count));
-    const reducer r = make_reducer<T, Op>();
+    const view<T> result(out, block_count(count));
+    const reducer r = make_reducer<T, Op>(backend_);
     bool done = false;
     if constexpr (peer_memory_transport<Transport>) {
       if (s.one_shot && uses_peer_memory(bytes)) {
@@ -384,13 +407,20 @@ class dense_collectives {
       if (whole == nullptr) {
         if (work_.size() < bytes) work_.resize(bytes);
         whole = reinterpret_cast<T*>(work_.data());
-        if (count != 0) std::memcpy(whole, in, bytes);
+        if (count != 0) {
+          r.copy(reinterpret_cast<std::byte*>(whole), reinterpret_cast<const std::byte*>(in),
+                 bytes);
+          r.settle();
+        }
       }
       run(s, whole, count, r);
       T* mine = whole + block_offset(count);
-      if (mine != out && !result.empty()) std::memcpy(out, mine, result.size_bytes());
+      if (mine != out && !result.empty()) {
+        r.copy(reinterpret_cast<std::byte*>(out), reinterpret_cast<const std::byte*>(mine),
+               result.size_bytes());
+      }
     }
-    kernels::finalize(host_backend{}, op, result, static_cast<std::size_t>(size()));
+    dispatch::finalize_on(backend_, op, result, static_cast<std::size_t>(size()));
   }
 
   // The schedules of reduce_scatter and allgather: the topology's own, else direct's one-shot
@@ -428,18 +458,18 @@ class dense_collectives {
   }
 
   // A reducer for schedules that only copy (allgather): bytes, never combined.
-  static reducer copy_only_reducer() {
-    return {.element_bytes = 1,
-            .reduce_into =
-                [](std::byte*, const std::byte*, std::size_t) {
-                  throw error(make_error_code(errc::internal), {.operation = "allgather"},
-                              "a copy-only schedule asked for a reduction");
-                },
-            .reduce =
-                [](std::byte*, const std::byte*, const std::byte*, std::size_t) {
-                  throw error(make_error_code(errc::internal), {.operation = "allgather"},
-                              "a copy-only schedule asked for a reduction");
-                }};
+  reducer copy_only_reducer() const {
+    reducer r = make_reducer<float, sum_op>(backend_);  // its copy and its ordering point
+    r.element_bytes = 1;
+    r.combine_into = [](const void*, std::byte*, const std::byte*, std::size_t) {
+      throw error(make_error_code(errc::internal), {.operation = "allgather"},
+                  "a copy-only schedule asked for a reduction");
+    };
+    r.combine = [](const void*, std::byte*, const std::byte*, const std::byte*, std::size_t) {
+      throw error(make_error_code(errc::internal), {.operation = "allgather"},
+                  "a copy-only schedule asked for a reduction");
+    };
+    return r;
   }
 
   // The allreduce schedule for `bytes`, kept for the next call of the same size, so that a
@@ -457,6 +487,7 @@ class dense_collectives {
 
   Transport transport_;
   Topology topology_;
+  Backend backend_;
   call_check<Transport> check_;
   collective_tuning tuning_;
   std::size_t window_round_ = 0;

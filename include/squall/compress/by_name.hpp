@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// Compressors by name, the way a command line names them: "name[:parameter][+ef][@algorithm]",
+/// Compressors by name, the way a command line names them: "name[:parameter][+ef][@aggregation]",
 /// e.g. "topk:0.01+ef", "qsgd:4", "cast:bf16", "powersgd:4+ef", "topk:0.001+ef@gtopk",
 /// "int8@gather", "none". `parse_compressor` reads the text (and says what is wrong with it);
 /// `visit_compressor` calls a generic callable with the policy the text names, so a program
@@ -19,31 +19,28 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>  // strtod
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 
 namespace squall {
 
-/// One compressor as named on a command line. `parameter` and `algorithm` are "" when absent.
+/// One compressor as named on a command line. `parameter` is "" and `aggregation` empty when
+/// absent.
 struct compressor_choice {
-  std::string text;       ///< as given: "topk:0.001+ef@gtopk"
-  std::string name;       ///< "topk"
-  std::string parameter;  ///< "0.001"
-  std::string algorithm;  ///< "gtopk"
+  std::string text;                                ///< as given: "topk:0.001+ef@gtopk"
+  std::string name;                                ///< "topk"
+  std::string parameter;                           ///< "0.001"
+  std::optional<squall::aggregation> aggregation;  ///< aggregation::gtopk
   bool error_feedback = false;
 
   /// "none": the dense collective.
   bool dense() const { return name == "none"; }
 
-  /// `tuning` with this choice's algorithm: allgather|gtopk set `sparse`, per_hop|gather|automatic
-  /// set `requantize`; unchanged without one.
+  /// `tuning` with this choice's aggregation; unchanged without one.
   collective_tuning tuned(collective_tuning tuning) const {
-    if (algorithm == "allgather") tuning.sparse = sparse_algorithm::allgather;
-    if (algorithm == "gtopk") tuning.sparse = sparse_algorithm::gtopk;
-    if (algorithm == "per_hop") tuning.requantize = requantize_algorithm::per_hop;
-    if (algorithm == "gather") tuning.requantize = requantize_algorithm::gather;
-    if (algorithm == "automatic") tuning.requantize = requantize_algorithm::automatic;
+    if (aggregation) tuning.aggregation = *aggregation;
     return tuning;
   }
 };
@@ -78,7 +75,7 @@ inline std::string compressor_usage() {
       out += parameter.substr(0, parameter.find(' '));
     }
   }
-  out += " [+ef] [@allgather|gtopk|per_hop|gather|automatic]";
+  out += " [+ef] [@automatic|linear|low_rank|per_hop|gtopk|gather]";
   return out;
 }
 
@@ -109,21 +106,23 @@ decltype(auto) visit_with_feedback(const compressor_choice& choice, C c, F&& f) 
 
 }  // namespace detail
 
-/// Reads "name[:parameter][+ef][@algorithm]"; throws `invalid_argument` naming the text and
-/// what is wrong (unknown name or algorithm, a parameter the name does not take, "none" with a
+/// Reads "name[:parameter][+ef][@aggregation]"; throws `invalid_argument` naming the text and
+/// what is wrong (unknown name or aggregation, a parameter the name does not take, "none" with a
 /// suffix). The parameter's value is checked by `visit_compressor`.
 inline compressor_choice parse_compressor(std::string_view text) {
   compressor_choice choice;
   choice.text = std::string(text);
   std::string body(text);
   if (const std::size_t at = body.find('@'); at != std::string::npos) {
-    choice.algorithm = body.substr(at + 1);
+    const std::string asked = body.substr(at + 1);
     body.resize(at);
-    constexpr std::array<std::string_view, 5> known{"allgather", "gtopk", "per_hop", "gather",
-                                                    "automatic"};
-    if (std::find(known.begin(), known.end(), choice.algorithm) == known.end()) {
-      detail::bad_compressor(text, "unknown algorithm '" + choice.algorithm +
-                                       "' (allgather, gtopk, per_hop, gather or automatic)");
+    for (auto a : {aggregation::automatic, aggregation::linear, aggregation::low_rank,
+                   aggregation::per_hop, aggregation::gtopk, aggregation::gather}) {
+      if (asked == to_string(a)) choice.aggregation = a;
+    }
+    if (!choice.aggregation) {
+      detail::bad_compressor(text, "unknown aggregation '" + asked +
+                                       "' (automatic, linear, low_rank, per_hop, gtopk or gather)");
     }
   }
   if (body.size() > 3 && body.compare(body.size() - 3, 3, "+ef") == 0) {
@@ -142,7 +141,7 @@ inline compressor_choice parse_compressor(std::string_view text) {
   if (colon != std::string::npos && known->second.empty()) {
     detail::bad_compressor(text, choice.name + " takes no parameter");
   }
-  if (choice.dense() && (choice.error_feedback || !choice.algorithm.empty())) {
+  if (choice.dense() && (choice.error_feedback || choice.aggregation)) {
     detail::bad_compressor(text, "none takes no +ef or @algorithm");
   }
   return choice;

@@ -8,6 +8,7 @@
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
+#include <squall/core/random.hpp>
 #include <squall/core/types.hpp>
 #include <squall/kernels/host/convert.hpp>
 #include <squall/kernels/host/reduce.hpp>
@@ -35,7 +36,7 @@ struct cast_compressor {
   static constexpr std::string_view name = std::same_as<To, float16>
                                                ? std::string_view("cast_float16")
                                                : std::string_view("cast_bfloat16");
-  static constexpr aggregation_class aggregation = aggregation_class::linear;
+  static constexpr aggregation_set aggregations{aggregation::linear, aggregation::gather};
   static constexpr bool fixed_size = true;
   static constexpr payload_kind kind =
       std::same_as<To, float16> ? payload_kind::cast_float16 : payload_kind::cast_bfloat16;
@@ -53,7 +54,8 @@ struct cast_compressor {
   /// `invalid_argument` if `payload` is too small or not 2-byte aligned.
   template <class B, castable T>
   std::size_t encode(const B& backend, buffer_view<const T, typename B::memory_space> in,
-                     buffer_view<std::byte, typename B::memory_space> payload) const {
+                     buffer_view<std::byte, typename B::memory_space> payload,
+                     random_stream /*stream*/ = {}) const {
     const std::size_t size = max_payload_bytes(dtype_of<T>, in.count());
     if (payload.count() < size) {
       throw invalid_argument({.operation = name}, "payload buffer of " +

@@ -9,6 +9,7 @@
 /// every `encode`, and saved / restored as bytes with a checked header (checkpoints).
 
 #include <squall/compress/payload.hpp>
+#include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
@@ -87,11 +88,12 @@ class error_feedback_state {
   std::vector<T> residual_;
 };
 
-/// Wraps compressor `C` with error feedback; same payloads, same aggregation class.
+/// Wraps compressor `C` with error feedback; same payloads, same aggregations.
 template <compressor C>
 struct error_feedback {
   static constexpr std::string_view name = "error_feedback";
-  static constexpr aggregation_class aggregation = C::aggregation;
+  static constexpr aggregation_set aggregations = C::aggregations;
+  static constexpr bool majority_vote = compression_traits<C>::majority_vote;
   C inner{};
 
   std::size_t max_payload_bytes(dtype type, std::size_t count) const {

@@ -7,7 +7,7 @@
 /// A specialization says, for `count` input elements of `T`, the body's byte `offset` in the
 /// payload, its element count, and its element type `element<T>`; the bytes before the
 /// offset (header, seed, step, shape) are the same on every rank that encodes the same
-/// step, and are not reduced. A compressor declaring `aggregation_class::linear` without a
+/// step, and are not reduced. A compressor declaring `aggregation::linear` without a
 /// specialization does not compile in a compressed allreduce (a `static_assert` in the
 /// communicator names it and the topology); other classes gather their payloads.
 ///

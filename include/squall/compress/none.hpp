@@ -6,6 +6,7 @@
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
+#include <squall/core/random.hpp>
 #include <squall/detail/bytes.hpp>
 #include <squall/kernels/host/reduce.hpp>
 
@@ -19,7 +20,7 @@ namespace squall {
 /// Sends elements as they are. Linear (payloads add as the elements do) and fixed-size.
 struct identity_compressor {
   static constexpr std::string_view name = "none";
-  static constexpr aggregation_class aggregation = aggregation_class::linear;
+  static constexpr aggregation_set aggregations{aggregation::linear};
   static constexpr bool fixed_size = true;
 
   /// `count` elements of `type` take `count * size_of(type)` bytes; throws `invalid_argument`
@@ -37,7 +38,8 @@ struct identity_compressor {
   /// `invalid_argument` if `payload` is too small.
   template <class B, element T>
   std::size_t encode(const B& backend, buffer_view<const T, typename B::memory_space> in,
-                     buffer_view<std::byte, typename B::memory_space> payload) const {
+                     buffer_view<std::byte, typename B::memory_space> payload,
+                     random_stream /*stream*/ = {}) const {
     const auto bytes = detail::as_bytes(in);
     if (payload.count() < bytes.count()) {
       throw invalid_argument({.operation = "identity_compressor encode"},

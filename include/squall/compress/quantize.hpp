@@ -16,6 +16,7 @@
 /// A value decodes as (code - s) x scale / s (sign: +-scale).
 
 #include <squall/compress/payload.hpp>
+#include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
@@ -34,13 +35,13 @@
 namespace squall {
 
 /// What a quantizer is: a type with static constexpr `name`, `kind` (payload_kind),
-/// `aggregation`, `scheme` (kernels::quantize_scheme) and `default_bucket` (0: one bucket for
-/// the whole tensor).
+/// `aggregations`, `scheme` (kernels::quantize_scheme) and `default_bucket` (0: one bucket for
+/// the whole tensor), and optionally `majority_vote`.
 template <class S>
 concept quantizer_spec = requires {
   { S::name } -> std::convertible_to<std::string_view>;
   { S::kind } -> std::convertible_to<payload_kind>;
-  { S::aggregation } -> std::convertible_to<aggregation_class>;
+  { S::aggregations } -> std::convertible_to<aggregation_set>;
   { S::scheme } -> std::convertible_to<kernels::quantize_scheme>;
   { S::default_bucket } -> std::convertible_to<std::uint64_t>;
 };
@@ -55,7 +56,9 @@ concept quantizer_spec = requires {
 template <quantizer_spec Spec>
 struct quantize_compressor {
   static constexpr std::string_view name = Spec::name;
-  static constexpr aggregation_class aggregation = Spec::aggregation;
+  static constexpr aggregation_set aggregations = Spec::aggregations;
+  /// sign_vote: the gathered payloads are summed as a majority vote (a spec may omit it)
+  static constexpr bool majority_vote = compression_traits<Spec>::majority_vote;
   static constexpr bool fixed_size = true;
   static constexpr payload_kind kind = Spec::kind;
   static constexpr kernels::quantize_scheme scheme = Spec::scheme;
@@ -203,7 +206,7 @@ struct quantize_compressor {
 struct int8_spec {
   static constexpr std::string_view name = "int8";
   static constexpr payload_kind kind = payload_kind::int8;
-  static constexpr aggregation_class aggregation = aggregation_class::requantize;
+  static constexpr aggregation_set aggregations{aggregation::per_hop, aggregation::gather};
   static constexpr kernels::quantize_scheme scheme = {.levels = 127,
                                                       .width = 8,
                                                       .scale = kernels::bucket_scale::max_abs,
@@ -220,7 +223,7 @@ using int8_compressor = quantize_compressor<int8_spec>;
 struct sign_spec {
   static constexpr std::string_view name = "sign";
   static constexpr payload_kind kind = payload_kind::sign;
-  static constexpr aggregation_class aggregation = aggregation_class::requantize;
+  static constexpr aggregation_set aggregations{aggregation::per_hop, aggregation::gather};
   static constexpr kernels::quantize_scheme scheme = {.levels = 1,
                                                       .width = 1,
                                                       .scale = kernels::bucket_scale::mean_abs,
@@ -237,7 +240,8 @@ using sign_compressor = quantize_compressor<sign_spec>;
 struct sign_vote_spec {
   static constexpr std::string_view name = "sign_vote";
   static constexpr payload_kind kind = payload_kind::sign_vote;
-  static constexpr aggregation_class aggregation = aggregation_class::vote;
+  static constexpr aggregation_set aggregations{aggregation::gather};
+  static constexpr bool majority_vote = true;
   static constexpr kernels::quantize_scheme scheme = {.levels = 1,
                                                       .width = 1,
                                                       .scale = kernels::bucket_scale::mean_abs,
@@ -253,7 +257,7 @@ using sign_vote_compressor = quantize_compressor<sign_vote_spec>;
 struct terngrad_spec {
   static constexpr std::string_view name = "terngrad";
   static constexpr payload_kind kind = payload_kind::terngrad;
-  static constexpr aggregation_class aggregation = aggregation_class::requantize;
+  static constexpr aggregation_set aggregations{aggregation::per_hop, aggregation::gather};
   static constexpr kernels::quantize_scheme scheme = {.levels = 1,
                                                       .width = 2,
                                                       .scale = kernels::bucket_scale::max_abs,
@@ -277,7 +281,7 @@ template <std::uint32_t Levels>
 requires(Levels >= 1 && Levels <= 127) struct qsgd_spec {
   static constexpr std::string_view name = "qsgd";
   static constexpr payload_kind kind = payload_kind::qsgd;
-  static constexpr aggregation_class aggregation = aggregation_class::requantize;
+  static constexpr aggregation_set aggregations{aggregation::per_hop, aggregation::gather};
   static constexpr kernels::quantize_scheme scheme = {.levels = Levels,
                                                       .width = qsgd_width(Levels),
                                                       .scale = kernels::bucket_scale::l2_norm,

@@ -83,7 +83,7 @@ struct count_sketch_compressor {
   static_assert(Rows <= 65535, "count_sketch_compressor: Rows must fit the header's u16");
 
   static constexpr std::string_view name = "count_sketch";
-  static constexpr aggregation_class aggregation = aggregation_class::linear;
+  static constexpr aggregation_set aggregations{aggregation::linear, aggregation::gather};
   static constexpr bool fixed_size = true;
   static constexpr payload_kind kind = payload_kind::count_sketch;
   static constexpr std::size_t rows = Rows;
@@ -360,7 +360,7 @@ class powersgd_state {
 /// answer to keep.
 struct powersgd_compressor {
   static constexpr std::string_view name = "powersgd";
-  static constexpr aggregation_class aggregation = aggregation_class::linear;
+  static constexpr aggregation_set aggregations{aggregation::low_rank};
   static constexpr bool fixed_size = true;
   static constexpr payload_kind kind = payload_kind::powersgd;
   /// Bytes before P: header, m, c.

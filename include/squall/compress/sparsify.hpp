@@ -221,7 +221,7 @@ enum class topk_method {
 /// is sent, as DGC does. The payload may hold fewer than k entries.
 struct topk_compressor {
   static constexpr std::string_view name = "topk";
-  static constexpr aggregation_class aggregation = aggregation_class::sparse;
+  static constexpr aggregation_set aggregations{aggregation::gather, aggregation::gtopk};
   static constexpr payload_kind kind = payload_kind::topk;
 
   /// The fraction of elements sent (>= 0, finite; values above 1 send everything).
@@ -299,7 +299,7 @@ static_assert(compressor<topk_compressor>);
 /// infinities are sent as they are (`check_finite` makes encode throw instead).
 struct randomk_compressor {
   static constexpr std::string_view name = "randomk";
-  static constexpr aggregation_class aggregation = aggregation_class::linear;
+  static constexpr aggregation_set aggregations{aggregation::linear, aggregation::gather};
   static constexpr bool fixed_size = true;
   static constexpr payload_kind kind = payload_kind::randomk;
 
@@ -389,7 +389,7 @@ static_assert(compressor<randomk_compressor>);
 /// it passes and is sent as NaN (it propagates); `check_finite` makes encode throw instead.
 struct threshold_compressor {
   static constexpr std::string_view name = "threshold";
-  static constexpr aggregation_class aggregation = aggregation_class::sparse;
+  static constexpr aggregation_set aggregations{aggregation::gather, aggregation::gtopk};
   static constexpr payload_kind kind = payload_kind::threshold;
 
   /// The threshold and the magnitude sent; must be finite and > 0 (encode throws

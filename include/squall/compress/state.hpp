@@ -7,8 +7,8 @@
 ///   and of the shared ones (randomk's indices, count_sketch's hashes); each compressed
 ///   collective advances it by one, so every rank must start from the same step;
 /// - the residual (`error_feedback_state<T>`) when `C` is `error_feedback<Inner>`;
-/// - PowerSGD's warm-started Q (`powersgd_state<T>`) when `C` or `Inner` is
-///   `powersgd_compressor`.
+/// - a low-rank compressor's warm-started Q (PowerSGD's `powersgd_state<T>`) when `C` or
+///   `Inner` allows `aggregation::low_rank`.
 ///
 /// `save()` gives checked bytes (layout below) and `restore()` takes them back, refusing a
 /// state of another compressor, element type or count.
@@ -21,12 +21,13 @@
 ///   offset 24  48 bytes: the compressor's label (`compressor_label<C>()`), zero padded
 ///   offset 72  u64 residual bytes R (0 without error feedback), then R bytes of
 ///              `error_feedback_state<T>::save()`
-///   then       u64 PowerSGD bytes S (0 without PowerSGD), then S bytes of
-///              `powersgd_state<T>::save()`
+///   then       u64 low-rank bytes S (0 without), then S bytes of the low-rank state's
+///              `save()` (`powersgd_state<T>::save()` for PowerSGD)
 
 #include <squall/compress/error_feedback.hpp>
 #include <squall/compress/payload.hpp>
 #include <squall/compress/sketch.hpp>
+#include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
@@ -42,6 +43,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>  // declval
 #include <vector>
 
 namespace squall {
@@ -62,10 +64,16 @@ using inner_compressor_t = typename inner_compressor<C>::type;
 template <class C>
 inline constexpr bool is_error_feedback = !std::same_as<inner_compressor_t<C>, C>;
 
-/// Whether `C` (or its `Inner`) is PowerSGD, whose allreduce runs the power iteration
-/// across ranks and keeps Q in the state.
+/// Whether `C` (or its `Inner`) allows the low-rank aggregation (PowerSGD), whose allreduce
+/// runs the power iteration across ranks and keeps Q in the state.
 template <class C>
-inline constexpr bool uses_powersgd = std::same_as<inner_compressor_t<C>, powersgd_compressor>;
+inline constexpr bool uses_low_rank =
+    compression_traits<inner_compressor_t<C>>::aggregations.contains(aggregation::low_rank);
+
+/// The state a low-rank compressor keeps per tensor (`Inner::make_state<T>(count)`).
+template <class C, class T>
+using low_rank_state_t =
+    decltype(std::declval<const inner_compressor_t<C>&>().template make_state<T>(std::size_t{}));
 
 /// The compressor `c` wraps (`c.inner` for error feedback), or `c` itself.
 template <class C>
@@ -76,6 +84,18 @@ const inner_compressor_t<C>& inner_of(const C& c) {
     return c;
   }
 }
+
+namespace detail {
+/// The low-rank state `compression_state` keeps: `low_rank_state_t`, or nothing.
+template <class C, class T, bool = uses_low_rank<C>>
+struct low_rank_slot {
+  using type = low_rank_state_t<C, T>;
+};
+template <class C, class T>
+struct low_rank_slot<C, T, false> {
+  struct type {};
+};
+}  // namespace detail
 
 /// The name a saved state records for `C`: `C::name`, or "error_feedback<" + the inner
 /// compressor's name + ">".
@@ -106,13 +126,15 @@ class compression_state {
  public:
   using compressor_type = C;
   using value_type = T;
+  /// The low-rank compressor's state (`low_rank_state_t<C, T>`; an empty type for others).
+  using low_rank_type = typename detail::low_rank_slot<C, T>::type;
 
   /// A fresh state at step 0: a zero residual, and PowerSGD's Q drawn from the compressor's
   /// seed (the same on every rank). Throws `invalid_argument` for a PowerSGD rank outside
   /// 1..65535.
   compression_state(const C& c, std::size_t count) : count_(count) {
     if constexpr (is_error_feedback<C>) residual_.emplace(count);
-    if constexpr (uses_powersgd<C>) powersgd_.emplace(inner_of(c).template make_state<T>(count));
+    if constexpr (uses_low_rank<C>) low_rank_.emplace(inner_of(c).template make_state<T>(count));
   }
   /// A fresh state for a default-constructed `C`.
   explicit compression_state(std::size_t count) : compression_state(C{}, count) {}
@@ -133,9 +155,9 @@ class compression_state {
   const error_feedback_state<T>& residual() const requires is_error_feedback<C> {
     return *residual_;
   }
-  /// PowerSGD's state, Q (only with PowerSGD).
-  powersgd_state<T>& powersgd() requires uses_powersgd<C> { return *powersgd_; }
-  const powersgd_state<T>& powersgd() const requires uses_powersgd<C> { return *powersgd_; }
+  /// The low-rank state, Q (only with a low-rank compressor: PowerSGD).
+  low_rank_type& low_rank() requires uses_low_rank<C> { return *low_rank_; }
+  const low_rank_type& low_rank() const requires uses_low_rank<C> { return *low_rank_; }
 
   /// The state as bytes (layout in the file comment).
   std::vector<std::byte> save() const {
@@ -153,7 +175,11 @@ class compression_state {
     std::memcpy(out.data() + 8, fields, 16);
     std::memcpy(out.data() + 24, label.data(), std::min(label.size(), label_bytes));
     append_blob(out, residual_ ? residual_->save() : std::vector<std::byte>{});
-    append_blob(out, powersgd_ ? powersgd_->save() : std::vector<std::byte>{});
+    if constexpr (uses_low_rank<C>) {
+      append_blob(out, low_rank_->save());
+    } else {
+      append_blob(out, {});
+    }
     return out;
   }
 
@@ -200,13 +226,12 @@ class compression_state {
     }
     std::size_t at = fixed_bytes;
     const host_view<const std::byte> residual_bytes = take_blob(bytes, at, where);
-    const host_view<const std::byte> powersgd_bytes = take_blob(bytes, at, where);
+    const host_view<const std::byte> low_rank_bytes = take_blob(bytes, at, where);
     if (at != bytes.count()) {
       throw invalid_argument(where,
                              std::to_string(bytes.count() - at) + " bytes after the sub-states");
     }
     std::optional<error_feedback_state<T>> residual;
-    std::optional<powersgd_state<T>> powersgd;
     if constexpr (is_error_feedback<C>) {
       residual.emplace(error_feedback_state<T>::restore(residual_bytes));
       if (residual->count() != count_) {
@@ -216,23 +241,24 @@ class compression_state {
     } else if (!residual_bytes.empty()) {
       throw invalid_argument(where, "a residual, where the compressor keeps none");
     }
-    if constexpr (uses_powersgd<C>) {
-      powersgd.emplace(powersgd_state<T>::restore(powersgd_bytes));
-      if (powersgd->rows() != powersgd_->rows() || powersgd->columns() != powersgd_->columns() ||
-          powersgd->rank() != powersgd_->rank()) {
-        throw invalid_argument(where, "a PowerSGD state of " + std::to_string(powersgd->rows()) +
-                                          " x " + std::to_string(powersgd->columns()) + " rank " +
-                                          std::to_string(powersgd->rank()) + " restored for " +
-                                          std::to_string(powersgd_->rows()) + " x " +
-                                          std::to_string(powersgd_->columns()) + " rank " +
-                                          std::to_string(powersgd_->rank()));
+    std::optional<low_rank_type> low_rank;
+    if constexpr (uses_low_rank<C>) {
+      low_rank.emplace(low_rank_type::restore(low_rank_bytes));
+      if (low_rank->rows() != low_rank_->rows() || low_rank->columns() != low_rank_->columns() ||
+          low_rank->rank() != low_rank_->rank()) {
+        throw invalid_argument(where, "a low-rank state of " + std::to_string(low_rank->rows()) +
+                                          " x " + std::to_string(low_rank->columns()) + " rank " +
+                                          std::to_string(low_rank->rank()) + " restored for " +
+                                          std::to_string(low_rank_->rows()) + " x " +
+                                          std::to_string(low_rank_->columns()) + " rank " +
+                                          std::to_string(low_rank_->rank()));
       }
-    } else if (!powersgd_bytes.empty()) {
-      throw invalid_argument(where, "a PowerSGD state, where the compressor keeps none");
+    } else if (!low_rank_bytes.empty()) {
+      throw invalid_argument(where, "a low-rank state, where the compressor keeps none");
     }
     step_ = fields[1];
     if constexpr (is_error_feedback<C>) residual_ = std::move(residual);
-    if constexpr (uses_powersgd<C>) powersgd_ = std::move(powersgd);
+    if constexpr (uses_low_rank<C>) low_rank_ = std::move(low_rank);
   }
 
  private:
@@ -267,7 +293,7 @@ class compression_state {
   std::size_t count_ = 0;
   std::uint64_t step_ = 0;
   std::optional<error_feedback_state<T>> residual_;
-  std::optional<powersgd_state<T>> powersgd_;
+  std::optional<low_rank_type> low_rank_;
 };
 
 }  // namespace squall

@@ -259,6 +259,8 @@ struct cost_model {
 /// rank picks the same schedule. `allreduce_schedule(...).name` says which was chosen.
 struct automatic_topology {
   static constexpr std::string_view name = "automatic";
+  /// Every candidate's allreduce schedule suits per-hop requantization.
+  static constexpr bool per_hop_schedule = true;
   /// The formulas with the transport's link costs unless set: `communicator::calibrate`
   /// measures it on the ranks at hand, `cost_model::load` reads a saved measurement.
   cost_model model{};

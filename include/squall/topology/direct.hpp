@@ -18,6 +18,8 @@ namespace squall {
 /// messages: P-1 sends and receives per half.
 struct direct_topology {
   static constexpr std::string_view name = "direct";
+  /// Its allreduce schedule suits per-hop requantization (algorithm/detail/requantize.hpp).
+  static constexpr bool per_hop_schedule = true;
 
   schedule allreduce_schedule(int rank, int size, std::size_t /*bytes*/) const {
     schedule s = reduce_scatter_schedule(rank, size);

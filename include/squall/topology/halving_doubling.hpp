@@ -18,6 +18,8 @@ namespace squall {
 /// schedule only: broadcast, reduce-scatter and allgather use the communicator's defaults.
 struct halving_doubling_topology {
   static constexpr std::string_view name = "halving_doubling";
+  /// Its allreduce schedule suits per-hop requantization (algorithm/detail/requantize.hpp).
+  static constexpr bool per_hop_schedule = true;
 
   schedule allreduce_schedule(int rank, int size, std::size_t /*bytes*/) const {
     schedule s{.name = name};

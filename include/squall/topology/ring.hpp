@@ -14,6 +14,8 @@ namespace squall {
 /// pipelined chain from the root.
 struct ring_topology {
   static constexpr std::string_view name = "ring";
+  /// Its allreduce schedule suits per-hop requantization (algorithm/detail/requantize.hpp).
+  static constexpr bool per_hop_schedule = true;
 
   // step k < P-1: send block r-k-1 to r+1, reduce block r-k-2 from r-1 (reduce-scatter);
   // step P-1+k: send block r-k to r+1, copy block r-k-1 from r-1 (allgather).

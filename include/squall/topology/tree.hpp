@@ -13,6 +13,8 @@ namespace squall {
 /// pipelines each half in pieces of `chunk_bytes`: the pieces stream up to the root, then down.
 struct tree_topology {
   static constexpr std::string_view name = "tree";
+  /// Its allreduce schedule suits per-hop requantization (algorithm/detail/requantize.hpp).
+  static constexpr bool per_hop_schedule = true;
 
   // up: reduce each child's partial, send to the parent; down: copy from the parent, send to
   // each child. Rooted at rank 0.

@@ -2,6 +2,8 @@
 #pragma once
 /// Tuning is data: structs passed to plans and, as template arguments, to kernels.
 
+#include <squall/core/aggregation.hpp>
+
 #include <cstddef>  // size_t
 
 namespace squall {
@@ -22,30 +24,6 @@ inline constexpr kernel_tuning elementwise_tuning{.threads_per_block = 256, .ite
 /// How the executor cuts a collective: each block of a schedule moves in pieces of at most
 /// `chunk_bytes`, and at most `pipeline_depth` sends stay in flight before the oldest is
 /// waited for. `max_chunk_bytes`-style small values force many pieces in tests.
-/// How a compressed allreduce sums sparse payloads (topk, threshold).
-enum class sparse_algorithm {
-  /// Every rank gathers every rank's (index, value) list and sums them: O(k P) bytes per rank,
-  /// the exact sum of the sparse vectors.
-  allgather,
-  /// gTop-k (Shi et al., "A Distributed Synchronous SGD Algorithm with Global Top-k
-  /// Sparsification for Low Bandwidth Networks", ICDCS 2019, arXiv 1901.04359): pairwise
-  /// merges up a tree keep the global k largest, then a broadcast of the k winners:
-  /// O(k log P) bytes per rank.
-  gtopk,
-};
-
-/// How a compressed allreduce sums requantized payloads (int8, qsgd, terngrad, sign).
-enum class requantize_algorithm {
-  /// per_hop on ring and tree topologies, gather on the others.
-  automatic,
-  /// Decode, add and re-encode at each hop of the ring or tree (as CGX does): the bytes of a
-  /// dense ring or tree times the compression, an error that grows with the hops.
-  per_hop,
-  /// Gather every rank's payload, decode and sum them all: O(P) payloads per rank, one
-  /// quantization per input.
-  gather,
-};
-
 struct collective_tuning {
   std::size_t chunk_bytes = std::size_t{256} << 10;
   std::size_t pipeline_depth = 8;
@@ -57,10 +35,13 @@ struct collective_tuning {
   /// 48.4; 4 ranks (oversubscribed): 16 KiB 27.1 / 11.7, 64 KiB 36.1 / 32.1, 256 KiB 73.7 /
   /// 105.4. 64 KiB is where neither rank count loses much.
   std::size_t peer_memory_bytes = std::size_t{64} << 10;
-  /// The algorithm of a compressed allreduce of sparse payloads.
-  squall::sparse_algorithm sparse = squall::sparse_algorithm::allgather;
-  /// The algorithm of a compressed allreduce of requantized payloads.
-  squall::requantize_algorithm requantize = squall::requantize_algorithm::automatic;
+  /// How a compressed allreduce sums payloads: `automatic` runs the compressor's first
+  /// allowed aggregation (its `aggregations`) that the topology can run: linear for cast,
+  /// randomk and count_sketch, low_rank for PowerSGD, per_hop for int8, qsgd, terngrad and sign
+  /// where the topology's schedule allows it (else gather), gather for topk, threshold and
+  /// sign_vote. Naming one the compressor does not allow, or per_hop where the schedule does
+  /// not allow it, throws `invalid_argument` at the call.
+  squall::aggregation aggregation = squall::aggregation::automatic;
   friend constexpr bool operator==(const collective_tuning&, const collective_tuning&) = default;
 };
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// The compressed allreduce: which algorithm runs, chosen at compile time from the
-/// compressor's aggregation class and then from the tuning, and the buffers they keep.
+/// The compressed allreduce: which aggregation runs (what the compressor allows, then the
+/// tuning and the topology), and the buffers they keep.
 
 #include <squall/algorithm/call_check.hpp>
 #include <squall/algorithm/compressed/gather.hpp>
@@ -14,7 +14,11 @@
 #include <squall/compress/state.hpp>
 #include <squall/compress/traits.hpp>
 #include <squall/core/buffer.hpp>
+#include <squall/core/error.hpp>
 #include <squall/tuning/tuning.hpp>
+
+#include <cstddef>
+#include <string>
 
 namespace squall::detail {
 
@@ -27,56 +31,89 @@ struct compressed_workspace {
   gtopk_workspace sparse_merge;
 };
 
-/// The algorithm the compressed allreduce of `C` over `Topology` runs: chosen at compile time
-/// from the compressor's aggregation class, then from `tuning` (and, for per hop, the
-/// topology and the rank count).
+/// The aggregation the compressed allreduce of `C` over `Topology` on `size` ranks runs:
+/// `tuning.aggregation` when the compressor allows it and it runs here; `automatic`: the
+/// compressor's first allowed aggregation that runs here. Throws `invalid_argument` naming
+/// the compressor and what it allows for one it does not, and saying why for per_hop where
+/// it cannot run.
 template <class C, class Topology>
-compressed_path compressed_path_of(const collective_tuning& tuning, int rank, int size) {
+aggregation aggregation_of(const collective_tuning& tuning, int rank, int size) {
   using Inner = inner_compressor_t<C>;
-  if constexpr (uses_powersgd<C>) {
-    return compressed_path::powersgd;
-  } else if constexpr (C::aggregation == aggregation_class::linear) {
+  constexpr aggregation_set allowed = compression_traits<Inner>::aggregations;
+  if constexpr (allowed.contains(aggregation::linear)) {
     static_assert(linear_pairing<Inner, Topology>::possible);
-    return compressed_path::linear;
-  } else if constexpr (C::aggregation == aggregation_class::requantize) {
-    return uses_per_hop<Topology, Inner>(tuning.requantize, rank, size) ? compressed_path::per_hop
-                                                                        : compressed_path::gather;
-  } else if constexpr (gtopk_mergeable<Inner>) {
-    return tuning.sparse == sparse_algorithm::gtopk ? compressed_path::gtopk
-                                                    : compressed_path::gather;
-  } else {
-    return compressed_path::gather;
   }
+  if constexpr (allowed.contains(aggregation::gtopk)) {
+    static_assert(gtopk_mergeable<Inner>,
+                  "squall: this Compressor allows aggregation::gtopk, which merges payloads in "
+                  "the topk / threshold layout (payload_kind topk or threshold)");
+  }
+  const error_context where{.operation = "compressed allreduce", .rank = rank};
+  std::string why;
+  const auto runs_here = [&](aggregation a) {
+    return a != aggregation::per_hop || per_hop_runs<Topology, Inner>(size, &why);
+  };
+  const aggregation asked = tuning.aggregation;
+  if (asked == aggregation::automatic) {
+    for (std::size_t i = 0; i < allowed.size(); ++i) {
+      if (runs_here(allowed[i])) return allowed[i];
+    }
+    throw invalid_argument(where, why);
+  }
+  if (!allowed.contains(asked)) {
+    throw invalid_argument(where, "collective_tuning::aggregation is " +
+                                      std::string(to_string(asked)) + ", which compressor '" +
+                                      std::string(Inner::name) + "' does not allow (it allows " +
+                                      allowed.names() + ")");
+  }
+  if (!runs_here(asked)) throw invalid_argument(where, why);
+  return asked;
 }
 
-/// Runs `path` (from `compressed_path_of`) on `data`; the sum, before any finalize.
+/// Runs `how` (from `aggregation_of`) on `data`; the sum, before any finalize. Only the
+/// aggregations `C` allows are instantiated.
 template <class Dense, class C, class T>
-void compressed_allreduce(compressed_path path, Dense& dense, const C& c, compressed_workspace& w,
+void compressed_allreduce(aggregation how, Dense& dense, const C& c, compressed_workspace& w,
                           host_view<T> data, compression_state<C, T>& state) {
-  switch (path) {
-    case compressed_path::powersgd:
-      if constexpr (uses_powersgd<C>)
+  constexpr aggregation_set allowed = compression_traits<inner_compressor_t<C>>::aggregations;
+  switch (how) {
+    case aggregation::low_rank:
+      if constexpr (allowed.contains(aggregation::low_rank)) {
         lowrank_allreduce(dense, c, w.lowrank, w.payload, data, state);
+        return;
+      }
       break;
-    case compressed_path::linear:
-      if constexpr (has_linear_body<inner_compressor_t<C>>) {
+    case aggregation::linear:
+      // without a linear_body, aggregation_of's static_assert has said so: no second error
+      if constexpr (allowed.contains(aggregation::linear) &&
+                    has_linear_body<inner_compressor_t<C>>) {
         linear_allreduce(dense, c, w.payload, data, state);
+        return;
       }
       break;
-    case compressed_path::per_hop:
-      if constexpr (C::aggregation == aggregation_class::requantize) {
+    case aggregation::per_hop:
+      if constexpr (allowed.contains(aggregation::per_hop)) {
         per_hop_allreduce(dense, c, w.per_hop, data, state);
+        return;
       }
       break;
-    case compressed_path::gtopk:
-      if constexpr (gtopk_mergeable<inner_compressor_t<C>>) {
+    case aggregation::gtopk:
+      if constexpr (allowed.contains(aggregation::gtopk)) {
         sparse_merge_allreduce(dense, c, w.payload, w.sparse_merge, data, state);
+        return;
       }
       break;
-    case compressed_path::gather:
-      gather_allreduce(dense, c, w.payload, w.gather, data, state);
+    case aggregation::gather:
+      if constexpr (allowed.contains(aggregation::gather)) {
+        gather_allreduce(dense, c, w.payload, w.gather, data, state);
+        return;
+      }
+      break;
+    case aggregation::automatic:
       break;
   }
+  throw error(make_error_code(errc::internal), {.operation = "compressed allreduce"},
+              "aggregation " + std::string(to_string(how)) + " is not one of " + allowed.names());
 }
 
 }  // namespace squall::detail

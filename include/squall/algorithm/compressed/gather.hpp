@@ -72,7 +72,7 @@ void gather_allreduce(Dense& dense, const C& c, payload_workspace& pw, gather_wo
   T* out = data.data();
   T* decoded = elements_of<T>(pw.decoded, count);
   const host_view<T> d(decoded, count);
-  if constexpr (C::aggregation == aggregation_class::vote) {
+  if constexpr (compression_traits<C>::majority_vote) {
     std::int32_t* votes = elements_of<std::int32_t>(w.votes, count);
     for (std::size_t q = 0; q < p; ++q) {
       c.decode(b, gathered_payload(w, stride, q), d);

@@ -21,10 +21,10 @@ namespace squall::detail {
 template <class Compressor, class Topology>
 struct linear_pairing {
   static_assert(has_linear_body<Compressor>,
-                "squall: this Compressor declares aggregation_class::linear but has no "
+                "squall: this Compressor allows aggregation::linear but has no "
                 "squall::linear_body<Compressor>, so the Topology cannot add its payloads: "
-                "specialize linear_body (where the summable body lies), or declare the "
-                "requantize class (payloads gathered, decoded and summed)");
+                "specialize linear_body (where the summable body lies), or allow "
+                "aggregation::gather only (payloads gathered, decoded and summed)");
   static constexpr bool possible = true;
 };
 

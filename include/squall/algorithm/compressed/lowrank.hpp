@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// The compressed allreduce of PowerSGD (Vogels et al., NeurIPS 2019, Algorithm 1 with error
-/// feedback): two sums of small factors through the topology's schedule.
+/// The low-rank aggregation (`aggregation::low_rank`): PowerSGD's compressed allreduce (Vogels
+/// et al., NeurIPS 2019, Algorithm 1 with error feedback), two sums of small factors through
+/// the topology's schedule, for any compressor that models `low_rank_compressor`
+/// (compress/traits.hpp says what is called).
 
 #include <squall/algorithm/compressed/payload.hpp>
 #include <squall/algorithm/detail/scratch.hpp>
 #include <squall/backend/host.hpp>
 #include <squall/compress/sketch.hpp>
 #include <squall/compress/state.hpp>
+#include <squall/compress/traits.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
 #include <squall/core/ops.hpp>
@@ -17,11 +20,12 @@
 #include <cstddef>
 #include <cstring>  // memcpy
 #include <string>
+#include <type_traits>  // remove_cvref_t
 #include <vector>
 
 namespace squall::detail {
 
-/// PowerSGD's factors between calls: P and this rank's Q.
+/// The factors between calls: P and this rank's Q.
 struct lowrank_workspace {
   std::vector<std::byte> factors;
 };
@@ -33,13 +37,14 @@ template <class Dense, class C, class T>
 void lowrank_allreduce(Dense& dense, const C& compressor, lowrank_workspace& w,
                        payload_workspace& scratch, host_view<T> data,
                        compression_state<C, T>& state) {
-  const powersgd_compressor& c = inner_of(compressor);
-  powersgd_state<T>& ps = state.powersgd();
+  const auto& c = inner_of(compressor);
+  static_assert(low_rank_compressor<std::remove_cvref_t<decltype(c)>, T>);
+  auto& ps = state.low_rank();
   const std::size_t count = data.count();
-  const powersgd_shape shape = c.shape(count);
+  const auto shape = c.shape(count);
   if (ps.rows() != shape.rows || ps.columns() != shape.columns || ps.rank() != c.rank) {
     throw invalid_argument({.operation = "compressed allreduce", .rank = dense.rank()},
-                           "a PowerSGD state of " + std::to_string(ps.rows()) + " x " +
+                           "a low-rank state of " + std::to_string(ps.rows()) + " x " +
                                std::to_string(ps.columns()) + " rank " + std::to_string(ps.rank()) +
                                " used for " + std::to_string(shape.rows) + " x " +
                                std::to_string(shape.columns) + " rank " + std::to_string(c.rank));

@@ -6,14 +6,11 @@
 #include <squall/algorithm/detail/requantize.hpp>
 #include <squall/compress/state.hpp>
 #include <squall/core/buffer.hpp>
-#include <squall/topology/ring.hpp>
-
-#include <concepts>  // same_as
 
 namespace squall::detail {
 
-/// Runs the ring's hops on `ring_topology`, the tree's otherwise (`uses_per_hop` allows only
-/// those two); error feedback through the state's residual.
+/// Walks the topology's own allreduce schedule for the payload's bytes (`per_hop_runs` allows
+/// topologies declaring `per_hop_schedule`); error feedback through the state's residual.
 template <class Dense, class C, class T>
 void per_hop_allreduce(Dense& dense, const C& c, requantize_buffers& w, host_view<T> data,
                        compression_state<C, T>& state) {
@@ -27,11 +24,11 @@ void per_hop_allreduce(Dense& dense, const C& c, requantize_buffers& w, host_vie
       .received = dense.counters().bytes_received,
       .step = state.step()};
   if constexpr (is_error_feedback<C>) hops.residual = state.residual().residual().data();
-  if constexpr (std::same_as<typename Dense::topology_type, ring_topology>) {
-    hops.ring(data.data(), data.count());
-  } else {
-    hops.tree(data.data(), data.count());
-  }
+  const std::size_t bytes = inner_of(c).max_payload_bytes(dtype_of<T>, data.count());
+  const auto schedule_of = [&](int rank) {
+    return dense.topology().allreduce_schedule(rank, dense.size(), bytes);
+  };
+  hops.walk(schedule_of(dense.rank()), schedule_of, data.data(), data.count());
 }
 
 }  // namespace squall::detail

@@ -4,6 +4,7 @@
 /// over steps in squall. It moves bytes and calls a type-erased `reducer`, so one
 /// instantiation per transport serves every element type and op (STYLE P3).
 
+#include <squall/backend/dispatch.hpp>
 #include <squall/backend/host.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/error.hpp>
@@ -24,33 +25,74 @@
 
 namespace squall::detail {
 
-/// Elementwise combination of raw bytes as elements of one type with one op.
+/// Elementwise work on raw bytes as elements of one type with one op, on one backend: the
+/// executor is not a template on the element type, the op or the backend, so it reaches the
+/// backend's kernels (backend/dispatch.hpp) through these pointers. A backend may run them
+/// later (a stream); `settle()` is the ordering point, after which their results may be read
+/// by the host or the transport and their sources reused.
 struct reducer {
   std::size_t element_bytes = 1;
+  const void* backend = nullptr;
+  void (*combine_into)(const void* backend, std::byte* dst, const std::byte* src,
+                       std::size_t count) = nullptr;
+  void (*combine)(const void* backend, std::byte* dst, const std::byte* a, const std::byte* b,
+                  std::size_t count) = nullptr;
+  void (*copy_bytes)(const void* backend, std::byte* dst, const std::byte* src,
+                     std::size_t bytes) = nullptr;
+  void (*synchronize)(const void* backend) = nullptr;
+
   /// dst[i] = dst[i] op src[i] for `count` elements
-  void (*reduce_into)(std::byte* dst, const std::byte* src, std::size_t count) = nullptr;
+  void reduce_into(std::byte* dst, const std::byte* src, std::size_t count) const {
+    combine_into(backend, dst, src, count);
+  }
   /// dst[i] = a[i] op b[i] for `count` elements
-  void (*reduce)(std::byte* dst, const std::byte* a, const std::byte* b,
-                 std::size_t count) = nullptr;
+  void reduce(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count) const {
+    combine(backend, dst, a, b, count);
+  }
+  /// dst = src, `bytes` bytes
+  void copy(std::byte* dst, const std::byte* src, std::size_t bytes) const {
+    copy_bytes(backend, dst, src, bytes);
+  }
+  /// The ordering point: returns once the work started through this reducer has finished.
+  void settle() const { synchronize(backend); }
 };
 
-/// The reducer of elements `T` under `Op`, through the host kernels.
+/// The reducer of elements `T` under `Op`, through `backend`'s kernels; `backend` must
+/// outlive it.
+template <element T, reduction_op<T> Op, class Backend>
+reducer make_reducer(const Backend& backend) {
+  using M = typename Backend::memory_space;
+  return {.element_bytes = sizeof(T),
+          .backend = &backend,
+          .combine_into =
+              [](const void* b, std::byte* dst, const std::byte* src, std::size_t count) {
+                dispatch::reduce_into_on(
+                    *static_cast<const Backend*>(b), Op{},
+                    buffer_view<T, M>(reinterpret_cast<T*>(dst), count),
+                    buffer_view<const T, M>(reinterpret_cast<const T*>(src), count));
+              },
+          .combine =
+              [](const void* b, std::byte* dst, const std::byte* x, const std::byte* y,
+                 std::size_t count) {
+                dispatch::reduce_on(*static_cast<const Backend*>(b), Op{},
+                                    buffer_view<T, M>(reinterpret_cast<T*>(dst), count),
+                                    buffer_view<const T, M>(reinterpret_cast<const T*>(x), count),
+                                    buffer_view<const T, M>(reinterpret_cast<const T*>(y), count));
+              },
+          .copy_bytes =
+              [](const void* b, std::byte* dst, const std::byte* src, std::size_t bytes) {
+                dispatch::copy_on(*static_cast<const Backend*>(b),
+                                  buffer_view<std::byte, M>(dst, bytes),
+                                  buffer_view<const std::byte, M>(src, bytes));
+              },
+          .synchronize = [](const void* b) { static_cast<const Backend*>(b)->synchronize(); }};
+}
+
+/// The same on the host (calibration, tests).
 template <element T, reduction_op<T> Op>
 reducer make_reducer() {
-  return {.element_bytes = sizeof(T),
-          .reduce_into =
-              [](std::byte* dst, const std::byte* src, std::size_t count) {
-                kernels::reduce_into(host_backend{}, Op{},
-                                     host_view<T>(reinterpret_cast<T*>(dst), count),
-                                     host_view<const T>(reinterpret_cast<const T*>(src), count));
-              },
-          .reduce =
-              [](std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count) {
-                kernels::reduce(host_backend{}, Op{},
-                                host_view<T>(reinterpret_cast<T*>(dst), count),
-                                host_view<const T>(reinterpret_cast<const T*>(a), count),
-                                host_view<const T>(reinterpret_cast<const T*>(b), count));
-              }};
+  static constexpr host_backend host{};
+  return make_reducer<T, Op>(host);
 }
 
 /// The tail of every rank's window the communicator keeps for call signatures (two slots,
@@ -148,7 +190,8 @@ class executor {
       auto window = [&](int q) { return transport_.peer_view(q).data() + at; };
       std::byte* chunk = data + offset * r.element_bytes;
       // step 0: publish this rank's data.
-      std::memcpy(window(me), chunk, m * r.element_bytes);
+      r.copy(window(me), chunk, m * r.element_bytes);
+      r.settle();
       transport_.barrier().wait();
       if (offset == 0) after_first_barrier();
       // step 1: reduce slice `me` out of every window into this rank's own window, in
@@ -169,14 +212,16 @@ class executor {
           r.reduce_into(dst, window(q) + (mine.begin + i) * r.element_bytes, n);
         }
       }
+      r.settle();  // the reduced slice is complete before the peers read it
       transport_.barrier().wait();
       // step 2: copy every reduced slice back.
       for (int q = 0; q < size; ++q) {
         const index_range slice =
             split_range(m, static_cast<std::size_t>(size), static_cast<std::size_t>(q));
-        std::memcpy(chunk + slice.begin * r.element_bytes,
-                    window(q) + slice.begin * r.element_bytes, slice.count * r.element_bytes);
+        r.copy(chunk + slice.begin * r.element_bytes, window(q) + slice.begin * r.element_bytes,
+               slice.count * r.element_bytes);
       }
+      r.settle();  // the window half is free for the round after next
     }
   }
 
@@ -238,8 +283,8 @@ class executor {
 
   /// Allgather through the peers' own memory: every rank writes its `block_bytes` into block
   /// r of every peer's `out` and of its own; a barrier ends it. `in` may be block r of `out`.
-  void allgather_peer_memory(const std::byte* in, std::byte* out,
-                             std::size_t block_bytes) requires peer_memory_transport<Transport> {
+  void allgather_peer_memory(const std::byte* in, std::byte* out, std::size_t block_bytes,
+                             const reducer& r) requires peer_memory_transport<Transport> {
     const int size = transport_.size();
     const int me = transport_.rank();
     const std::uint64_t mine = reinterpret_cast<std::uint64_t>(out);
@@ -252,7 +297,10 @@ class executor {
     }
     sent_ += static_cast<std::uint64_t>(size - 1) * block_bytes;
     received_ += static_cast<std::uint64_t>(size - 1) * block_bytes;  // the peers' writes
-    if (in != out + at) std::memcpy(out + at, in, block_bytes);
+    if (in != out + at) {
+      r.copy(out + at, in, block_bytes);
+      r.settle();
+    }
     transport_.barrier().wait();
   }
 
@@ -321,6 +369,7 @@ class executor {
         } else {
           r.reduce_into(out + i * e, scratch_.data(), n);
         }
+        r.settle();  // the scratch is read again for the next peer
       }
       after(at, n);
     }
@@ -382,6 +431,9 @@ class executor {
                           p.count);
           }
         }
+        // the ordering point: the reduced pieces are complete before a later step sends them,
+        // and the scratch they were reduced from is free for the next receive
+        if (st.action == step_action::reduce && k != 0) r.settle();
         wait_sends(tuning_.pipeline_depth);
       }
     }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// gTop-k: the compressed allreduce of sparse payloads (topk, threshold) when
-/// `collective_tuning::sparse` is `sparse_algorithm::gtopk` (Shi et al., "A Distributed
+/// `collective_tuning::aggregation` is `aggregation::gtopk` (Shi et al., "A Distributed
 /// Synchronous SGD Algorithm with Global Top-k Sparsification for Low Bandwidth Networks",
 /// ICDCS 2019, arXiv 1901.04359, Algorithms 2 and 3).
 ///
@@ -47,6 +47,7 @@
 #include <squall/backend/host.hpp>
 #include <squall/compress/payload.hpp>
 #include <squall/compress/sparsify.hpp>
+#include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
@@ -66,9 +67,10 @@ namespace squall::detail {
 
 inline constexpr std::string_view gtopk_name = "gtopk allreduce";
 
-/// Compressors whose payloads gTop-k merges: sparse, in the topk / threshold layout.
+/// Compressors whose payloads gTop-k merges: they allow `aggregation::gtopk`, which needs the
+/// topk / threshold payload layout (sorted indices, then values), the one the merge decodes.
 template <class C>
-concept gtopk_mergeable = C::aggregation == aggregation_class::sparse &&
+concept gtopk_mergeable = compression_traits<C>::aggregations.contains(aggregation::gtopk) &&
                           (C::kind == payload_kind::topk || C::kind == payload_kind::threshold);
 
 /// A sparse set: `n` entries, indices strictly increasing, and the merge cap.

@@ -46,7 +46,10 @@
 #include <cstddef>    // byte, size_t
 #include <cstdint>
 #include <cstring>  // memcpy
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>  // pair
 #include <vector>
 
 namespace squall::detail {
@@ -61,41 +64,54 @@ constexpr random_stream hop_stream(std::uint64_t step, int rank, int size, int h
                     static_cast<std::uint32_t>(size) * static_cast<std::uint32_t>(hop)};
 }
 
-/// Whether topology `Topology` runs per-hop requantization (ring and tree).
+/// Whether `Topology` declares that its allreduce schedule suits per-hop requantization
+/// (`static constexpr bool per_hop_schedule = true`): a reduce phase in which each rank sends
+/// each block at most once, then a distribute phase that starts at a step receiving with
+/// `copy` or marked `new_phase`, over the blocks of one partition (or the whole buffer).
+/// ring, tree, direct, halving_doubling and automatic do; hierarchical does not (its phases
+/// mix partitions).
 template <class Topology>
-inline constexpr bool per_hop_topology =
-    std::same_as<Topology, ring_topology> || std::same_as<Topology, tree_topology>;
+inline constexpr bool per_hop_topology = [] {
+  if constexpr (requires { Topology::per_hop_schedule; }) {
+    return static_cast<bool>(Topology::per_hop_schedule);
+  } else {
+    return false;
+  }
+}();
 
-/// Whether a compressed allreduce of compressor `Inner` over `Topology` requantizes per hop
-/// under `algorithm`: `automatic` on ring and tree with a fixed-size payload, `per_hop`
-/// there too (elsewhere `invalid_argument` naming the topology), `gather` never.
+/// Whether per-hop requantization of compressor `Inner` runs over `Topology` on `size` ranks:
+/// a topology declaring `per_hop_schedule`, a fixed-size payload, at most
+/// `max_per_hop_ranks`. Where not, `why` says why.
 template <class Topology, class Inner>
-bool uses_per_hop(requantize_algorithm algorithm, int rank, int size) {
-  constexpr bool able = per_hop_topology<Topology> && compression_traits<Inner>::fixed_size;
-  if (algorithm == requantize_algorithm::gather) return false;
-  if (algorithm == requantize_algorithm::per_hop && !able) {
-    throw invalid_argument({.operation = "compressed allreduce", .rank = rank},
-                           "requantize_algorithm::per_hop runs on ring_topology and "
-                           "tree_topology with fixed-size payloads, not on topology '" +
-                               std::string(Topology::name) + "' with compressor '" +
-                               std::string(Inner::name) + "'");
+bool per_hop_runs(int size, std::string* why = nullptr) {
+  if (!per_hop_topology<Topology> || !compression_traits<Inner>::fixed_size) {
+    if (why != nullptr) {
+      *why =
+          "per-hop requantization runs on a topology declaring per_hop_schedule (ring, tree, "
+          "direct, halving_doubling, automatic) with fixed-size payloads, not on topology '" +
+          std::string(Topology::name) + "' with compressor '" + std::string(Inner::name) + "'";
+    }
+    return false;
   }
-  if (able && std::same_as<Topology, ring_topology> && size > max_per_hop_ranks) {
-    if (algorithm == requantize_algorithm::automatic) return false;
-    throw invalid_argument({.operation = "compressed allreduce", .rank = rank},
-                           "per-hop requantization on a ring of " + std::to_string(size) +
-                               " ranks (at most " + std::to_string(max_per_hop_ranks) + ")");
+  if (size > max_per_hop_ranks) {
+    if (why != nullptr) {
+      *why = "per-hop requantization on " + std::to_string(size) + " ranks (at most " +
+             std::to_string(max_per_hop_ranks) + ")";
+    }
+    return false;
   }
-  return able;
+  return true;
 }
 
 /// The buffers per-hop requantization keeps between calls (owned by the communicator).
 struct requantize_buffers {
-  std::vector<std::byte> send;       ///< the payload this rank encodes
-  std::vector<std::byte> recv;       ///< received payloads (the tree: one per child)
-  std::vector<std::byte> finals;     ///< the ring's final payload of every block
+  std::vector<std::byte> send;       ///< the payload this rank encodes in the reduce phase
+  std::vector<std::byte> recv;       ///< a received partial's payload
+  std::vector<std::byte> finals;     ///< the final payload of every block
   std::vector<std::byte> decoded;    ///< a decoded payload
   std::vector<std::size_t> offsets;  ///< where each block's final payload starts in `finals`
+  std::vector<char> encoded;         ///< per block: this rank encoded it
+  std::vector<char> final_here;      ///< per block: its final payload is in `finals`
 };
 
 /// One per-hop requantized allreduce (sum) on one rank: `c` is the bare compressor (no
@@ -111,125 +127,201 @@ struct requantize_hops {
   std::uint64_t step = 0;
   T* residual = nullptr;
 
-  /// The ring over P near-equal blocks (`split_range`):
-  // step k < P-1: encode the partial of block r-k-1 (hop k), send it to r+1; receive block
-  //   r-k-2's partial from r-1, decode it and add it to this rank's block r-k-2;
-  // then: block r holds the full sum: encode it once (hop P-1), the final payload;
-  // step P-1+k: send the final payload of block r-k to r+1, receive block r-k-1's from r-1;
+  /// Walks `s`, the topology's allreduce schedule, with payloads in place of elements:
+  // reduce phase (up to the first step that receives with `copy` or is marked `new_phase`):
+  //   a send encodes the partial sum of its blocks as one payload (the rank's next hop);
+  //   a receive decodes the payload and adds it to this rank's blocks;
+  // distribute phase: a send carries the final payload of each of its blocks (the owner
+  //   encodes a block's final payload, its next hop, the first time it sends it); a receive
+  //   (`copy`) keeps the payloads it gets;
   // last: every rank decodes every block's final payload (its own too).
-  void ring(T* data, std::size_t count) {
+  // Blocks are those of the schedule's partition (`parts`; whole-buffer ranges span them all).
+  // Each rank must send each block at most once in the reduce phase and never encode a block
+  // twice (what makes error feedback's residuals add up); a schedule that breaks a rule gets
+  // `invalid_argument` naming it.
+  // `schedule_of(q)` is rank q's schedule (`s` is this rank's): the partition is the one
+  // blocked steps use; a rank whose own steps all move the whole buffer (the tree, the ranks
+  // halving-doubling folds in) takes its peers', so the final payloads it relays line up.
+  template <class ScheduleOf>
+  void walk(const schedule& s, ScheduleOf&& schedule_of, T* data, std::size_t count) {
     const int r = transport.rank();
     const int p = transport.size();
     if (count == 0) return;
-    const auto parts = static_cast<std::size_t>(p);
-    const auto block = [&](int b) {
-      return split_range(count, parts, static_cast<std::size_t>(wrap(b, p)));
+    const auto partition = [&](const schedule& of) {
+      std::size_t n = 1;
+      for (const squall::step& st : of.steps) {
+        for (const block_range* range : {&st.send, &st.recv}) {
+          if (range->parts == 1) continue;
+          if (n != 1 && range->parts != n) refuse(of, "mixes block partitions");
+          n = range->parts;
+        }
+      }
+      return n;
     };
-    const auto payload_bytes = [&](int b) {
-      return c.max_payload_bytes(dtype_of<T>, block(b).count);
+    std::size_t parts = partition(s);
+    if (parts == 1) {
+      for (const squall::step& st : s.steps) {
+        for (const int q : {st.send_to, st.recv_from}) {
+          if (q == nobody) continue;
+          const std::size_t theirs = partition(schedule_of(q));
+          if (parts != 1 && theirs != 1 && theirs != parts) refuse(s, "mixes block partitions");
+          parts = std::max(parts, theirs);
+        }
+      }
+    }
+    const auto block = [&](std::size_t b) { return split_range(count, parts, b); };
+    const auto blocks_of = [&](const block_range& range) -> std::pair<std::size_t, std::size_t> {
+      if (range.parts == 1) return {0, parts};
+      if (range.first + range.count > parts) refuse(s, "has a range past its last block");
+      return {range.first, range.first + range.count};
+    };
+    const auto span_of = [&](std::pair<std::size_t, std::size_t> b) {
+      const std::size_t begin = block(b.first).begin;
+      return index_range{begin, block(b.second - 1).begin + block(b.second - 1).count - begin};
     };
     // final payloads at 16-byte aligned offsets (decode reads the scales in place)
-    std::size_t widest = 0;
     std::vector<std::size_t>& at = buffers.offsets;
     at.assign(parts + 1, 0);
-    for (int b = 0; b < p; ++b) {
-      const std::size_t n = payload_bytes(b);
-      widest = std::max(widest, n);
-      at[static_cast<std::size_t>(b) + 1] = at[static_cast<std::size_t>(b)] + align_up(n, 16);
+    for (std::size_t b = 0; b < parts; ++b) {
+      at[b + 1] = at[b] + align_up(c.max_payload_bytes(dtype_of<T>, block(b).count), 16);
     }
+    // the final payloads of blocks [first, last): from the first's start to the last's end
+    const auto finals_bytes = [&](std::pair<std::size_t, std::size_t> b) {
+      return at[b.second - 1] - at[b.first] +
+             c.max_payload_bytes(dtype_of<T>, block(b.second - 1).count);
+    };
+    const std::size_t widest = c.max_payload_bytes(dtype_of<T>, count);
     if (buffers.finals.size() < at[parts]) buffers.finals.resize(at[parts]);
     if (buffers.send.size() < widest) buffers.send.resize(widest);
     if (buffers.recv.size() < widest) buffers.recv.resize(widest);
-    T* decoded = elements_of<T>(buffers.decoded, block(0).count);
+    T* decoded = elements_of<T>(buffers.decoded, count);
+    std::vector<char>& encoded = buffers.encoded;        // per block: encoded by this rank
+    std::vector<char>& final_here = buffers.final_here;  // per block: its final payload is here
+    encoded.assign(parts, 0);
+    final_here.assign(parts, 0);
+    // The rules first, on this rank's schedule alone, so that a rank refuses a schedule
+    // before it moves a byte (a pending receive would wait for its deadline).
+    {
+      int hops = 0;
+      bool distribute = false;
+      encoded.assign(parts, 0);
+      final_here.assign(parts, 0);
+      const auto mark = [&](std::pair<std::size_t, std::size_t> b) {
+        for (std::size_t i = b.first; i < b.second; ++i) {
+          if (encoded[i] != 0) refuse(s, "makes a rank encode a block twice");
+          encoded[i] = 1;
+        }
+        ++hops;
+      };
+      for (const squall::step& st : s.steps) {
+        if (st.new_phase || st.action == step_action::copy) distribute = true;
+        if (distribute && st.action == step_action::reduce) refuse(s, "reduces after distributing");
+        if (st.send_to != nobody) {
+          const auto out = blocks_of(st.send);
+          if (!distribute) mark(out);
+          for (std::size_t b = out.first; distribute && b < out.second; ++b) {
+            if (final_here[b] == 0) mark({b, b + 1});
+            final_here[b] = 1;
+          }
+        }
+        if (st.recv_from != nobody && distribute) {
+          const auto in = blocks_of(st.recv);
+          for (std::size_t b = in.first; b < in.second; ++b) final_here[b] = 1;
+        }
+      }
+      for (std::size_t b = 0; b < parts; ++b) {
+        if (final_here[b] != 0) continue;
+        if (p != 1) refuse(s, "leaves a rank without a block's final payload");
+        mark({b, b + 1});
+      }
+      if (hops > p) refuse(s, "makes a rank encode more than P times");
+      encoded.assign(parts, 0);
+      final_here.assign(parts, 0);
+    }
     compensate(data, count);
-    const int next = wrap(r + 1, p);
-    const int prev = wrap(r - 1, p);
-    for (int k = 0; k + 1 < p; ++k) {
-      const index_range out = block(r - k - 1);
-      const index_range in = block(r - k - 2);
-      const std::size_t in_bytes = payload_bytes(r - k - 2);
-      auto got = transport.recv(prev, {buffers.recv.data(), in_bytes});
-      received += in_bytes;
-      const std::size_t n =
-          encode(data, out, buffers.send.data(), hop_stream(step, r, p, k), decoded);
-      auto gone = transport.send(next, {buffers.send.data(), n});
-      sent += n;
-      got.wait();
-      decode(buffers.recv.data(), in_bytes, decoded, in.count);
-      kernels::reduce_into(host_backend{}, sum_op{}, host_view<T>(data + in.begin, in.count),
-                           host_view<const T>(decoded, in.count));
-      gone.wait();
+    int hop = 0;
+    const auto next_stream = [&] {
+      if (hop >= p) refuse(s, "makes a rank encode more than P times");
+      return hop_stream(step, r, p, hop++);
+    };
+    const auto mark_encoded = [&](std::pair<std::size_t, std::size_t> b) {
+      for (std::size_t i = b.first; i < b.second; ++i) {
+        if (encoded[i] != 0) refuse(s, "makes a rank encode a block twice");
+        encoded[i] = 1;
+      }
+    };
+    bool distribute = false;
+    for (const squall::step& st : s.steps) {
+      if (st.new_phase || st.action == step_action::copy) distribute = true;
+      if (distribute && st.action == step_action::reduce) refuse(s, "reduces after distributing");
+      using completion = decltype(transport.recv(0, buffer_view<std::byte>{}));
+      std::optional<completion> got;
+      std::optional<completion> gone;
+      std::pair<std::size_t, std::size_t> in{};
+      std::size_t in_bytes = 0;
+      if (st.recv_from != nobody) {
+        in = blocks_of(st.recv);
+        std::byte* into = buffers.recv.data();
+        if (distribute) {
+          in_bytes = finals_bytes(in);
+          into = buffers.finals.data() + at[in.first];
+        } else {
+          in_bytes = c.max_payload_bytes(dtype_of<T>, span_of(in).count);
+        }
+        got.emplace(transport.recv(st.recv_from, {into, in_bytes}));
+        received += in_bytes;
+      }
+      if (st.send_to != nobody) {
+        const auto out = blocks_of(st.send);
+        if (distribute) {
+          for (std::size_t b = out.first; b < out.second; ++b) {
+            if (final_here[b] != 0) continue;
+            mark_encoded({b, b + 1});
+            encode(data, block(b), buffers.finals.data() + at[b], next_stream(), decoded);
+            final_here[b] = 1;
+          }
+          const std::size_t n = finals_bytes(out);
+          gone.emplace(transport.send(st.send_to, {buffers.finals.data() + at[out.first], n}));
+          sent += n;
+        } else {
+          mark_encoded(out);
+          const std::size_t n =
+              encode(data, span_of(out), buffers.send.data(), next_stream(), decoded);
+          gone.emplace(transport.send(st.send_to, {buffers.send.data(), n}));
+          sent += n;
+        }
+      }
+      if (got) {
+        got->wait();
+        if (distribute) {
+          for (std::size_t b = in.first; b < in.second; ++b) final_here[b] = 1;
+        } else {
+          const index_range range = span_of(in);
+          decode(buffers.recv.data(), in_bytes, decoded, range.count);
+          kernels::reduce_into(host_backend{}, sum_op{},
+                               host_view<T>(data + range.begin, range.count),
+                               host_view<const T>(decoded, range.count));
+        }
+      }
+      if (gone) gone->wait();
     }
-    const index_range mine = block(r);
-    encode(data, mine, buffers.finals.data() + at[static_cast<std::size_t>(r)],
-           hop_stream(step, r, p, p - 1), decoded);
-    for (int k = 0; k + 1 < p; ++k) {
-      const auto out = static_cast<std::size_t>(wrap(r - k, p));
-      const auto in = static_cast<std::size_t>(wrap(r - k - 1, p));
-      const std::size_t in_bytes = payload_bytes(static_cast<int>(in));
-      const std::size_t out_bytes = payload_bytes(static_cast<int>(out));
-      auto got = transport.recv(prev, {buffers.finals.data() + at[in], in_bytes});
-      auto gone = transport.send(next, {buffers.finals.data() + at[out], out_bytes});
-      received += in_bytes;
-      sent += out_bytes;
-      got.wait();
-      gone.wait();
-    }
-    for (int b = 0; b < p; ++b) {
-      const index_range range = block(b);
-      decode(buffers.finals.data() + at[static_cast<std::size_t>(b)], payload_bytes(b),
-             data + range.begin, range.count);
+    for (std::size_t b = 0; b < parts; ++b) {
+      if (final_here[b] == 0) {
+        // one rank holds the whole sum; elsewhere a block that never came is a broken schedule
+        if (p != 1) refuse(s, "leaves a rank without a block's final payload");
+        mark_encoded({b, b + 1});
+        encode(data, block(b), buffers.finals.data() + at[b], next_stream(), decoded);
+      }
+      decode(buffers.finals.data() + at[b], c.max_payload_bytes(dtype_of<T>, block(b).count),
+             data + block(b).begin, block(b).count);
     }
   }
 
-  /// The heap-ordered binary tree rooted at rank 0 (`tree_topology`'s):
-  // step 0: receive each child's payload (child 2r+1, then 2r+2), decode it, add it to this
-  //   rank's input in that order;
-  // step 1: encode the partial sum (hop 0); a non-root sends it to its parent and receives
-  //   the root's final payload back; the root's own encode is the final payload;
-  // step 2: send the final payload to each child; decode it.
-  void tree(T* data, std::size_t count) {
-    const int r = transport.rank();
-    const int p = transport.size();
-    if (count == 0) return;
-    const std::size_t bytes = c.max_payload_bytes(dtype_of<T>, count);
-    const std::size_t slot = align_up(bytes, 16);
-    if (buffers.send.size() < bytes) buffers.send.resize(bytes);
-    if (buffers.recv.size() < 2 * slot) buffers.recv.resize(2 * slot);
-    T* decoded = elements_of<T>(buffers.decoded, count);
-    compensate(data, count);
-    using completion = decltype(transport.recv(0, buffer_view<std::byte>{}));
-    std::vector<completion> from_children;
-    int children = 0;
-    for (int which = 0; which < 2; ++which) {
-      const int child = tree_child(r, which);
-      if (child >= p) break;
-      from_children.push_back(transport.recv(
-          child, {buffers.recv.data() + static_cast<std::size_t>(which) * slot, bytes}));
-      received += bytes;
-      ++children;
-    }
-    for (int which = 0; which < children; ++which) {
-      from_children[static_cast<std::size_t>(which)].wait();
-      decode(buffers.recv.data() + static_cast<std::size_t>(which) * slot, bytes, decoded, count);
-      kernels::reduce_into(host_backend{}, sum_op{}, host_view<T>(data, count),
-                           host_view<const T>(decoded, count));
-    }
-    encode(data, {0, count}, buffers.send.data(), hop_stream(step, r, p, 0), decoded);
-    if (r != 0) {
-      const int parent = tree_parent(r);
-      transport.send(parent, {buffers.send.data(), bytes}).wait();
-      transport.recv(parent, {buffers.send.data(), bytes}).wait();
-      sent += bytes;
-      received += bytes;
-    }
-    std::vector<completion> to_children;
-    for (int which = 0; which < children; ++which) {
-      to_children.push_back(transport.send(tree_child(r, which), {buffers.send.data(), bytes}));
-      sent += bytes;
-    }
-    for (auto& done : to_children) done.wait();
-    decode(buffers.send.data(), bytes, data, count);
+  [[noreturn]] void refuse(const schedule& s, std::string_view what) const {
+    throw invalid_argument({.operation = "compressed allreduce", .rank = transport.rank()},
+                           "per-hop requantization over schedule '" + std::string(s.name) +
+                               "', which " + std::string(what) +
+                               " (a topology declaring per_hop_schedule must not)");
   }
 
   // With error feedback: residual += g; the rank sums the residual where it would sum g.
