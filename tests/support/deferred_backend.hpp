@@ -80,7 +80,8 @@ template <element T, reduction_op<T> Op>
 void reduce(const deferred_backend& b, Op op, host_view<T> dst,
             host_view<const std::type_identity_t<T>> x,
             host_view<const std::type_identity_t<T>> y) {
-  if (deferred_kernels::disjoint(dst, x) && deferred_kernels::disjoint(dst, y)) deferred_kernels::poison(dst);
+  if (deferred_kernels::disjoint(dst, x) && deferred_kernels::disjoint(dst, y))
+    deferred_kernels::poison(dst);
   b.enqueue([=] { kernels::reduce(host_backend{}, op, dst, x, y); });
 }
 
