@@ -243,6 +243,8 @@ std::vector<outcome> run(int p, const C& c, std::size_t count, int steps,
 void require_alike(const std::vector<outcome>& seen) {
   for (const auto& o : seen) {
     for (std::size_t s = 0; s < o.out.size(); ++s) {
+      REQUIRE(o.out[s].size() == seen[0].out[s].size());
+      if (o.out[s].empty()) continue;  // memcmp takes no null pointer, even for 0 bytes
       REQUIRE(std::memcmp(o.out[s].data(), seen[0].out[s].data(), o.out[s].size() * 4) == 0);
     }
   }

@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// The one executor: walks a schedule over a transport, in pieces, pipelined. The only loop
-/// over steps in squall. It moves bytes and calls a type-erased `reducer`, so one
-/// instantiation per transport serves every element type and op (STYLE P3).
+/// The executor: walks a schedule over a transport, in pieces, pipelined. It moves bytes and
+/// calls a type-erased `reducer` (the backend's kernels and its ordering point), so one
+/// instantiation per transport serves every element type, op and backend (STYLE P3). It is
+/// one of the two loops over a topology's steps: the other is per-hop requantization's walk
+/// (detail/requantize.hpp), which moves payloads, decoding, adding and re-encoding between
+/// receive and send, one message per step. gTop-k's merge tree (detail/gtopk.hpp) is its own.
 
 #include <squall/backend/dispatch.hpp>
 #include <squall/backend/host.hpp>
