@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Must not compile: a compressor that does not declare its aggregation class.
+// Must not compile: a compressor that does not declare its aggregations.
 #include <squall/concepts.hpp>
 
 #include <cstddef>

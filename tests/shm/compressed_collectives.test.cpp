@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The compressed allreduce over shm_transport, 3 ranks as real processes (squall::launch),
-// one compressor of each aggregation class on a different topology. Every rank checks its
+// one compressor of each aggregation on a different topology. Every rank checks its
 // results against a serial reference it computes from every rank's input (the inputs are a
 // function of rank and step), and writes a hash of each result to a page shared with the
 // parent, which checks that every rank holds bitwise the same result. A rank returns 0, or a

@@ -201,7 +201,7 @@ struct quantize_compressor {
 
 /// int8: per bucket scale = max |g|, each element rounded to the nearest of 255 levels
 /// (-127..127) x scale / 127: error at most half a step, scale / 254. Deterministic. Needs
-/// decoding to add (requantize class), as in CGX (Markov et al., "CGX: Adaptive System Support
+/// decoding to add (per hop or gathered), as in CGX (Markov et al., "CGX: Adaptive System Support
 /// for Communication-Efficient Deep Learning", Middleware 2022).
 struct int8_spec {
   static constexpr std::string_view name = "int8";

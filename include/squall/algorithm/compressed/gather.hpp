@@ -2,9 +2,10 @@
 #pragma once
 /// Gather-then-reduce: every rank encodes once, the payloads are gathered through the
 /// topology's allgather schedule (sizes first unless fixed size, padded to the largest), and
-/// every rank decodes all P and sums them in rank order, or counts a vote. The path of the
-/// requantize class off ring and tree, of sparse compressors without gTop-k, of votes; and
-/// the compressed allgather.
+/// every rank decodes all P and sums them in rank order, or counts a vote
+/// (`aggregation::gather`): the per-hop compressors where the topology's schedule cannot be
+/// walked per hop (or when asked), topk and threshold by default, sign_vote; and the
+/// compressed allgather.
 
 #include <squall/algorithm/compressed/payload.hpp>
 #include <squall/algorithm/detail/scratch.hpp>
