@@ -4,7 +4,8 @@
 // results against a serial reference it computes from every rank's input (the inputs are a
 // function of rank and step), and writes a hash of each result to a page shared with the
 // parent, which checks that every rank holds bitwise the same result. A rank returns 0, or a
-// code naming the check that failed (and says which on stderr).
+// code naming the check that failed (and says which on stderr). Each case runs on
+// host_backend and again on the deferred backend, whose results must be bitwise the host's.
 // Suite: shm_compressed_collectives.
 
 #include <squall/algorithm/communicator.hpp>
@@ -37,6 +38,7 @@
 #include "../support/collective_data.hpp"
 #include "../support/compressed_reference.hpp"
 #include "../support/data.hpp"
+#include "../support/deferred_backend.hpp"
 #include "../support/gtopk_reference.hpp"
 #include "../support/requantize_reference.hpp"
 #include "../support/result_hash.hpp"
@@ -95,15 +97,15 @@ double largest_error(const std::vector<float>& got, const std::vector<double>& w
   return e;
 }
 
-/// Runs `steps` compressed allreduces with compressor `c` on `Topology` over 3 processes;
-/// `check(step, result)` returns whether a result is right.
-template <class Topology, class C, class Check>
-void run_on_processes(const C& c, bool exact, Check check,
-                      const squall::collective_tuning& tuning = {}) {
-  const shared_hashes hashes;
+/// Runs `steps` compressed allreduces with compressor `c` on `Topology` over 3 processes,
+/// kernels on `Backend`; `check(step, result)` returns whether a result is right. Each rank's
+/// hash of each result goes to `hashes`.
+template <class Topology, class C, class Backend, class Check>
+void run_on_processes_with(const shared_hashes& hashes, const C& c, bool exact, Check check,
+                           const squall::collective_tuning& tuning) {
   const auto start = std::chrono::steady_clock::now();
   test::expect_ranks_succeed(ranks, [&](const shm_job& me) {
-    squall::communicator<shm_transport, Topology, C> comm(
+    squall::communicator<shm_transport, Topology, C, Backend> comm(
         shm_transport(me, squall::options{.deadline = 60s}), test::make_topology<Topology>(me.size),
         c, squall::options{}, tuning);
     auto state = comm.template make_state<float>(count);
@@ -111,8 +113,9 @@ void run_on_processes(const C& c, bool exact, Check check,
       std::vector<float> data = input_of(me.rank, s, exact);
       comm.allreduce(squall::host_view<float>(data), state);
       if (!check(s, data)) {
-        std::fprintf(stderr, "rank %d: %s on %s: step %d is wrong\n", me.rank,
-                     squall::compressor_label<C>().c_str(), std::string(Topology::name).c_str(), s);
+        std::fprintf(stderr, "rank %d: %s on %s, %s backend: step %d is wrong\n", me.rank,
+                     squall::compressor_label<C>().c_str(), std::string(Topology::name).c_str(),
+                     std::string(Backend::name).c_str(), s);
         return 10 + s;
       }
       if (comm.size() > 1 && comm.last_transfer().bytes_sent == 0) {
@@ -125,13 +128,29 @@ void run_on_processes(const C& c, bool exact, Check check,
     return 0;
   });
   MESSAGE(squall::compressor_label<C>()
-          << " on " << Topology::name << ", 3 processes: "
+          << " on " << Topology::name << ", " << Backend::name << " backend, 3 processes: "
           << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
           << " s");
+}
+
+/// `run_on_processes_with` on host_backend and on the deferred backend (kernels queued until
+/// the algorithms' ordering points): every rank holds bitwise the same result, and the
+/// deferred run's results are bitwise the host run's.
+template <class Topology, class C, class Check>
+void run_on_processes(const C& c, bool exact, Check check,
+                      const squall::collective_tuning& tuning = {}) {
+  const shared_hashes host;
+  const shared_hashes deferred;
+  run_on_processes_with<Topology, C, squall::host_backend>(host, c, exact, check, tuning);
+  run_on_processes_with<Topology, C, test::deferred_backend>(deferred, c, exact, check, tuning);
   for (int s = 0; s < steps; ++s) {
     CAPTURE(s);
-    CHECK(hashes.at(0, s) != 0);
-    for (int r = 1; r < ranks; ++r) CHECK(hashes.at(r, s) == hashes.at(0, s));
+    CHECK(host.at(0, s) != 0);
+    for (int r = 0; r < ranks; ++r) {
+      CAPTURE(r);
+      if (r != 0) CHECK(host.at(r, s) == host.at(0, s));
+      CHECK(deferred.at(r, s) == host.at(r, s));
+    }
   }
 }
 

@@ -6,17 +6,31 @@
 // sends it, or reuses its source before an ordering point then gets a wrong answer, which the
 // collective tests, run on this backend as on host_backend, catch against their references.
 // Host memory, so any host transport carries its buffers.
+//
+// Deferred: the kernels the algorithms call between their ordering points (reduce, copy,
+// finalize, fill, the error-feedback subtraction, the vote). Eager: the compressors' kernels
+// (encode and decode steps, selection, the sketch, PowerSGD's algebra) and gTop-k's set
+// kernels, which run the queue first and then at once, as on CUDA, where each of them reads a
+// size or a check back to the host and so waits for the stream; their results are complete
+// when they return. Scratch from `allocate_scratch` starts poisoned.
 
 #include <squall/backend/host.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/ops.hpp>
+#include <squall/core/random.hpp>
 #include <squall/core/types.hpp>
+#include <squall/kernels/host/quantize.hpp>
 #include <squall/kernels/host/reduce.hpp>
+#include <squall/kernels/host/select.hpp>
+#include <squall/kernels/host/sketch.hpp>
+#include <squall/kernels/host/sparse_merge.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string_view>
 #include <type_traits>
@@ -24,6 +38,18 @@
 #include <vector>
 
 namespace squall::test {
+
+/// A byte range a kernel reads or writes.
+struct byte_range {
+  const std::byte* begin = nullptr;
+  const std::byte* end = nullptr;
+  template <class T>
+  byte_range(host_view<T> v)  // NOLINT(google-explicit-constructor): views convert
+      : begin(reinterpret_cast<const std::byte*>(v.data())), end(begin + v.size_bytes()) {}
+  bool overlaps(const byte_range& o) const {
+    return begin != end && o.begin != o.end && begin < o.end && o.begin < end;
+  }
+};
 
 class deferred_backend {
  public:
@@ -34,11 +60,27 @@ class deferred_backend {
   void synchronize() const {
     std::vector<std::function<void()>> work;
     work.swap(state_->queue);
+    state_->reads.clear();
     for (auto& kernel : work) kernel();
     ++state_->synchronized;
   }
-  /// Queues `kernel` until the next `synchronize()`.
-  void enqueue(std::function<void()> kernel) const { state_->queue.push_back(std::move(kernel)); }
+  /// Queues `kernel`, which reads `reads` and overwrites `writes` without reading them, until
+  /// the next `synchronize()`. Each of `writes` is poisoned now unless a queued kernel (this
+  /// one included) still reads it, as a stream's later kernel would leave it for the earlier.
+  void enqueue(std::function<void()> kernel, std::initializer_list<byte_range> reads,
+               std::initializer_list<byte_range> writes = {}) const {
+    for (const byte_range& w : writes) {
+      bool read = false;
+      for (const byte_range& r : state_->reads) read = read || r.overlaps(w);
+      for (const byte_range& r : reads) read = read || r.overlaps(w);
+      if (!read && w.begin != w.end) {
+        std::memset(const_cast<std::byte*>(w.begin), 0xff,
+                    static_cast<std::size_t>(w.end - w.begin));
+      }
+    }
+    state_->reads.insert(state_->reads.end(), reads.begin(), reads.end());
+    state_->queue.push_back(std::move(kernel));
+  }
   /// Kernels queued and not yet run.
   std::size_t pending() const { return state_->queue.size(); }
   /// How many times `synchronize()` ran.
@@ -47,25 +89,12 @@ class deferred_backend {
  private:
   struct state {
     std::vector<std::function<void()>> queue;
+    std::vector<byte_range> reads;  // what the queued kernels read
     std::size_t synchronized = 0;
   };
   // copies of one backend (the communicator's, the reducer's view of it) share one queue
   std::shared_ptr<state> state_ = std::make_shared<state>();
 };
-
-// (not `detail`: inside squall::test that name must keep meaning squall::detail)
-namespace deferred_kernels {
-template <class T>
-void poison(host_view<T> out) {
-  if (!out.empty()) std::memset(static_cast<void*>(out.data()), 0xff, out.size_bytes());
-}
-template <class T, class U>
-bool disjoint(host_view<T> a, host_view<U> b) {
-  const auto* x = reinterpret_cast<const std::byte*>(a.data());
-  const auto* y = reinterpret_cast<const std::byte*>(b.data());
-  return a.empty() || b.empty() || x + a.size_bytes() <= y || y + b.size_bytes() <= x;
-}
-}  // namespace deferred_kernels
 
 // The kernels, found by argument-dependent lookup on the backend (backend/dispatch.hpp); each
 // queues the host kernel.
@@ -73,29 +102,145 @@ bool disjoint(host_view<T> a, host_view<U> b) {
 template <element T, reduction_op<T> Op>
 void reduce_into(const deferred_backend& b, Op op, host_view<T> dst,
                  host_view<const std::type_identity_t<T>> src) {
-  b.enqueue([=] { kernels::reduce_into(host_backend{}, op, dst, src); });
+  b.enqueue([=] { kernels::reduce_into(host_backend{}, op, dst, src); }, {dst, src});
 }
 
 template <element T, reduction_op<T> Op>
 void reduce(const deferred_backend& b, Op op, host_view<T> dst,
             host_view<const std::type_identity_t<T>> x,
             host_view<const std::type_identity_t<T>> y) {
-  if (deferred_kernels::disjoint(dst, x) && deferred_kernels::disjoint(dst, y))
-    deferred_kernels::poison(dst);
-  b.enqueue([=] { kernels::reduce(host_backend{}, op, dst, x, y); });
+  b.enqueue([=] { kernels::reduce(host_backend{}, op, dst, x, y); }, {x, y}, {dst});
 }
 
 template <class T>
 requires std::is_trivially_copyable_v<T>
 void copy(const deferred_backend& b, host_view<T> dst,
           host_view<const std::type_identity_t<T>> src) {
-  if (deferred_kernels::disjoint(dst, src)) deferred_kernels::poison(dst);
-  b.enqueue([=] { kernels::copy(host_backend{}, dst, src); });
+  b.enqueue([=] { kernels::copy(host_backend{}, dst, src); }, {src}, {dst});
 }
 
 template <element T, reduction_op<T> Op>
 void finalize(const deferred_backend& b, Op op, host_view<T> data, std::size_t contributions) {
-  b.enqueue([=] { kernels::finalize(host_backend{}, op, data, contributions); });
+  b.enqueue([=] { kernels::finalize(host_backend{}, op, data, contributions); }, {data});
+}
+
+template <class T>
+requires std::is_trivially_copyable_v<T>
+void fill_zero(const deferred_backend& b, host_view<T> dst) {
+  b.enqueue([=] { kernels::fill_zero(host_backend{}, dst); }, {}, {dst});
+}
+
+template <element T>
+void subtract_into(const deferred_backend& b, host_view<T> dst,
+                   host_view<const std::type_identity_t<T>> src) {
+  b.enqueue([=] { kernels::subtract_into(host_backend{}, dst, src); }, {dst, src});
+}
+
+template <class T>
+requires std::is_floating_point_v<T>
+void vote_add(const deferred_backend& b, host_view<std::int32_t> votes, host_view<T> sums,
+              host_view<const std::type_identity_t<T>> x, bool first) {
+  if (first) {
+    b.enqueue([=] { kernels::vote_add(host_backend{}, votes, sums, x, first); }, {x},
+              {votes, sums});
+  } else {
+    b.enqueue([=] { kernels::vote_add(host_backend{}, votes, sums, x, first); }, {x, votes, sums});
+  }
+}
+
+template <class T>
+requires std::is_floating_point_v<T>
+void vote_finish(const deferred_backend& b, host_view<const std::int32_t> votes,
+                 host_view<T> sums) {
+  b.enqueue([=] { kernels::vote_finish(host_backend{}, votes, sums); }, {votes, sums});
+}
+
+/// Scratch from the deferred backend: allocated at once and poisoned; freed only after the
+/// kernels queued before its release have run (as `cudaFreeAsync` is stream-ordered).
+template <class T>
+class deferred_scratch {
+ public:
+  deferred_scratch(const deferred_backend& b, std::size_t count)
+      : backend_(b), storage_(std::make_shared<std::vector<T>>(count)) {
+    if (count != 0) std::memset(static_cast<void*>(storage_->data()), 0xff, count * sizeof(T));
+  }
+  deferred_scratch(deferred_scratch&&) noexcept = default;
+  deferred_scratch& operator=(deferred_scratch&&) noexcept = default;
+  ~deferred_scratch() {
+    if (storage_) backend_.enqueue([keep = storage_] {}, {});
+  }
+  T* data() const { return storage_->data(); }
+  std::size_t size() const { return storage_->size(); }
+
+ private:
+  deferred_backend backend_;
+  std::shared_ptr<std::vector<T>> storage_;
+};
+
+template <class T>
+deferred_scratch<T> allocate_scratch(const deferred_backend& b, std::size_t count) {
+  return deferred_scratch<T>(b, count);
+}
+
+// The eager kernels: the queue runs first, then the host kernel.
+#define SQUALL_TEST_EAGER_KERNEL(name)                           \
+  template <class... A>                                          \
+  decltype(auto) name(const deferred_backend& b, A&&... a) {     \
+    b.synchronize();                                             \
+    return kernels::name(host_backend{}, std::forward<A>(a)...); \
+  }
+SQUALL_TEST_EAGER_KERNEL(store_bytes)
+SQUALL_TEST_EAGER_KERNEL(load_bytes)
+SQUALL_TEST_EAGER_KERNEL(convert)
+SQUALL_TEST_EAGER_KERNEL(count_at_least)
+SQUALL_TEST_EAGER_KERNEL(first_non_finite)
+SQUALL_TEST_EAGER_KERNEL(require_finite)
+SQUALL_TEST_EAGER_KERNEL(sampled_cut)
+SQUALL_TEST_EAGER_KERNEL(keep_largest_magnitudes)
+SQUALL_TEST_EAGER_KERNEL(randomk_indices)
+SQUALL_TEST_EAGER_KERNEL(randomk_gather)
+SQUALL_TEST_EAGER_KERNEL(randomk_scatter)
+SQUALL_TEST_EAGER_KERNEL(powersgd_multiply)
+SQUALL_TEST_EAGER_KERNEL(powersgd_multiply_transposed)
+SQUALL_TEST_EAGER_KERNEL(powersgd_orthogonalize)
+SQUALL_TEST_EAGER_KERNEL(powersgd_decompress)
+#undef SQUALL_TEST_EAGER_KERNEL
+
+// ... and those called with explicit template arguments.
+#define SQUALL_TEST_EAGER_KERNEL_OF(head, name, args)                  \
+  template <head, class... A>                                          \
+  decltype(auto) name(const deferred_backend& b, A&&... a) {           \
+    b.synchronize();                                                   \
+    return kernels::name<args>(host_backend{}, std::forward<A>(a)...); \
+  }
+SQUALL_TEST_EAGER_KERNEL_OF(kernels::quantize_scheme Q, quantize, Q)
+SQUALL_TEST_EAGER_KERNEL_OF(kernels::quantize_scheme Q, dequantize, Q)
+SQUALL_TEST_EAGER_KERNEL_OF(class Index, select_topk, Index)
+SQUALL_TEST_EAGER_KERNEL_OF(class Index, write_selected, Index)
+SQUALL_TEST_EAGER_KERNEL_OF(class Index, sparse_index_fault, Index)
+SQUALL_TEST_EAGER_KERNEL_OF(class Index, scatter_sparse, Index)
+SQUALL_TEST_EAGER_KERNEL_OF(class Index, sparse_union, Index)
+SQUALL_TEST_EAGER_KERNEL_OF(class Index, sparse_keep_largest, Index)
+SQUALL_TEST_EAGER_KERNEL_OF(class Index, sparse_add_back, Index)
+#undef SQUALL_TEST_EAGER_KERNEL_OF
+
+// (a braced stream argument cannot go through a forwarding pack)
+template <class T>
+void powersgd_random_factor(const deferred_backend& b, std::uint64_t seed, random_stream stream,
+                            T* out, std::size_t count) {
+  b.synchronize();
+  kernels::powersgd_random_factor(host_backend{}, seed, stream, out, count);
+}
+
+template <std::size_t Rows, std::size_t Cols, class... A>
+void count_sketch_accumulate(const deferred_backend& b, A&&... a) {
+  b.synchronize();
+  kernels::count_sketch_accumulate<Rows, Cols>(host_backend{}, std::forward<A>(a)...);
+}
+template <std::size_t Rows, std::size_t Cols, class... A>
+void count_sketch_estimate(const deferred_backend& b, A&&... a) {
+  b.synchronize();
+  kernels::count_sketch_estimate<Rows, Cols>(host_backend{}, std::forward<A>(a)...);
 }
 
 static_assert(backend<deferred_backend>);

@@ -25,6 +25,7 @@
 
 #include "../support/compressed_reference.hpp"
 #include "../support/data.hpp"
+#include "../support/deferred_backend.hpp"
 #include "../support/thread_ranks.hpp"
 
 namespace {
@@ -43,17 +44,18 @@ std::vector<float> input_of(int r, int s, std::size_t count) {
   return v;
 }
 
-/// Every rank's gathered output of each of `steps` steps.
-template <class Topology, class C>
-std::vector<std::vector<std::vector<float>>> run(int p, const C& c, std::size_t count, int steps,
-                                                 const squall::collective_tuning& tuning,
-                                                 std::size_t window) {
+/// Every rank's gathered output of each of `steps` steps, kernels on `Backend`.
+template <class Topology, class C, class Backend>
+std::vector<std::vector<std::vector<float>>> run_on(int p, const C& c, std::size_t count, int steps,
+                                                    const squall::collective_tuning& tuning,
+                                                    std::size_t window) {
   std::vector<std::vector<std::vector<float>>> outs(static_cast<std::size_t>(p));
   run_ranks(
       p,
       [&](inproc_transport& t) {
         const int r = t.rank();
-        squall::communicator<inproc_transport, Topology, C> comm(std::move(t), {}, c, {}, tuning);
+        squall::communicator<inproc_transport, Topology, C, Backend> comm(std::move(t), {}, c, {},
+                                                                          tuning);
         auto state = comm.template make_state<float>(count);
         for (int s = 0; s < steps; ++s) {
           const std::vector<float> in = input_of(r, s, count);
@@ -64,6 +66,28 @@ std::vector<std::vector<std::vector<float>>> run(int p, const C& c, std::size_t 
       },
       {}, window);
   return outs;
+}
+
+/// `run_on` on host_backend, and on the deferred backend (kernels queued until the ordering
+/// points), whose outputs must be bitwise the host's; returns the host's.
+template <class Topology, class C>
+std::vector<std::vector<std::vector<float>>> run(int p, const C& c, std::size_t count, int steps,
+                                                 const squall::collective_tuning& tuning,
+                                                 std::size_t window) {
+  auto host = run_on<Topology, C, squall::host_backend>(p, c, count, steps, tuning, window);
+  const auto deferred =
+      run_on<Topology, C, squall::test::deferred_backend>(p, c, count, steps, tuning, window);
+  for (std::size_t r = 0; r < host.size(); ++r) {
+    for (std::size_t s = 0; s < host[r].size(); ++s) {
+      CAPTURE(r);
+      CAPTURE(s);
+      const auto& a = host[r][s];
+      const auto& b = deferred[r][s];
+      REQUIRE(a.size() == b.size());
+      REQUIRE((a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0));
+    }
+  }
+  return host;
 }
 
 template <class Topology, class C>

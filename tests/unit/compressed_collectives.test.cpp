@@ -6,7 +6,8 @@
 // count_sketch: the decode of the sum's sketch); gather-then-reduce against the serial sum
 // of each rank's payload encoded on its own; sign_vote against the majority vote; PowerSGD
 // exact on inputs of rank <= r; error feedback's conservation of mass; state save/restore
-// and rejection; the bytes each rank moved against formulas.
+// and rejection; the bytes each rank moved against formulas. Every run goes twice: on
+// host_backend and on the deferred backend, whose results must be bitwise the host's.
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/cast.hpp>
 #include <squall/compress/error_feedback.hpp>
@@ -35,6 +36,7 @@
 #include "../support/collective_data.hpp"
 #include "../support/compressed_reference.hpp"
 #include "../support/data.hpp"
+#include "../support/deferred_backend.hpp"
 #include "../support/thread_ranks.hpp"
 #include "../support/topologies.hpp"
 
@@ -73,19 +75,20 @@ struct rank_record {
 };
 
 /// Runs `steps` compressed allreduces of `input(rank, step)` on `p` thread ranks with
-/// compressor `c`; with `resume`, each rank's state is first restored from resume[rank].
-template <class Topology, class C, class T = float, class Op = squall::sum_op, class Input>
-std::vector<rank_record<T>> run_compressed(
-    int p, const C& c, std::size_t count, int steps, Input input,
-    const squall::collective_tuning& tuning = tiny_pieces, std::size_t window = 4096,
-    const squall::options& opts = {}, const std::vector<std::vector<std::byte>>* resume = nullptr) {
+/// compressor `c`, kernels on `Backend`; with `resume`, each rank's state is first restored
+/// from resume[rank].
+template <class Topology, class C, class T, class Op, class Backend, class Input>
+std::vector<rank_record<T>> run_compressed_on(int p, const C& c, std::size_t count, int steps,
+                                              Input input, const squall::collective_tuning& tuning,
+                                              std::size_t window, const squall::options& opts,
+                                              const std::vector<std::vector<std::byte>>* resume) {
   std::vector<rank_record<T>> records(static_cast<std::size_t>(p));
   run_ranks(
       p,
       [&](inproc_transport& t) {
         const int r = t.rank();
         auto& rec = records[static_cast<std::size_t>(r)];
-        squall::communicator<inproc_transport, Topology, C> comm(
+        squall::communicator<inproc_transport, Topology, C, Backend> comm(
             std::move(t), make_topology<Topology>(p), c, opts, gathering<C>(tuning));
         auto state = comm.template make_state<T>(count);
         if (resume != nullptr) {
@@ -105,6 +108,39 @@ std::vector<rank_record<T>> run_compressed(
       },
       {}, window);
   return records;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+/// `run_compressed_on` on host_backend, and again on the deferred backend (kernels queued
+/// until the algorithms' ordering points, outputs poisoned till then), whose every result,
+/// residual, byte count and saved state must be bitwise the host's; returns the host's records.
+template <class Topology, class C, class T = float, class Op = squall::sum_op, class Input>
+std::vector<rank_record<T>> run_compressed(
+    int p, const C& c, std::size_t count, int steps, Input input,
+    const squall::collective_tuning& tuning = tiny_pieces, std::size_t window = 4096,
+    const squall::options& opts = {}, const std::vector<std::vector<std::byte>>* resume = nullptr) {
+  auto host = run_compressed_on<Topology, C, T, Op, squall::host_backend>(
+      p, c, count, steps, input, tuning, window, opts, resume);
+  const auto deferred = run_compressed_on<Topology, C, T, Op, squall::test::deferred_backend>(
+      p, c, count, steps, input, tuning, window, opts, resume);
+  for (std::size_t r = 0; r < host.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(deferred[r].out.size() == host[r].out.size());
+    for (std::size_t s = 0; s < host[r].out.size(); ++s) {
+      CAPTURE(s);
+      REQUIRE(same_bits(deferred[r].out[s], host[r].out[s]));
+    }
+    REQUIRE(same_bits(deferred[r].residual, host[r].residual));
+    REQUIRE(same_bits(deferred[r].saved, host[r].saved));
+    REQUIRE(deferred[r].stats.bytes_sent == host[r].stats.bytes_sent);
+    REQUIRE(deferred[r].stats.bytes_received == host[r].stats.bytes_received);
+  }
+  return host;
 }
 
 /// Every rank's result of every step is bitwise rank 0's.

@@ -26,6 +26,7 @@
 #include "../support/collective_data.hpp"
 #include "../support/compressed_reference.hpp"
 #include "../support/data.hpp"
+#include "../support/deferred_backend.hpp"
 #include "../support/gtopk_reference.hpp"
 #include "../support/thread_ranks.hpp"
 
@@ -47,18 +48,20 @@ struct record {
   squall::transfer_stats stats;
 };
 
-/// `steps` compressed allreduces of `input(rank, step)` on `p` thread ranks.
-template <class Topology, class C, class T, class Op = squall::sum_op, class Input>
-std::vector<record<T>> run(int p, const C& c, std::size_t count, int steps, Input input,
-                           const squall::collective_tuning& tuning = gtopk_tuning,
-                           const squall::options& opts = {}, std::size_t window = 4096) {
+/// `steps` compressed allreduces of `input(rank, step)` on `p` thread ranks, kernels on
+/// `Backend`.
+template <class Topology, class C, class T, class Op, class Backend, class Input>
+std::vector<record<T>> run_on(int p, const C& c, std::size_t count, int steps, Input input,
+                              const squall::collective_tuning& tuning, const squall::options& opts,
+                              std::size_t window) {
   std::vector<record<T>> records(static_cast<std::size_t>(p));
   run_ranks(
       p,
       [&](inproc_transport& t) {
         const int r = t.rank();
         auto& rec = records[static_cast<std::size_t>(r)];
-        squall::communicator<inproc_transport, Topology, C> comm(std::move(t), {}, c, opts, tuning);
+        squall::communicator<inproc_transport, Topology, C, Backend> comm(std::move(t), {}, c, opts,
+                                                                          tuning);
         auto state = comm.template make_state<T>(count);
         for (int s = 0; s < steps; ++s) {
           std::vector<T> data = input(r, s);
@@ -73,6 +76,38 @@ std::vector<record<T>> run(int p, const C& c, std::size_t count, int steps, Inpu
       },
       {}, window);
   return records;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+/// `run_on` on host_backend, and on the deferred backend (kernels queued until the ordering
+/// points), whose results, residuals and byte counts must be bitwise the host's; returns the
+/// host's.
+template <class Topology, class C, class T, class Op = squall::sum_op, class Input>
+std::vector<record<T>> run(int p, const C& c, std::size_t count, int steps, Input input,
+                           const squall::collective_tuning& tuning = gtopk_tuning,
+                           const squall::options& opts = {}, std::size_t window = 4096) {
+  auto host = run_on<Topology, C, T, Op, squall::host_backend>(p, c, count, steps, input, tuning,
+                                                               opts, window);
+  const auto deferred = run_on<Topology, C, T, Op, squall::test::deferred_backend>(
+      p, c, count, steps, input, tuning, opts, window);
+  for (std::size_t r = 0; r < host.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(deferred[r].out.size() == host[r].out.size());
+    for (std::size_t s = 0; s < host[r].out.size(); ++s) {
+      REQUIRE(same_bits(deferred[r].out[s], host[r].out[s]));
+    }
+    REQUIRE(deferred[r].residual.size() == host[r].residual.size());
+    for (std::size_t s = 0; s < host[r].residual.size(); ++s) {
+      REQUIRE(same_bits(deferred[r].residual[s], host[r].residual[s]));
+    }
+    REQUIRE(deferred[r].stats.bytes_sent == host[r].stats.bytes_sent);
+  }
+  return host;
 }
 
 template <class T>

@@ -27,6 +27,7 @@
 
 #include "../support/compressed_reference.hpp"
 #include "../support/data.hpp"
+#include "../support/deferred_backend.hpp"
 #include "../support/requantize_reference.hpp"
 #include "../support/thread_ranks.hpp"
 
@@ -59,16 +60,15 @@ std::vector<std::vector<float>> inputs_at(int p, int step, std::size_t count, bo
   return in;
 }
 
-/// `steps` compressed allreduces on `p` thread ranks.
-template <class Topology, class C, class Op = squall::sum_op>
-std::vector<record<float>> run(int p, const C& c, std::size_t count, int steps,
-                               aggregation how = aggregation::per_hop, bool fixed = false,
-                               const squall::options& opts = {}) {
+/// `steps` compressed allreduces on `p` thread ranks, kernels on `Backend`.
+template <class Topology, class C, class Op, class Backend>
+std::vector<record<float>> run_on(int p, const C& c, std::size_t count, int steps, aggregation how,
+                                  bool fixed, const squall::options& opts) {
   std::vector<record<float>> records(static_cast<std::size_t>(p));
   squall::test::run_ranks(p, [&](inproc_transport& t) {
     const int r = t.rank();
     auto& rec = records[static_cast<std::size_t>(r)];
-    squall::communicator<inproc_transport, Topology, C> comm(
+    squall::communicator<inproc_transport, Topology, C, Backend> comm(
         std::move(t), {}, c, opts, {.chunk_bytes = 64, .aggregation = how});
     auto state = comm.template make_state<float>(count);
     for (int s = 0; s < steps; ++s) {
@@ -87,6 +87,28 @@ std::vector<record<float>> run(int p, const C& c, std::size_t count, int steps,
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
+/// `run_on` on host_backend, and on the deferred backend (kernels queued until the ordering
+/// points), whose results, residuals and byte counts must be bitwise the host's; returns the
+/// host's.
+template <class Topology, class C, class Op = squall::sum_op>
+std::vector<record<float>> run(int p, const C& c, std::size_t count, int steps,
+                               aggregation how = aggregation::per_hop, bool fixed = false,
+                               const squall::options& opts = {}) {
+  auto host = run_on<Topology, C, Op, squall::host_backend>(p, c, count, steps, how, fixed, opts);
+  const auto deferred =
+      run_on<Topology, C, Op, squall::test::deferred_backend>(p, c, count, steps, how, fixed, opts);
+  for (std::size_t r = 0; r < host.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(deferred[r].out.size() == host[r].out.size());
+    for (std::size_t s = 0; s < host[r].out.size(); ++s) {
+      REQUIRE(same_bits(deferred[r].out[s], host[r].out[s]));
+    }
+    REQUIRE(same_bits(deferred[r].residual, host[r].residual));
+    REQUIRE(deferred[r].stats.bytes_sent == host[r].stats.bytes_sent);
+  }
+  return host;
 }
 
 template <class Topology, class C>

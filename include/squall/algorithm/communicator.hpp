@@ -32,6 +32,7 @@
 #include <squall/algorithm/compressed/allreduce.hpp>
 #include <squall/algorithm/compressed/gather.hpp>
 #include <squall/algorithm/dense.hpp>
+#include <squall/backend/dispatch.hpp>
 #include <squall/backend/host.hpp>
 #include <squall/compress/none.hpp>
 #include <squall/compress/state.hpp>
@@ -41,7 +42,6 @@
 #include <squall/core/ops.hpp>
 #include <squall/core/options.hpp>
 #include <squall/core/types.hpp>
-#include <squall/kernels/host/reduce.hpp>
 #include <squall/topology/automatic.hpp>
 #include <squall/tuning/tuning.hpp>
 
@@ -57,9 +57,10 @@ namespace squall {
 /// are `detail::dense_collectives<Transport, Topology, Backend>` (algorithm/dense.hpp), which
 /// does not depend on `Compressor`; the compressed allreduce and allgather (the overloads
 /// taking a `compression_state`) run the algorithms of algorithm/compressed/ over it. Owns
-/// the transport. The dense collectives run on any `Backend` whose memory is the
-/// transport's (kernels through backend/dispatch.hpp; the CUDA backend's staging comes with
-/// its issue); the compressed ones on `host_backend` so far.
+/// the transport. Every collective runs its kernels on `Backend` (through
+/// backend/dispatch.hpp), whose memory must be the transport's (the CUDA backend's staging
+/// comes with its issue); the compressed ones keep their `compression_state` in host memory,
+/// so they take a Backend of host memory so far.
 template <transport Transport, topology Topology = automatic_topology,
           compressor Compressor = identity_compressor, backend Backend = host_backend>
 class communicator {
@@ -181,18 +182,20 @@ class communicator {
   /// payload), and the transport's errors. Every rank must call it with the same count,
   /// op and step.
   template <real_gradient T, class Op = sum_op>
-  void allreduce(host_view<T> data, compression_state<Compressor, T>& state, Op op = {}) {
+  void allreduce(view<T> data, compression_state<Compressor, T>& state, Op op = {}) {
     static_assert(std::same_as<Op, sum_op> || std::same_as<Op, avg_op>,
                   "squall: a compressed allreduce sums or averages: sum_op or avg_op");
-    static_assert(std::same_as<Backend, host_backend>,
-                  "squall: the compressed collectives run on host_backend so far");
+    static_assert(host_state_fits,
+                  "squall: the compressed collectives keep their compression_state in host "
+                  "memory so far: they take a Backend of host memory");
     require_state("compressed allreduce", state.count(), data.count(), "data");
     // the step goes in the signature: ranks at different steps would draw differently
     const squall::aggregation how = aggregation();
     dense_.begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count(),
                       static_cast<int>(state.step() & 0x7fffffff), how);
     detail::compressed_allreduce(how, dense_, compressor_, workspace_, data, state);
-    kernels::finalize(host_backend{}, op, data, static_cast<std::size_t>(size()));
+    detail::dispatch::finalize_on(backend(), op, data, static_cast<std::size_t>(size()));
+    backend().synchronize();
     state.advance();
   }
 
@@ -237,9 +240,10 @@ class communicator {
   /// `size() * in.count()` or `state.count()` not `in.count()`, what the compressor throws,
   /// and the transport's errors.
   template <real_gradient T>
-  void allgather(host_view<const T> in, host_view<T> out, compression_state<Compressor, T>& state) {
-    static_assert(std::same_as<Backend, host_backend>,
-                  "squall: the compressed collectives run on host_backend so far");
+  void allgather(view<const T> in, view<T> out, compression_state<Compressor, T>& state) {
+    static_assert(host_state_fits,
+                  "squall: the compressed collectives keep their compression_state in host "
+                  "memory so far: they take a Backend of host memory");
     const std::size_t count = in.count();
     detail::require_count("compressed allgather", "out", out.count(),
                           count * static_cast<std::size_t>(size()));
@@ -248,6 +252,7 @@ class communicator {
                       static_cast<int>(state.step() & 0x7fffffff), aggregation::gather);
     detail::compressed_allgather(dense_, compressor_, workspace_.payload, workspace_.gather, in,
                                  out, state);
+    backend().synchronize();
     state.advance();
   }
 
@@ -263,6 +268,8 @@ class communicator {
   void barrier() { dense_.barrier(); }
 
  private:
+  static constexpr bool host_state_fits = std::same_as<typename Backend::memory_space, host_memory>;
+
   // A compression state must be for `count` elements (of `what`).
   void require_state(std::string_view operation, std::size_t state_count, std::size_t count,
                      std::string_view what) const {
@@ -276,7 +283,7 @@ class communicator {
 
   detail::dense_collectives<Transport, Topology, Backend> dense_;
   Compressor compressor_{};
-  detail::compressed_workspace workspace_;
+  detail::compressed_workspace<Backend> workspace_;
 };
 
 }  // namespace squall

@@ -10,6 +10,7 @@
 #include <squall/algorithm/detail/calibrate.hpp>
 #include <squall/algorithm/detail/executor.hpp>
 #include <squall/algorithm/detail/find_nodes.hpp>
+#include <squall/algorithm/detail/scratch.hpp>
 #include <squall/backend/dispatch.hpp>
 #include <squall/backend/host.hpp>
 #include <squall/concepts.hpp>
@@ -30,7 +31,6 @@
 
 #include <cstddef>  // byte, size_t
 #include <cstdint>
-#include <cstring>  // memcpy, memset
 #include <optional>
 #include <string>
 #include <string_view>
@@ -95,6 +95,7 @@ class dense_collectives {
   using transport_type = Transport;
   using topology_type = Topology;
   using backend_type = Backend;
+  using memory_space = typename Backend::memory_space;
   /// The views the collectives take: the backend's memory.
   template <class T>
   using view = buffer_view<T, typename Backend::memory_space>;
@@ -273,9 +274,11 @@ class dense_collectives {
   /// The byte counters and scratch the executor keeps.
   executor_buffers<Transport>& counters() { return buffers_; }
 
-  /// The sum over ranks of `count` elements at `x`, in place, with the topology's schedule.
+  /// The sum over ranks of `count` elements at `x` (in the backend's memory, written by its
+  /// kernels: the ordering point comes first), in place, with the topology's schedule.
   template <class T>
   void sum_in_place(T* x, std::size_t count) {
+    backend_.synchronize();
     if (count == 0) {
       settle();
       return;
@@ -285,13 +288,17 @@ class dense_collectives {
     backend_.synchronize();
   }
 
-  /// Gathers every rank's `bytes` at `mine` into `all`, rank q's at q x `stride` (`stride` >=
-  /// every rank's bytes; the rest of each slot zero), with the topology's allgather schedule.
+  /// Gathers every rank's `bytes` at `mine` into `all` (both in the backend's memory), rank
+  /// q's at q x `stride` (`stride` >= every rank's bytes; the rest of each slot zero), with
+  /// the topology's allgather schedule.
   void gather_blobs(const std::byte* mine, std::size_t bytes, std::size_t stride, std::byte* all) {
+    using bytes_view = buffer_view<std::byte, memory_space>;
     const std::size_t total = stride * static_cast<std::size_t>(size());
     std::byte* slot = all + static_cast<std::size_t>(rank()) * stride;
-    if (bytes != 0) std::memcpy(slot, mine, bytes);
-    if (stride != bytes) std::memset(slot + bytes, 0, stride - bytes);
+    dispatch::copy_on(backend_, bytes_view(slot, bytes),
+                      buffer_view<const std::byte, memory_space>(mine, bytes));
+    dispatch::fill_zero_on(backend_, bytes_view(slot + bytes, stride - bytes));
+    backend_.synchronize();
     settle();
     if (size() == 1 || total == 0) return;
     const schedule s = gather_schedule(total);
@@ -405,8 +412,7 @@ class dense_collectives {
     }
     if (!done) {
       if (whole == nullptr) {
-        if (work_.size() < bytes) work_.resize(bytes);
-        whole = reinterpret_cast<T*>(work_.data());
+        whole = reinterpret_cast<T*>(work_.reserve(backend_, bytes));
         if (count != 0) {
           r.copy(reinterpret_cast<std::byte*>(whole), reinterpret_cast<const std::byte*>(in),
                  bytes);
@@ -492,7 +498,7 @@ class dense_collectives {
   collective_tuning tuning_;
   std::size_t window_round_ = 0;
   executor_buffers<Transport> buffers_;
-  std::vector<std::byte> work_;
+  scratch_bytes<Backend> work_;
   bool cached_ = false;
   std::size_t cached_bytes_ = 0;
   schedule cached_schedule_;

@@ -12,16 +12,23 @@
 #include <squall/core/ops.hpp>
 #include <squall/kernels/host/reduce.hpp>
 
-#include <cstddef>  // size_t
+#include <concepts>  // convertible_to
+#include <cstddef>   // size_t
+#include <cstdint>   // int32_t
 
 namespace squall::detail::dispatch {
 
+using kernels::allocate_scratch;
 using kernels::copy;
+using kernels::fill_zero;
 using kernels::finalize;
 using kernels::reduce;
 using kernels::reduce_into;
+using kernels::subtract_into;
+using kernels::vote_add;
+using kernels::vote_finish;
 
-/// The kernels the dense collectives call, each with elements `float` and `sum_op` standing
+/// The kernels the collectives call, each with elements `float` and `sum_op` standing
 /// for every element type and op.
 template <class B>
 concept has_reduce_into = requires(const B& b, buffer_view<float, typename B::memory_space> dst,
@@ -41,6 +48,27 @@ concept has_copy = requires(const B& b, buffer_view<std::byte, typename B::memor
 template <class B>
 concept has_finalize = requires(const B& b, buffer_view<float, typename B::memory_space> data) {
   finalize(b, avg_op{}, data, std::size_t{2});
+};
+
+template <class B>
+concept has_fill_zero = requires(const B& b, buffer_view<std::byte, typename B::memory_space> d) {
+  fill_zero(b, d);
+};
+template <class B>
+concept has_subtract_into = requires(const B& b, buffer_view<float, typename B::memory_space> dst,
+                                     buffer_view<const float, typename B::memory_space> src) {
+  subtract_into(b, dst, src);
+};
+template <class B>
+concept has_vote = requires(const B& b, buffer_view<std::int32_t, typename B::memory_space> votes,
+                            buffer_view<float, typename B::memory_space> sums,
+                            buffer_view<const float, typename B::memory_space> x) {
+  vote_add(b, votes, sums, x, true);
+  vote_finish(b, buffer_view<const std::int32_t, typename B::memory_space>(votes), sums);
+};
+template <class B>
+concept has_allocate_scratch = requires(const B& b) {
+  { allocate_scratch<std::byte>(b, std::size_t{1}).data() } -> std::convertible_to<std::byte*>;
 };
 
 /// `dst = dst op src` on backend `b`.
@@ -65,6 +93,34 @@ void finalize_on(const B& b, Op op, buffer_view<T, M> data, std::size_t contribu
   finalize(b, op, data, contributions);
 }
 
+/// `dst` = all zero bytes on backend `b`.
+template <class B, class T, class M>
+void fill_zero_on(const B& b, buffer_view<T, M> dst) {
+  fill_zero(b, dst);
+}
+/// `dst -= src` on backend `b` (error feedback's residual update).
+template <class B, class T, class M>
+void subtract_into_on(const B& b, buffer_view<T, M> dst, buffer_view<const T, M> src) {
+  subtract_into(b, dst, src);
+}
+/// One rank's step of a majority vote on backend `b` (kernels/host/reduce.hpp).
+template <class B, class T, class M>
+void vote_add_on(const B& b, buffer_view<std::int32_t, M> votes, buffer_view<T, M> sums,
+                 buffer_view<const T, M> x, bool first) {
+  vote_add(b, votes, sums, x, first);
+}
+/// The vote's signed sums, in place, on backend `b`.
+template <class B, class T, class M>
+void vote_finish_on(const B& b, buffer_view<const std::int32_t, M> votes, buffer_view<T, M> sums) {
+  vote_finish(b, votes, sums);
+}
+/// Scratch for `count` elements of `T` in backend `b`'s memory (an owning object whose
+/// `data()` is the address).
+template <class T, class B>
+auto allocate_on(const B& b, std::size_t count) {
+  return allocate_scratch<T>(b, count);
+}
+
 }  // namespace squall::detail::dispatch
 
 namespace squall {
@@ -81,6 +137,16 @@ consteval bool check_backend_kernels() {
                 "squall: the Backend has no kernel copy(backend, dst, src)");
   static_assert(detail::dispatch::has_finalize<B>,
                 "squall: the Backend has no kernel finalize(backend, op, data, contributions)");
+  static_assert(detail::dispatch::has_fill_zero<B>,
+                "squall: the Backend has no kernel fill_zero(backend, dst)");
+  static_assert(detail::dispatch::has_subtract_into<B>,
+                "squall: the Backend has no kernel subtract_into(backend, dst, src)");
+  static_assert(detail::dispatch::has_vote<B>,
+                "squall: the Backend has no kernels vote_add(backend, votes, sums, x, first) "
+                "and vote_finish(backend, votes, sums)");
+  static_assert(detail::dispatch::has_allocate_scratch<B>,
+                "squall: the Backend has no allocate_scratch<T>(backend, count) whose result "
+                "has data()");
   return true;
 }
 

@@ -22,13 +22,15 @@
 
 namespace squall::detail {
 
-/// What the compressed algorithms keep between calls, owned by the communicator.
+/// What the compressed algorithms keep between calls, owned by the communicator: buffers in
+/// the backend's memory.
+template <class Backend>
 struct compressed_workspace {
-  payload_workspace payload;
-  gather_workspace gather;
-  lowrank_workspace lowrank;
-  requantize_buffers per_hop;
-  gtopk_workspace sparse_merge;
+  payload_workspace<Backend> payload;
+  gather_workspace<Backend> gather;
+  lowrank_workspace<Backend> lowrank;
+  requantize_buffers<Backend> per_hop;
+  gtopk_workspace<Backend> sparse_merge;
 };
 
 /// The aggregation the compressed allreduce of `C` over `Topology` on `size` ranks runs:
@@ -73,8 +75,10 @@ aggregation aggregation_of(const collective_tuning& tuning, int rank, int size) 
 /// Runs `how` (from `aggregation_of`) on `data`; the sum, before any finalize. Only the
 /// aggregations `C` allows are instantiated.
 template <class Dense, class C, class T>
-void compressed_allreduce(aggregation how, Dense& dense, const C& c, compressed_workspace& w,
-                          host_view<T> data, compression_state<C, T>& state) {
+void compressed_allreduce(aggregation how, Dense& dense, const C& c,
+                          compressed_workspace<typename Dense::backend_type>& w,
+                          buffer_view<T, typename Dense::memory_space> data,
+                          compression_state<C, T>& state) {
   constexpr aggregation_set allowed = compression_traits<inner_compressor_t<C>>::aggregations;
   switch (how) {
     case aggregation::low_rank:

@@ -31,20 +31,23 @@ struct linear_pairing {
 // step 0: encode; step 1: allreduce the payload's body (elements E) with the topology's
 // schedule, the header fields being equal on every rank; step 2: decode the sum.
 template <class Dense, class C, class T>
-void linear_allreduce(Dense& dense, const C& c, payload_workspace& w, host_view<T> data,
+void linear_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense::backend_type>& w,
+                      buffer_view<T, typename Dense::memory_space> data,
                       compression_state<C, T>& state) {
   using Inner = inner_compressor_t<C>;
   using E = typename linear_body<Inner>::template element<T>;
+  using M = typename Dense::memory_space;
+  const auto& b = dense.backend();
   const linear_body_range body = linear_body<Inner>::template of<T>(inner_of(c), data.count());
   const std::size_t bytes =
-      encode_payload(c, w, dense.rank(), host_view<const T>(data.data(), data.count()), state);
+      encode_payload(b, c, w, dense.rank(), buffer_view<const T, M>(data), state);
   if (body.offset > bytes || body.count > (bytes - body.offset) / sizeof(E)) {
     throw error(make_error_code(errc::internal), {.operation = "compressed allreduce"},
                 "a payload of " + std::to_string(bytes) + " bytes has no body of " +
                     std::to_string(body.count) + " elements at " + std::to_string(body.offset));
   }
   dense.sum_in_place(reinterpret_cast<E*>(w.payload.data() + body.offset), body.count);
-  c.decode(host_backend{}, host_view<const std::byte>(w.payload.data(), bytes), data);
+  c.decode(b, buffer_view<const std::byte, M>(w.payload.data(), bytes), data);
 }
 
 }  // namespace squall::detail

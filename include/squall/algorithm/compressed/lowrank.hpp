@@ -7,7 +7,7 @@
 
 #include <squall/algorithm/compressed/payload.hpp>
 #include <squall/algorithm/detail/scratch.hpp>
-#include <squall/backend/host.hpp>
+#include <squall/backend/dispatch.hpp>
 #include <squall/compress/sketch.hpp>
 #include <squall/compress/state.hpp>
 #include <squall/compress/traits.hpp>
@@ -15,28 +15,31 @@
 #include <squall/core/error.hpp>
 #include <squall/core/ops.hpp>
 #include <squall/detail/math.hpp>
-#include <squall/kernels/host/reduce.hpp>
 
 #include <cstddef>
-#include <cstring>  // memcpy
 #include <string>
 #include <type_traits>  // remove_cvref_t
-#include <vector>
 
 namespace squall::detail {
 
-/// The factors between calls: P and this rank's Q.
+/// The factors between calls (P and this rank's Q), in the backend's memory.
+template <class Backend>
 struct lowrank_workspace {
-  std::vector<std::byte> factors;
+  scratch_bytes<Backend> factors;
 };
 
 // step 0: M = data (or residual + data); P = M Q with Q the state's warm start; sum P.
 // step 1: orthogonalize P; Q = M^T P (kept as this rank's share); sum Q into the state.
 // step 2: residual -= P Q_mine^T (error feedback); data = P Q^T.
 template <class Dense, class C, class T>
-void lowrank_allreduce(Dense& dense, const C& compressor, lowrank_workspace& w,
-                       payload_workspace& scratch, host_view<T> data,
+void lowrank_allreduce(Dense& dense, const C& compressor,
+                       lowrank_workspace<typename Dense::backend_type>& w,
+                       payload_workspace<typename Dense::backend_type>& scratch,
+                       buffer_view<T, typename Dense::memory_space> data,
                        compression_state<C, T>& state) {
+  using M = typename Dense::memory_space;
+  using view = buffer_view<T, M>;
+  using const_view = buffer_view<const T, M>;
   const auto& c = inner_of(compressor);
   static_assert(low_rank_compressor<std::remove_cvref_t<decltype(c)>, T>);
   auto& ps = state.low_rank();
@@ -53,30 +56,33 @@ void lowrank_allreduce(Dense& dense, const C& compressor, lowrank_workspace& w,
     dense.settle();
     return;
   }
-  const host_backend b{};
+  const auto& b = dense.backend();
   const std::size_t p_count = shape.rows * c.rank;
   const std::size_t q_count = shape.columns * c.rank;
   const std::size_t q_at = align_up(p_count * sizeof(T), 16) / sizeof(T);
-  T* p = elements_of<T>(w.factors, q_at + q_count);
-  T* mine = p + q_at;
-  host_view<const T> matrix(data.data(), count);
+  const view factors = w.factors.template elements<T>(b, q_at + q_count);
+  const view p = factors.subview(0, p_count);
+  const view mine = factors.subview(q_at, q_count);
+  const view q(ps.q().data(), q_count);
+  const_view matrix(data);
   if constexpr (is_error_feedback<C>) {
-    kernels::reduce_into(b, sum_op{}, state.residual().residual(), matrix);
-    matrix = host_view<const T>(state.residual().residual().data(), count);
+    const view residual(state.residual().residual().data(), count);
+    dispatch::reduce_into_on(b, sum_op{}, residual, matrix);
+    matrix = const_view(residual);
   }
-  c.multiply(b, matrix, host_view<const T>(ps.q().data(), q_count), host_view<T>(p, p_count));
-  dense.sum_in_place(p, p_count);
-  c.orthogonalize(b, host_view<T>(p, p_count));
-  c.multiply_transposed(b, matrix, host_view<const T>(p, p_count), host_view<T>(mine, q_count));
-  std::memcpy(ps.q().data(), mine, q_count * sizeof(T));
-  dense.sum_in_place(ps.q().data(), q_count);
+  c.multiply(b, matrix, const_view(q), p);
+  dense.sum_in_place(p.data(), p_count);
+  c.orthogonalize(b, p);
+  c.multiply_transposed(b, matrix, const_view(p), mine);
+  dispatch::copy_on(b, q, const_view(mine));
+  dense.sum_in_place(q.data(), q_count);
   if constexpr (is_error_feedback<C>) {
-    T* share = elements_of<T>(scratch.decoded, count);
-    c.decompress(b, host_view<const T>(p, p_count), host_view<const T>(mine, q_count),
-                 host_view<T>(share, count));
-    kernels::subtract_into(b, state.residual().residual(), host_view<const T>(share, count));
+    const view share = scratch.decoded.template elements<T>(b, count);
+    c.decompress(b, const_view(p), const_view(mine), share);
+    dispatch::subtract_into_on(b, view(state.residual().residual().data(), count),
+                               const_view(share));
   }
-  c.decompress(b, host_view<const T>(p, p_count), host_view<const T>(ps.q().data(), q_count), data);
+  c.decompress(b, const_view(p), const_view(q), data);
 }
 
 }  // namespace squall::detail

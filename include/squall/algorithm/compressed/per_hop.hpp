@@ -12,12 +12,16 @@ namespace squall::detail {
 /// Walks the topology's own allreduce schedule for the payload's bytes (`per_hop_runs` allows
 /// topologies declaring `per_hop_schedule`); error feedback through the state's residual.
 template <class Dense, class C, class T>
-void per_hop_allreduce(Dense& dense, const C& c, requantize_buffers& w, host_view<T> data,
+void per_hop_allreduce(Dense& dense, const C& c,
+                       requantize_buffers<typename Dense::backend_type>& w,
+                       buffer_view<T, typename Dense::memory_space> data,
                        compression_state<C, T>& state) {
   using Transport = typename Dense::transport_type;
+  using Backend = typename Dense::backend_type;
   dense.settle();
-  requantize_hops<Transport, inner_compressor_t<C>, T> hops{
+  requantize_hops<Transport, Backend, inner_compressor_t<C>, T> hops{
       .transport = dense.transport(),
+      .backend = dense.backend(),
       .c = inner_of(c),
       .buffers = w,
       .sent = dense.counters().bytes_sent,

@@ -15,20 +15,27 @@ namespace squall::detail {
 // step 0: encode (through error feedback); step 1: merge the sparse sets up a tree to rank 0
 // keeping the k largest, broadcast G back down; data = G.
 template <class Dense, class C, class T>
-void sparse_merge_allreduce(Dense& dense, const C& c, payload_workspace& pw, gtopk_workspace& w,
-                            host_view<T> data, compression_state<C, T>& state) {
+void sparse_merge_allreduce(Dense& dense, const C& c,
+                            payload_workspace<typename Dense::backend_type>& pw,
+                            gtopk_workspace<typename Dense::backend_type>& w,
+                            buffer_view<T, typename Dense::memory_space> data,
+                            compression_state<C, T>& state) {
+  using M = typename Dense::memory_space;
+  const auto& b = dense.backend();
   const std::size_t bytes =
-      encode_payload(c, pw, dense.rank(), host_view<const T>(data.data(), data.count()), state);
+      encode_payload(b, c, pw, dense.rank(), buffer_view<const T, M>(data), state);
   dense.settle();
-  T* residual = nullptr;
-  if constexpr (is_error_feedback<C>) residual = state.residual().residual().data();
+  buffer_view<T, M> residual;
+  if constexpr (is_error_feedback<C>) {
+    residual = buffer_view<T, M>(state.residual().residual().data(), data.count());
+  }
   std::size_t cap = 0;  // threshold: each rank's own entry count
   if constexpr (requires { inner_of(c).entries(data.count()); }) {
     cap = inner_of(c).entries(data.count());
   }
-  gtopk_allreduce(dense.transport(), dense.counters(),
-                  host_view<const std::byte>(pw.payload.data(), bytes), cap, data, residual,
-                  w.template of<T>());
+  gtopk_allreduce(dense.transport(), dense.counters(), b,
+                  buffer_view<const std::byte, M>(pw.payload.data(), bytes), cap, data, residual,
+                  w);
 }
 
 }  // namespace squall::detail

@@ -42,9 +42,16 @@
 /// topk, at most 2 ceil(log2 P) (16 + k (I + sizeof(T))) bytes per rank, the paper's
 /// 2 k log P entries. A received set is checked (n <= cap <= count, indices in range and strictly
 /// increasing) and a fault throws `invalid_argument` naming it.
+///
+/// Layout: a set is kept in its wire layout (n indices, then n values: kernels/host/
+/// sparse_merge.hpp) in the backend's memory, so a send needs no packing and a receive no
+/// unpacking; this rank's own set is its payload's body, read in place (a sparse payload's
+/// entries after its 24 bytes are that layout). Every operation on set data is a kernel
+/// called with the backend (`sparse_union`, `sparse_keep_largest`, `sparse_add_back`,
+/// `scatter_sparse`, `check_sparse_indices`); the host keeps only the counts and caps.
 
 #include <squall/algorithm/detail/executor.hpp>
-#include <squall/backend/host.hpp>
+#include <squall/algorithm/detail/scratch.hpp>
 #include <squall/compress/payload.hpp>
 #include <squall/compress/sparsify.hpp>
 #include <squall/compress/traits.hpp>
@@ -53,15 +60,17 @@
 #include <squall/core/error.hpp>
 #include <squall/core/types.hpp>
 #include <squall/kernels/host/select.hpp>
+#include <squall/kernels/host/sparse_merge.hpp>
 
-#include <algorithm>  // max, fill, binary_search
-#include <bit>        // bit_floor
-#include <cstddef>    // byte, size_t
+#include <algorithm>  // max, min
+#include <array>
+#include <bit>      // bit_floor
+#include <cstddef>  // byte, size_t
 #include <cstdint>
-#include <cstring>  // memcpy
+#include <limits>
 #include <string>
 #include <string_view>
-#include <vector>
+#include <type_traits>  // is_same_v
 
 namespace squall::detail {
 
@@ -73,43 +82,44 @@ template <class C>
 concept gtopk_mergeable = compression_traits<C>::aggregations.contains(aggregation::gtopk) &&
                           (C::kind == payload_kind::topk || C::kind == payload_kind::threshold);
 
-/// A sparse set: `n` entries, indices strictly increasing, and the merge cap.
-template <real_gradient T>
+// The kernels gTop-k calls with explicit template arguments (`name<Index>(b, ...)`), declared
+// here so that the name is a template for every compiler; argument-dependent lookup on the
+// backend adds the backend's own overloads, as in backend/dispatch.hpp.
+using kernels::scatter_sparse;
+using kernels::sparse_add_back;
+using kernels::sparse_keep_largest;
+using kernels::sparse_union;
+
+/// The most merges of one rank: the fold, plus one per round of the tree (log2 P2 <= 30).
+inline constexpr std::size_t gtopk_max_merges = 32;
+static_assert(gtopk_max_merges >= std::numeric_limits<int>::digits);
+
+/// A set in wire layout at `at`, in the backend's memory: `n` entries, merge cap `cap`.
 struct gtopk_set {
-  std::vector<std::uint64_t> index;
-  std::vector<T> value;
+  const std::byte* at = nullptr;
   std::size_t n = 0;
   std::size_t cap = 0;
-
-  void resize(std::size_t entries) {
-    if (index.size() < entries) {
-      index.resize(entries);
-      value.resize(entries);
-    }
-    n = entries;
-  }
 };
 
-/// gTop-k's buffers for one element type, kept between calls so that a warm loop of the same
-/// size allocates little (`select_topk` keeps its own scratch).
-template <real_gradient T>
+/// gTop-k's buffers for one element type, in the backend's memory, kept between calls so that
+/// a warm loop of the same size allocates nothing here (`select_topk` keeps its own scratch).
+template <class Backend, real_gradient T>
 struct gtopk_buffers {
-  gtopk_set<T> current;   ///< this rank's set, then G
-  gtopk_set<T> local;     ///< this rank's own entries (error feedback)
-  gtopk_set<T> incoming;  ///< a received set
-  gtopk_set<T> merged;    ///< the union of a merge
-  gtopk_set<T> dropped;   ///< what this rank's merges cut off, in merge order
-  std::vector<std::byte> wire;
-  std::vector<std::byte> picked;  ///< select_topk's positions and values
+  scratch_bytes<Backend> current;    ///< this rank's set after a merge, then G (wire layout)
+  scratch_bytes<Backend> incoming;   ///< a received set (wire layout)
+  scratch_bytes<Backend> merged;     ///< a merge's union: indices, then values of T, aligned
+  scratch_bytes<Backend> positions;  ///< select_topk's positions in the union (u64)
+  std::array<scratch_bytes<Backend>, gtopk_max_merges> dropped;  ///< what merge i cut off
 };
 
 /// The buffers of both element types, owned by the communicator.
+template <class Backend>
 struct gtopk_workspace {
-  gtopk_buffers<float> f;
-  gtopk_buffers<double> d;
+  gtopk_buffers<Backend, float> f;
+  gtopk_buffers<Backend, double> d;
   template <real_gradient T>
-  gtopk_buffers<T>& of() {
-    if constexpr (sizeof(T) == 4) {
+  gtopk_buffers<Backend, T>& of() {
+    if constexpr (std::is_same_v<T, float>) {
       return f;
     } else {
       return d;
@@ -117,55 +127,34 @@ struct gtopk_workspace {
   }
 };
 
-/// Reads the entries of sparse payload `payload` (topk or threshold layout, made by this rank's
-/// encode for `count` elements) into `out`.
-template <real_gradient T>
-void gtopk_read_payload(host_view<const std::byte> payload, std::size_t count, gtopk_set<T>& out) {
+/// This rank's set: the entries of sparse payload `payload` (topk or threshold layout, made by
+/// this rank's encode for `count` elements), in place, with cap `cap` (0: its entry count).
+template <real_gradient T, class Backend>
+gtopk_set gtopk_local_set(const Backend& b,
+                          buffer_view<const std::byte, typename Backend::memory_space> payload,
+                          std::size_t count, std::size_t cap) {
   std::uint64_t k = 0;
-  if (payload.count() >= 24) std::memcpy(&k, payload.data() + 16, 8);
+  if (payload.count() >= 24) load_bytes(b, &k, payload.data() + 16, 8);
   const std::size_t index_bytes = sparse_index_bytes(count);
   if (payload.count() < 24 || k > count || payload.count() != 24 + k * (index_bytes + sizeof(T))) {
     throw error(make_error_code(errc::internal), {.operation = gtopk_name},
                 "a sparse payload of " + std::to_string(payload.count()) + " bytes for " +
                     std::to_string(count) + " elements");
   }
-  out.resize(static_cast<std::size_t>(k));
-  const std::byte* indices = payload.data() + 24;
-  const std::byte* values = indices + out.n * index_bytes;
-  for (std::size_t j = 0; j < out.n; ++j) {
-    if (index_bytes == 4) {
-      std::uint32_t i = 0;
-      std::memcpy(&i, indices + j * 4, 4);
-      out.index[j] = i;
-    } else {
-      std::memcpy(&out.index[j], indices + j * 8, 8);
-    }
-  }
-  if (out.n != 0) std::memcpy(out.value.data(), values, out.n * sizeof(T));
+  const auto n = static_cast<std::size_t>(k);
+  return {.at = payload.data() + 24, .n = n, .cap = cap == 0 ? n : cap};
 }
 
-/// Sends `s` to `peer` (head, then body) and counts the bytes.
-template <class Transport, real_gradient T>
-void gtopk_send(Transport& t, executor_buffers<Transport>& counters, int peer,
-                const gtopk_set<T>& s, std::size_t count, std::vector<std::byte>& wire) {
-  const std::size_t index_bytes = sparse_index_bytes(count);
-  const std::size_t body = s.n * (index_bytes + sizeof(T));
-  if (wire.size() < 16 + body) wire.resize(16 + body);
+/// Sends `s` (entries of `Index` and `T`, in memory space `M`) to `peer`: the head, then the
+/// body; counts the bytes.
+template <class Index, class T, class M, class Transport>
+void gtopk_send(Transport& t, executor_buffers<Transport>& counters, int peer, gtopk_set s) {
+  const std::size_t body = s.n * (sizeof(Index) + sizeof(T));
   const std::uint64_t head[2] = {s.n, s.cap};
-  std::memcpy(wire.data(), head, 16);
-  std::byte* indices = wire.data() + 16;
-  for (std::size_t j = 0; j < s.n; ++j) {
-    if (index_bytes == 4) {
-      const auto i = static_cast<std::uint32_t>(s.index[j]);
-      std::memcpy(indices + j * 4, &i, 4);
-    } else {
-      std::memcpy(indices + j * 8, &s.index[j], 8);
-    }
-  }
-  if (s.n != 0) std::memcpy(indices + s.n * index_bytes, s.value.data(), s.n * sizeof(T));
-  auto first = t.send(peer, buffer_view<const std::byte>(wire.data(), 16));
+  auto first =
+      t.send(peer, host_view<const std::byte>(reinterpret_cast<const std::byte*>(head), 16));
   if (body != 0) {
-    auto second = t.send(peer, buffer_view<const std::byte>(wire.data() + 16, body));
+    auto second = t.send(peer, buffer_view<const std::byte, M>(s.at, body));
     first.wait();
     second.wait();
   } else {
@@ -174,13 +163,13 @@ void gtopk_send(Transport& t, executor_buffers<Transport>& counters, int peer,
   counters.bytes_sent += 16 + body;
 }
 
-/// Receives a set from `peer` into `s`, checking it: n <= cap <= count, indices in range and
-/// strictly increasing (`invalid_argument` naming the fault otherwise).
-template <class Transport, real_gradient T>
-void gtopk_recv(Transport& t, executor_buffers<Transport>& counters, int peer, gtopk_set<T>& s,
-                std::size_t count, std::vector<std::byte>& wire) {
+/// Receives a set from `peer` into `into`, checking it: n <= cap <= count, indices in range
+/// and strictly increasing (`invalid_argument` naming the fault otherwise).
+template <class Index, class T, class Transport, class Backend>
+gtopk_set gtopk_recv(Transport& t, executor_buffers<Transport>& counters, const Backend& b,
+                     int peer, scratch_bytes<Backend>& into, std::size_t count) {
   std::uint64_t head[2] = {};
-  t.recv(peer, buffer_view<std::byte>(reinterpret_cast<std::byte*>(head), 16)).wait();
+  t.recv(peer, host_view<std::byte>(reinterpret_cast<std::byte*>(head), 16)).wait();
   if (head[0] > head[1] || head[1] > count) {
     throw invalid_argument({.operation = gtopk_name, .peer = peer},
                            "a set of " + std::to_string(head[0]) + " entries capped at " +
@@ -188,133 +177,74 @@ void gtopk_recv(Transport& t, executor_buffers<Transport>& counters, int peer, g
                                " elements");
   }
   const auto n = static_cast<std::size_t>(head[0]);
-  const std::size_t index_bytes = sparse_index_bytes(count);
-  const std::size_t body = n * (index_bytes + sizeof(T));
-  if (wire.size() < body) wire.resize(body);
-  if (body != 0) t.recv(peer, buffer_view<std::byte>(wire.data(), body)).wait();
+  const std::size_t body = n * (sizeof(Index) + sizeof(T));
+  std::byte* at = into.reserve(b, body);
+  if (body != 0) {
+    t.recv(peer, buffer_view<std::byte, typename Backend::memory_space>(at, body)).wait();
+  }
   counters.bytes_received += 16 + body;
-  if (index_bytes == 4) {
-    check_sparse_indices<std::uint32_t>(host_backend{}, gtopk_name, wire.data(), n, count);
-  } else {
-    check_sparse_indices<std::uint64_t>(host_backend{}, gtopk_name, wire.data(), n, count);
-  }
-  s.resize(n);
-  s.cap = static_cast<std::size_t>(head[1]);
-  for (std::size_t j = 0; j < n; ++j) {
-    if (index_bytes == 4) {
-      std::uint32_t i = 0;
-      std::memcpy(&i, wire.data() + j * 4, 4);
-      s.index[j] = i;
-    } else {
-      std::memcpy(&s.index[j], wire.data() + j * 8, 8);
-    }
-  }
-  if (n != 0) std::memcpy(s.value.data(), wire.data() + n * index_bytes, n * sizeof(T));
+  check_sparse_indices<Index>(b, gtopk_name, at, n, count);
+  return {.at = at, .n = n, .cap = static_cast<std::size_t>(head[1])};
 }
 
-/// a = merge(a, b) (see the file comment); entries cut off are appended to `dropped`.
-template <real_gradient T>
-void gtopk_merge(gtopk_set<T>& a, const gtopk_set<T>& b, gtopk_set<T>& u, gtopk_set<T>& dropped,
-                 std::vector<std::byte>& picked) {
+/// merge(a, b) (see the file comment), written to `w.current`; the entries cut off go to
+/// `dropped`, and their count to `dropped_n`.
+template <class Index, class Backend, real_gradient T>
+gtopk_set gtopk_merge(const Backend& b, gtopk_buffers<Backend, T>& w, gtopk_set a, gtopk_set in,
+                      scratch_bytes<Backend>& dropped, std::size_t& dropped_n) {
   // step 0: the union, in index order; a's value + b's value at a shared index
-  u.resize(a.n + b.n);
-  std::size_t i = 0;
-  std::size_t j = 0;
-  std::size_t m = 0;
-  while (i < a.n || j < b.n) {
-    if (j == b.n || (i < a.n && a.index[i] < b.index[j])) {
-      u.index[m] = a.index[i];
-      u.value[m++] = a.value[i++];
-    } else if (i == a.n || b.index[j] < a.index[i]) {
-      u.index[m] = b.index[j];
-      u.value[m++] = b.value[j++];
-    } else {
-      u.index[m] = a.index[i];
-      u.value[m++] = a.value[i++] + b.value[j++];
-    }
-  }
-  u.n = m;
-  const std::size_t cap = std::max(a.cap, b.cap);
-  a.cap = cap;
-  if (m <= cap) {
-    a.resize(m);
-    std::copy(u.index.begin(), u.index.begin() + static_cast<std::ptrdiff_t>(m), a.index.begin());
-    std::copy(u.value.begin(), u.value.begin() + static_cast<std::ptrdiff_t>(m), a.value.begin());
-    return;
-  }
-  // step 1: the cap largest magnitudes of the union (positions ascending), the rest dropped
-  std::size_t kept = 0;
-  const std::size_t room = cap * (sizeof(std::uint64_t) + sizeof(T));
-  if (picked.size() < room) picked.resize(room);
-  if (cap != 0) {
-    kept = kernels::select_topk<std::uint64_t>(
-        host_backend{}, host_view<const T>(u.value.data(), m), cap, picked.data(),
-        picked.data() + cap * sizeof(std::uint64_t));
-  }
-  a.resize(kept);
-  const std::size_t first_drop = dropped.n;
-  dropped.resize(first_drop + (m - kept));
-  std::size_t next = 0;  // the next kept position
-  std::size_t d = first_drop;
-  for (std::size_t p = 0; p < m; ++p) {
-    std::uint64_t at = m;
-    if (next < kept) std::memcpy(&at, picked.data() + next * sizeof(std::uint64_t), 8);
-    if (p == at) {
-      a.index[next] = u.index[p];
-      a.value[next++] = u.value[p];
-    } else {
-      dropped.index[d] = u.index[p];
-      dropped.value[d++] = u.value[p];
-    }
-  }
+  const std::size_t room = a.n + in.n;
+  const std::size_t values_at = (room * sizeof(Index) + 15) / 16 * 16;  // aligned for T
+  std::byte* indices = w.merged.reserve(b, values_at + room * sizeof(T));
+  T* values = reinterpret_cast<T*>(indices + values_at);
+  const std::size_t m = sparse_union<Index>(b, a.at, a.n, in.at, in.n, indices, values);
+  // step 1: the cap largest magnitudes of the union, the rest dropped
+  const std::size_t cap = std::max(a.cap, in.cap);
+  const std::size_t kept = std::min(m, cap);
+  const std::size_t entry = sizeof(Index) + sizeof(T);
+  std::byte* out = w.current.reserve(b, kept * entry);  // a was read: it may be overwritten
+  std::byte* cut = dropped.reserve(b, (m - kept) * entry);
+  std::byte* positions = w.positions.reserve(b, m > cap ? cap * sizeof(std::uint64_t) : 0);
+  const std::size_t n = sparse_keep_largest<Index>(
+      b, indices, buffer_view<const T, typename Backend::memory_space>(values, m), cap, positions,
+      out, cut);
+  dropped_n = m - n;
+  return {.at = out, .n = n, .cap = cap};
 }
 
-/// Whether index `i` is in set `g` (sorted).
-template <real_gradient T>
-bool gtopk_contains(const gtopk_set<T>& g, std::uint64_t i) {
-  return std::binary_search(g.index.begin(), g.index.begin() + static_cast<std::ptrdiff_t>(g.n), i);
-}
-
-/// Runs gTop-k (the file comment) on `payload`, this rank's encoded sparse payload of
-/// `data.count()` elements, with merge cap `cap` (0 for "the payload's own entry count"), and
-/// writes G into `data`. With `residual` (error feedback; the residual after the local encode),
-/// adds back the entries the file comment says. Every rank must call it with the same count;
-/// bytes are counted into `counters` (the executor's). Throws the transport's errors and
-/// `invalid_argument` for a malformed set received.
-template <class Transport, real_gradient T>
-void gtopk_allreduce(Transport& t, executor_buffers<Transport>& counters,
-                     host_view<const std::byte> payload, std::size_t cap, host_view<T> data,
-                     T* residual, gtopk_buffers<T>& w) {
+/// gTop-k's tree over sets of `Index`es (the file comment), from this rank's set `local`.
+template <class Index, class Transport, class Backend, real_gradient T>
+void gtopk_tree(Transport& t, executor_buffers<Transport>& counters, const Backend& b,
+                gtopk_set local, buffer_view<T, typename Backend::memory_space> data,
+                buffer_view<T, typename Backend::memory_space> residual,
+                gtopk_buffers<Backend, T>& w) {
+  using M = typename Backend::memory_space;
   const std::size_t count = data.count();
-  if (count == 0) return;  // every rank knows: nothing to send
   const int me = t.rank();
   const int size = t.size();
   const int p2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(size)));
   const int extra = size - p2;
-  gtopk_set<T>& s = w.current;
-  gtopk_read_payload(payload, count, s);
-  s.cap = cap == 0 ? s.n : cap;
-  w.dropped.n = 0;
-  if (residual != nullptr) {
-    w.local.resize(s.n);
-    std::copy(s.index.begin(), s.index.begin() + static_cast<std::ptrdiff_t>(s.n),
-              w.local.index.begin());
-    std::copy(s.value.begin(), s.value.begin() + static_cast<std::ptrdiff_t>(s.n),
-              w.local.value.begin());
-  }
+  gtopk_set s = local;
+  std::array<std::size_t, gtopk_max_merges> dropped_n{};  // entries merge i cut off
+  std::size_t merges = 0;
+  const auto send_to = [&](int peer) { gtopk_send<Index, T, M>(t, counters, peer, s); };
+  const auto receive_from = [&](int peer, scratch_bytes<Backend>& into) {
+    return gtopk_recv<Index, T>(t, counters, b, peer, into, count);
+  };
   const auto merge_from = [&](int peer) {
-    gtopk_recv(t, counters, peer, w.incoming, count, w.wire);
-    gtopk_merge(s, w.incoming, w.merged, w.dropped, w.picked);
+    const gtopk_set in = receive_from(peer, w.incoming);
+    s = gtopk_merge<Index>(b, w, s, in, w.dropped[merges], dropped_n[merges]);
+    ++merges;
   };
   // step 1: fold the extra ranks into their partners
   if (me >= p2) {
-    gtopk_send(t, counters, me - p2, s, count, w.wire);
+    send_to(me - p2);
   } else {
     if (me < extra) merge_from(me + p2);
     // step 2: merge up the binomial tree to rank 0
     for (int d = 1; d < p2; d *= 2) {
       if (me % (2 * d) == d) {
-        gtopk_send(t, counters, me - d, s, count, w.wire);
+        send_to(me - d);
         break;
       }
       merge_from(me + d);
@@ -322,28 +252,49 @@ void gtopk_allreduce(Transport& t, executor_buffers<Transport>& counters,
   }
   // step 3: G down the same tree, then to the extra ranks
   if (me >= p2) {
-    gtopk_recv(t, counters, me - p2, s, count, w.wire);
+    s = receive_from(me - p2, w.current);
   } else {
     int d = p2 / 2;
     if (me != 0) {
       const int low = me & -me;  // the round this rank sent in: it receives G from me - low
-      gtopk_recv(t, counters, me - low, s, count, w.wire);
+      s = receive_from(me - low, w.current);
       d = low / 2;
     }
-    for (; d >= 1; d /= 2) gtopk_send(t, counters, me + d, s, count, w.wire);
-    if (me < extra) gtopk_send(t, counters, me + p2, s, count, w.wire);
+    for (; d >= 1; d /= 2) send_to(me + d);
+    if (me < extra) send_to(me + p2);
   }
   // step 4: error feedback, then the result
-  if (residual != nullptr) {
-    for (std::size_t j = 0; j < w.local.n; ++j) {
-      if (!gtopk_contains(s, w.local.index[j])) residual[w.local.index[j]] += w.local.value[j];
-    }
-    for (std::size_t j = 0; j < w.dropped.n; ++j) {
-      if (gtopk_contains(s, w.dropped.index[j])) residual[w.dropped.index[j]] += w.dropped.value[j];
+  if (!residual.empty()) {
+    sparse_add_back<Index>(b, residual, local.at, local.n, s.at, s.n,
+                           kernels::membership::not_in_set);
+    for (std::size_t i = 0; i < merges; ++i) {
+      sparse_add_back<Index>(b, residual, w.dropped[i].data(), dropped_n[i], s.at, s.n,
+                             kernels::membership::in_set);
     }
   }
-  std::fill(data.data(), data.data() + count, T(0));
-  for (std::size_t j = 0; j < s.n; ++j) data.data()[s.index[j]] = s.value[j];
+  scatter_sparse<Index>(b, s.at, s.at + s.n * sizeof(Index), s.n, data);
+}
+
+/// Runs gTop-k (the file comment) on `payload`, this rank's encoded sparse payload of
+/// `data.count()` elements, with merge cap `cap` (0 for "the payload's own entry count"), and
+/// writes G into `data`. With a non-empty `residual` (error feedback: the residual after the
+/// local encode, `data.count()` elements), adds back the entries the file comment says. Every
+/// rank must call it with the same count; bytes are counted into `counters` (the executor's).
+/// Throws the transport's errors and `invalid_argument` for a malformed set received.
+template <class Transport, class Backend, real_gradient T>
+void gtopk_allreduce(Transport& t, executor_buffers<Transport>& counters, const Backend& b,
+                     buffer_view<const std::byte, typename Backend::memory_space> payload,
+                     std::size_t cap, buffer_view<T, typename Backend::memory_space> data,
+                     buffer_view<T, typename Backend::memory_space> residual,
+                     gtopk_workspace<Backend>& w) {
+  const std::size_t count = data.count();
+  if (count == 0) return;  // every rank knows: nothing to send
+  const gtopk_set local = gtopk_local_set<T>(b, payload, count, cap);
+  if (sparse_index_bytes(count) == 4) {
+    gtopk_tree<std::uint32_t>(t, counters, b, local, data, residual, w.template of<T>());
+  } else {
+    gtopk_tree<std::uint64_t>(t, counters, b, local, data, residual, w.template of<T>());
+  }
 }
 
 }  // namespace squall::detail

@@ -26,7 +26,7 @@
 /// between receive and send, so they loop over their own steps, one message per block.
 
 #include <squall/algorithm/detail/scratch.hpp>
-#include <squall/backend/host.hpp>
+#include <squall/backend/dispatch.hpp>
 #include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
@@ -35,7 +35,6 @@
 #include <squall/core/random.hpp>
 #include <squall/core/types.hpp>
 #include <squall/detail/math.hpp>
-#include <squall/kernels/host/reduce.hpp>
 #include <squall/topology/ring.hpp>
 #include <squall/topology/schedule.hpp>
 #include <squall/topology/tree.hpp>
@@ -45,7 +44,6 @@
 #include <concepts>   // same_as
 #include <cstddef>    // byte, size_t
 #include <cstdint>
-#include <cstring>  // memcpy
 #include <optional>
 #include <string>
 #include <string_view>
@@ -103,25 +101,33 @@ bool per_hop_runs(int size, std::string* why = nullptr) {
   return true;
 }
 
-/// The buffers per-hop requantization keeps between calls (owned by the communicator).
+/// The buffers per-hop requantization keeps between calls (owned by the communicator): the
+/// payloads and decoded elements in the backend's memory, the bookkeeping on the host.
+template <class Backend>
 struct requantize_buffers {
-  std::vector<std::byte> send;       ///< the payload this rank encodes in the reduce phase
-  std::vector<std::byte> recv;       ///< a received partial's payload
-  std::vector<std::byte> finals;     ///< the final payload of every block
-  std::vector<std::byte> decoded;    ///< a decoded payload
+  scratch_bytes<Backend> send;       ///< the payload this rank encodes in the reduce phase
+  scratch_bytes<Backend> recv;       ///< a received partial's payload
+  scratch_bytes<Backend> finals;     ///< the final payload of every block
+  scratch_bytes<Backend> decoded;    ///< a decoded payload
   std::vector<std::size_t> offsets;  ///< where each block's final payload starts in `finals`
   std::vector<char> encoded;         ///< per block: this rank encoded it
   std::vector<char> final_here;      ///< per block: its final payload is in `finals`
 };
 
-/// One per-hop requantized allreduce (sum) on one rank: `c` is the bare compressor (no
-/// error feedback), `residual` the rank's residual or null, `sent` and `received` the
-/// communicator's byte counters.
-template <transport Transport, class C, real_gradient T>
+/// One per-hop requantized allreduce (sum) on one rank, its kernels on `backend`: `c` is the
+/// bare compressor (no error feedback), `residual` the rank's residual or null, `sent` and
+/// `received` the communicator's byte counters.
+template <transport Transport, class Backend, class C, real_gradient T>
 struct requantize_hops {
+  using memory_space = typename Backend::memory_space;
+  using view = buffer_view<T, memory_space>;
+  using const_view = buffer_view<const T, memory_space>;
+  using bytes_view = buffer_view<std::byte, memory_space>;
+
   Transport& transport;
+  const Backend& backend;
   const C& c;
-  requantize_buffers& buffers;
+  requantize_buffers<Backend>& buffers;
   std::uint64_t& sent;
   std::uint64_t& received;
   std::uint64_t step = 0;
@@ -191,10 +197,10 @@ struct requantize_hops {
              c.max_payload_bytes(dtype_of<T>, block(b.second - 1).count);
     };
     const std::size_t widest = c.max_payload_bytes(dtype_of<T>, count);
-    if (buffers.finals.size() < at[parts]) buffers.finals.resize(at[parts]);
-    if (buffers.send.size() < widest) buffers.send.resize(widest);
-    if (buffers.recv.size() < widest) buffers.recv.resize(widest);
-    T* decoded = elements_of<T>(buffers.decoded, count);
+    std::byte* const finals = buffers.finals.reserve(backend, at[parts]);
+    std::byte* const send = buffers.send.reserve(backend, widest);
+    std::byte* const recv = buffers.recv.reserve(backend, widest);
+    T* decoded = buffers.decoded.template elements<T>(backend, count).data();
     std::vector<char>& encoded = buffers.encoded;        // per block: encoded by this rank
     std::vector<char>& final_here = buffers.final_here;  // per block: its final payload is here
     // The rules first, on this rank's schedule alone, so that a rank refuses a schedule
@@ -249,10 +255,10 @@ struct requantize_hops {
       std::size_t in_bytes = 0;
       if (st.recv_from != nobody) {
         in = blocks_of(st.recv);
-        std::byte* into = buffers.recv.data();
+        std::byte* into = recv;
         if (distribute) {
           in_bytes = finals_bytes(in);
-          into = buffers.finals.data() + at[in.first];
+          into = finals + at[in.first];
         } else {
           in_bytes = c.max_payload_bytes(dtype_of<T>, span_of(in).count);
         }
@@ -264,16 +270,15 @@ struct requantize_hops {
         if (distribute) {
           for (std::size_t b = out.first; b < out.second; ++b) {
             if (final_here[b] != 0) continue;
-            encode(data, block(b), buffers.finals.data() + at[b], next_stream(), decoded);
+            encode(data, block(b), finals + at[b], next_stream(), decoded);
             final_here[b] = 1;
           }
           const std::size_t n = finals_bytes(out);
-          gone.emplace(transport.send(st.send_to, {buffers.finals.data() + at[out.first], n}));
+          gone.emplace(transport.send(st.send_to, {finals + at[out.first], n}));
           sent += n;
         } else {
-          const std::size_t n =
-              encode(data, span_of(out), buffers.send.data(), next_stream(), decoded);
-          gone.emplace(transport.send(st.send_to, {buffers.send.data(), n}));
+          const std::size_t n = encode(data, span_of(out), send, next_stream(), decoded);
+          gone.emplace(transport.send(st.send_to, {send, n}));
           sent += n;
         }
       }
@@ -283,19 +288,18 @@ struct requantize_hops {
           for (std::size_t b = in.first; b < in.second; ++b) final_here[b] = 1;
         } else {
           const index_range range = span_of(in);
-          decode(buffers.recv.data(), in_bytes, decoded, range.count);
-          kernels::reduce_into(host_backend{}, sum_op{},
-                               host_view<T>(data + range.begin, range.count),
-                               host_view<const T>(decoded, range.count));
+          decode(recv, in_bytes, decoded, range.count);
+          dispatch::reduce_into_on(backend, sum_op{}, view(data + range.begin, range.count),
+                                   const_view(decoded, range.count));
         }
       }
       if (gone) gone->wait();
     }
     for (std::size_t b = 0; b < parts; ++b) {
       if (final_here[b] == 0) {  // one rank: it holds the whole sum
-        encode(data, block(b), buffers.finals.data() + at[b], next_stream(), decoded);
+        encode(data, block(b), finals + at[b], next_stream(), decoded);
       }
-      decode(buffers.finals.data() + at[b], c.max_payload_bytes(dtype_of<T>, block(b).count),
+      decode(finals + at[b], c.max_payload_bytes(dtype_of<T>, block(b).count),
              data + block(b).begin, block(b).count);
     }
   }
@@ -310,9 +314,8 @@ struct requantize_hops {
   // With error feedback: residual += g; the rank sums the residual where it would sum g.
   void compensate(T* data, std::size_t count) {
     if (residual == nullptr) return;
-    kernels::reduce_into(host_backend{}, sum_op{}, host_view<T>(residual, count),
-                         host_view<const T>(data, count));
-    std::memcpy(data, residual, count * sizeof(T));
+    dispatch::reduce_into_on(backend, sum_op{}, view(residual, count), const_view(data, count));
+    dispatch::copy_on(backend, view(data, count), const_view(residual, count));
   }
 
   // Encodes the partial sum in `range` of `data` into `out`; with error feedback,
@@ -322,18 +325,19 @@ struct requantize_hops {
                      T* scratch) {
     const T* in = data + range.begin;
     const std::size_t bytes = c.max_payload_bytes(dtype_of<T>, range.count);
-    const std::size_t n = c.encode(host_backend{}, host_view<const T>(in, range.count),
-                                   host_view<std::byte>(out, bytes), stream);
+    const std::size_t n =
+        c.encode(backend, const_view(in, range.count), bytes_view(out, bytes), stream);
     if (residual != nullptr) {
       decode(out, n, scratch, range.count);
-      T* e = residual + range.begin;
-      for (std::size_t i = 0; i < range.count; ++i) e[i] = in[i] - scratch[i];
+      const view e(residual + range.begin, range.count);
+      dispatch::copy_on(backend, e, const_view(in, range.count));
+      dispatch::subtract_into_on(backend, e, const_view(scratch, range.count));
     }
     return n;
   }
 
   void decode(const std::byte* payload, std::size_t bytes, T* out, std::size_t count) {
-    c.decode(host_backend{}, host_view<const std::byte>(payload, bytes), host_view<T>(out, count));
+    c.decode(backend, buffer_view<const std::byte, memory_space>(payload, bytes), view(out, count));
   }
 };
 

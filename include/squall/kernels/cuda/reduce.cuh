@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>  // byte, size_t
+#include <cstdint>  // int32_t
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -69,6 +70,27 @@ __global__ void __launch_bounds__(Threads)
     subtract_kernel(T* dst, const T* src, std::size_t count) {
   for_each_index<kernel_tuning{Threads, Items}>(
       count, [&](std::size_t i) { dst[i] = difference(dst[i], src[i]); });
+}
+
+template <int Threads, int Items, class T>
+__global__ void __launch_bounds__(Threads)
+    vote_add_kernel(std::int32_t* votes, T* sums, const T* x, std::size_t count, bool first) {
+  for_each_index<kernel_tuning{Threads, Items}>(count, [&](std::size_t i) {
+    const T value = x[i];
+    const std::int32_t sign =
+        static_cast<std::int32_t>(value > T(0)) - static_cast<std::int32_t>(value < T(0));
+    const T magnitude = value < T(0) ? -value : value;
+    votes[i] = first ? sign : votes[i] + sign;
+    sums[i] = first ? magnitude : sums[i] + magnitude;
+  });
+}
+
+template <int Threads, int Items, class T>
+__global__ void __launch_bounds__(Threads)
+    vote_finish_kernel(const std::int32_t* votes, T* sums, std::size_t count) {
+  for_each_index<kernel_tuning{Threads, Items}>(count, [&](std::size_t i) {
+    sums[i] = votes[i] > 0 ? sums[i] : votes[i] < 0 ? -sums[i] : T(0) * sums[i];
+  });
 }
 
 template <kernel_tuning Tuning>
@@ -251,6 +273,37 @@ void finalize(const cuda_backend& backend, Op op, device_view<T> dst, std::size_
             dst.data(), dst.count(), contributions, op);
     SQUALL_CUDA_CHECK(cudaGetLastError());
   }
+}
+
+/// Device twin of the host `vote_add`: one step of a majority vote over decoded values `x`.
+template <class T>
+requires std::is_floating_point_v<T>
+void vote_add(const cuda_backend& backend, device_view<std::int32_t> votes, device_view<T> sums,
+              device_view<const std::type_identity_t<T>> x, bool first) {
+  detail::require_same_count("vote_add", votes.count(), x.count());
+  detail::require_same_count("vote_add", sums.count(), x.count());
+  if (x.empty()) return;
+  squall::detail::device_guard guard(backend.device);
+  constexpr kernel_tuning tuning = elementwise_tuning;
+  detail::vote_add_kernel<tuning.threads_per_block, tuning.items_per_thread>
+      <<<detail::grid_for<tuning>(x.count()), tuning.threads_per_block, 0, backend.stream>>>(
+          votes.data(), sums.data(), x.data(), x.count(), first);
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Device twin of the host `vote_finish`: the vote's signed sums, in place.
+template <class T>
+requires std::is_floating_point_v<T>
+void vote_finish(const cuda_backend& backend, device_view<const std::int32_t> votes,
+                 device_view<T> sums) {
+  detail::require_same_count("vote_finish", votes.count(), sums.count());
+  if (sums.empty()) return;
+  squall::detail::device_guard guard(backend.device);
+  constexpr kernel_tuning tuning = elementwise_tuning;
+  detail::vote_finish_kernel<tuning.threads_per_block, tuning.items_per_thread>
+      <<<detail::grid_for<tuning>(sums.count()), tuning.threads_per_block, 0, backend.stream>>>(
+          votes.data(), sums.data(), sums.count());
+  SQUALL_CUDA_CHECK(cudaGetLastError());
 }
 
 /// Copies `size` host bytes into device memory at `dst` (stream-ordered; the host source is

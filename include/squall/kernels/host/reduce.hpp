@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// Host elementwise kernels: reduce-into, reduce of two inputs, copy and finalize. These are
+/// Host elementwise kernels: reduce-into, reduce of two inputs, copy, finalize, fill, the
+/// error-feedback subtraction and the majority vote's two steps. These are
 /// the reference semantics; kernels/cuda/reduce.cuh is their twin with the same signatures.
 /// The loops are plain indexed loops over restrict pointers, which g++ -O3 vectorizes for
 /// float, double, int32 and int64 (tests/unit/vectorize checks it from the compiler's report).
@@ -161,6 +162,41 @@ template <class T>
 requires std::is_trivially_copyable_v<T>
 void fill_zero(const host_backend&, host_view<T> dst) {
   if (!dst.empty()) std::memset(static_cast<void*>(dst.data()), 0, dst.size_bytes());
+}
+
+/// One step of a majority vote (signSGD with majority vote), over rank q's decoded values
+/// `x`: `votes[i] += sign(x[i])` and `sums[i] += |x[i]|`, or, with `first`, both set to those.
+/// `sums` may not be `x`; a count mismatch throws `invalid_argument`.
+template <class T>
+requires std::is_floating_point_v<T>
+void vote_add(const host_backend&, host_view<std::int32_t> votes, host_view<T> sums,
+              host_view<const std::type_identity_t<T>> x, bool first) {
+  detail::require_same_count("vote_add", votes.count(), x.count());
+  detail::require_same_count("vote_add", sums.count(), x.count());
+  std::int32_t* SQUALL_RESTRICT v = votes.data();
+  T* SQUALL_RESTRICT s = sums.data();
+  const T* SQUALL_RESTRICT in = x.data();
+  for (std::size_t i = 0; i < x.count(); ++i) {
+    const T value = in[i];
+    const std::int32_t sign =
+        static_cast<std::int32_t>(value > T(0)) - static_cast<std::int32_t>(value < T(0));
+    const T magnitude = value < T(0) ? -value : value;
+    v[i] = first ? sign : v[i] + sign;
+    s[i] = first ? magnitude : s[i] + magnitude;
+  }
+}
+
+/// The vote's result: `sums[i]` where the votes are positive, `-sums[i]` where negative, and
+/// `0 x sums[i]` on a tie (0, or NaN for a NaN sum), in place.
+template <class T>
+requires std::is_floating_point_v<T>
+void vote_finish(const host_backend&, host_view<const std::int32_t> votes, host_view<T> sums) {
+  detail::require_same_count("vote_finish", votes.count(), sums.count());
+  const std::int32_t* SQUALL_RESTRICT v = votes.data();
+  T* SQUALL_RESTRICT s = sums.data();
+  for (std::size_t i = 0; i < sums.count(); ++i) {
+    s[i] = v[i] > 0 ? s[i] : v[i] < 0 ? -s[i] : T(0) * s[i];
+  }
 }
 
 /// Scratch for `count` elements of `T` in the backend's memory, freed with the returned object
