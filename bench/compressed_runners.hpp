@@ -2,7 +2,7 @@
 // squall-bench's compressed allreduce runners: `--compressor` names to compressor policies
 // (squall::visit_compressor), and one communicator<Transport, Topology, C> per (topology,
 // compressor) with the caller-owned compression state of its tensor. Included by
-// compressed_runners_*.cpp, which instantiate the factory for a few topologies each (so the build
+// compressed_runners_shm.cpp and compressed_runners_mpi.cpp, one transport each (the build
 // compiles them in parallel).
 #pragma once
 
@@ -73,19 +73,19 @@ std::unique_ptr<runner_base<float>> make_compressed_runner(
 
 }  // namespace squall_bench
 
-/// Instantiates the factory for `Topology` over shm_transport (and mpi_transport when built);
-/// used at global scope.
+/// Instantiates the factory for `Transport` over every topology squall-bench offers; used at
+/// global scope, once per transport and translation unit: the compressed algorithms depend on
+/// the transport but not the topology, so one TU per transport compiles each of them once.
 #define SQUALL_BENCH_COMPRESSED_WITH(Transport, Topology)                              \
   template std::unique_ptr<squall_bench::runner_base<float>>                           \
   squall_bench::make_compressed_runner<Transport, Topology>(                           \
       const squall_bench::compressor_spec&, const std::string&, Transport,             \
       const squall_bench::settings&, const squall_bench::job&, const squall::options&, \
       const squall::collective_tuning&);
-#if SQUALL_BENCH_WITH_MPI
-#define SQUALL_BENCH_COMPRESSED_FOR(Topology)                   \
-  SQUALL_BENCH_COMPRESSED_WITH(squall::shm_transport, Topology) \
-  SQUALL_BENCH_COMPRESSED_WITH(squall::mpi_transport, Topology)
-#else
-#define SQUALL_BENCH_COMPRESSED_FOR(Topology) \
-  SQUALL_BENCH_COMPRESSED_WITH(squall::shm_transport, Topology)
-#endif
+#define SQUALL_BENCH_COMPRESSED_OVER(Transport)                              \
+  SQUALL_BENCH_COMPRESSED_WITH(Transport, squall::ring_topology)             \
+  SQUALL_BENCH_COMPRESSED_WITH(Transport, squall::tree_topology)             \
+  SQUALL_BENCH_COMPRESSED_WITH(Transport, squall::direct_topology)           \
+  SQUALL_BENCH_COMPRESSED_WITH(Transport, squall::halving_doubling_topology) \
+  SQUALL_BENCH_COMPRESSED_WITH(Transport, squall::hierarchical_topology<>)   \
+  SQUALL_BENCH_COMPRESSED_WITH(Transport, squall::automatic_topology)

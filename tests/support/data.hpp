@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string_view>
 #include <type_traits>
@@ -19,6 +20,13 @@ namespace squall::test {
 /// Element types every kernel test runs over (doctest TEST_CASE_TEMPLATE lists).
 #define SQUALL_TEST_ELEMENT_TYPES \
   float, double, std::int32_t, std::int64_t, squall::float16, squall::bfloat16
+
+/// A rank's input at one step of a multi-step run: `input(rank, step)`. A type, not a template
+/// parameter, so that a runner is instantiated once per policy set, not once per call site's
+/// lambda (that halved the compressed suites' compile time); never deduced (type_identity), so
+/// a lambda converts at the call.
+template <class T>
+using step_input = std::type_identity_t<std::function<std::vector<T>(int rank, int step)>>;
 
 /// `count` values of `T` from a seeded generator: integers in [-1000, 1000]; floating values
 /// are multiples of 1/128 in [-8, 8] (of 1/16 for the 16-bit types), exact in `T`.

@@ -44,6 +44,7 @@ namespace {
 
 using squall::inproc_transport;
 using squall::test::run_ranks;
+using squall::test::step_input;
 
 using squall::test::make_topology;
 
@@ -77,9 +78,10 @@ struct rank_record {
 /// Runs `steps` compressed allreduces of `input(rank, step)` on `p` thread ranks with
 /// compressor `c`, kernels on `Backend`; with `resume`, each rank's state is first restored
 /// from resume[rank].
-template <class Topology, class C, class T, class Op, class Backend, class Input>
+template <class Topology, class C, class T, class Op, class Backend>
 std::vector<rank_record<T>> run_compressed_on(int p, const C& c, std::size_t count, int steps,
-                                              Input input, const squall::collective_tuning& tuning,
+                                              const step_input<T>& input,
+                                              const squall::collective_tuning& tuning,
                                               std::size_t window, const squall::options& opts,
                                               const std::vector<std::vector<std::byte>>* resume) {
   std::vector<rank_record<T>> records(static_cast<std::size_t>(p));
@@ -116,18 +118,11 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
-/// `run_compressed_on` on host_backend, and again on the deferred backend (kernels queued
-/// until the algorithms' ordering points, outputs poisoned till then), whose every result,
-/// residual, byte count and saved state must be bitwise the host's; returns the host's records.
-template <class Topology, class C, class T = float, class Op = squall::sum_op, class Input>
-std::vector<rank_record<T>> run_compressed(
-    int p, const C& c, std::size_t count, int steps, Input input,
-    const squall::collective_tuning& tuning = tiny_pieces, std::size_t window = 4096,
-    const squall::options& opts = {}, const std::vector<std::vector<std::byte>>* resume = nullptr) {
-  auto host = run_compressed_on<Topology, C, T, Op, squall::host_backend>(
-      p, c, count, steps, input, tuning, window, opts, resume);
-  const auto deferred = run_compressed_on<Topology, C, T, Op, squall::test::deferred_backend>(
-      p, c, count, steps, input, tuning, window, opts, resume);
+/// Every record of `deferred` is bitwise `host`'s: results, residual, saved state, byte counts.
+template <class T>
+void require_same_records(const std::vector<rank_record<T>>& host,
+                          const std::vector<rank_record<T>>& deferred) {
+  REQUIRE(deferred.size() == host.size());
   for (std::size_t r = 0; r < host.size(); ++r) {
     CAPTURE(r);
     REQUIRE(deferred[r].out.size() == host[r].out.size());
@@ -140,6 +135,20 @@ std::vector<rank_record<T>> run_compressed(
     REQUIRE(deferred[r].stats.bytes_sent == host[r].stats.bytes_sent);
     REQUIRE(deferred[r].stats.bytes_received == host[r].stats.bytes_received);
   }
+}
+
+/// `run_compressed_on` on host_backend, and again on the deferred backend (kernels queued
+/// until the algorithms' ordering points, outputs poisoned till then), whose every result,
+/// residual, byte count and saved state must be bitwise the host's; returns the host's records.
+template <class Topology, class C, class T = float, class Op = squall::sum_op>
+std::vector<rank_record<T>> run_compressed(
+    int p, const C& c, std::size_t count, int steps, const step_input<T>& input,
+    const squall::collective_tuning& tuning = tiny_pieces, std::size_t window = 4096,
+    const squall::options& opts = {}, const std::vector<std::vector<std::byte>>* resume = nullptr) {
+  auto host = run_compressed_on<Topology, C, T, Op, squall::host_backend>(
+      p, c, count, steps, input, tuning, window, opts, resume);
+  require_same_records(host, run_compressed_on<Topology, C, T, Op, squall::test::deferred_backend>(
+                                 p, c, count, steps, input, tuning, window, opts, resume));
   return host;
 }
 

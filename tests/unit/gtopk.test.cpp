@@ -34,6 +34,7 @@ namespace {
 
 using squall::inproc_transport;
 using squall::test::run_ranks;
+using squall::test::step_input;
 
 constexpr squall::collective_tuning gtopk_tuning{
     .chunk_bytes = 64, .pipeline_depth = 3, .aggregation = squall::aggregation::gtopk};
@@ -50,10 +51,10 @@ struct record {
 
 /// `steps` compressed allreduces of `input(rank, step)` on `p` thread ranks, kernels on
 /// `Backend`.
-template <class Topology, class C, class T, class Op, class Backend, class Input>
-std::vector<record<T>> run_on(int p, const C& c, std::size_t count, int steps, Input input,
-                              const squall::collective_tuning& tuning, const squall::options& opts,
-                              std::size_t window) {
+template <class Topology, class C, class T, class Op, class Backend>
+std::vector<record<T>> run_on(int p, const C& c, std::size_t count, int steps,
+                              const step_input<T>& input, const squall::collective_tuning& tuning,
+                              const squall::options& opts, std::size_t window) {
   std::vector<record<T>> records(static_cast<std::size_t>(p));
   run_ranks(
       p,
@@ -87,8 +88,9 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 /// `run_on` on host_backend, and on the deferred backend (kernels queued until the ordering
 /// points), whose results, residuals and byte counts must be bitwise the host's; returns the
 /// host's.
-template <class Topology, class C, class T, class Op = squall::sum_op, class Input>
-std::vector<record<T>> run(int p, const C& c, std::size_t count, int steps, Input input,
+template <class Topology, class C, class T, class Op = squall::sum_op>
+std::vector<record<T>> run(int p, const C& c, std::size_t count, int steps,
+                           const step_input<T>& input,
                            const squall::collective_tuning& tuning = gtopk_tuning,
                            const squall::options& opts = {}, std::size_t window = 4096) {
   auto host = run_on<Topology, C, T, Op, squall::host_backend>(p, c, count, steps, input, tuning,

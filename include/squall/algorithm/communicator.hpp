@@ -56,7 +56,9 @@ namespace squall {
 /// The collectives over `Transport`, scheduled by `Topology`: a facade. The dense collectives
 /// are `detail::dense_collectives<Transport, Topology, Backend>` (algorithm/dense.hpp), which
 /// does not depend on `Compressor`; the compressed allreduce and allgather (the overloads
-/// taking a `compression_state`) run the algorithms of algorithm/compressed/ over it. Owns
+/// taking a `compression_state`) run the algorithms of algorithm/compressed/ over its
+/// topology-free core, `detail::dense_core<Transport, Backend>`, so that neither the dense
+/// nor the compressed algorithms are instantiated once per topology. Owns
 /// the transport. Every collective runs its kernels on `Backend` (through
 /// backend/dispatch.hpp), whose memory must be the transport's (the CUDA backend's staging
 /// comes with its issue); the compressed ones keep their `compression_state` in host memory,
@@ -193,7 +195,7 @@ class communicator {
     const squall::aggregation how = aggregation();
     dense_.begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count(),
                       static_cast<int>(state.step() & 0x7fffffff), how);
-    detail::compressed_allreduce(how, dense_, compressor_, workspace_, data, state);
+    detail::compressed_allreduce(how, dense_.core(), compressor_, workspace_, data, state);
     detail::dispatch::finalize_on(backend(), op, data, static_cast<std::size_t>(size()));
     backend().synchronize();
     state.advance();
@@ -250,8 +252,8 @@ class communicator {
     require_state("compressed allgather", state.count(), count, "blocks");
     dense_.begin_call(collective::allgather, dtype_of<T>, "", count,
                       static_cast<int>(state.step() & 0x7fffffff), aggregation::gather);
-    detail::compressed_allgather(dense_, compressor_, workspace_.payload, workspace_.gather, in,
-                                 out, state);
+    detail::compressed_allgather(dense_.core(), compressor_, workspace_.payload, workspace_.gather,
+                                 in, out, state);
     backend().synchronize();
     state.advance();
   }

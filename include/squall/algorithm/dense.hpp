@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// `detail::dense_collectives<Transport, Topology, Backend>`: the dense collectives, what
-/// `communicator` forwards to. Not templated on the compressor, so each (transport, topology,
-/// backend) instantiates this code once however many compressors a program uses; the
-/// compressed algorithms (algorithm/compressed/) run over its primitives (the section "for
-/// the compressed algorithms" below). Contracts: see communicator.hpp.
+/// The dense collectives, what `communicator` forwards to, in two layers:
+/// `detail::dense_core<Transport, Backend>` does the work and sees the topology only through
+/// `schedule_source` (the schedules it builds, behind a virtual call each), so the collectives
+/// and every compressed algorithm run over it (algorithm/compressed/, the section "for the
+/// compressed algorithms" below) are instantiated once per (transport, backend), whatever the
+/// topology and however many compressors a program uses; `detail::dense_collectives<Transport,
+/// Topology, Backend>` adds what is the topology's own (node discovery, the cost model and its
+/// calibration). Contracts: see communicator.hpp.
 
 #include <squall/algorithm/call_check.hpp>
 #include <squall/algorithm/detail/calibrate.hpp>
@@ -31,6 +34,7 @@
 
 #include <cstddef>  // byte, size_t
 #include <cstdint>
+#include <memory>  // unique_ptr
 #include <optional>
 #include <string>
 #include <string_view>
@@ -82,10 +86,49 @@ inline void require_count(std::string_view operation, std::string_view what, std
   }
 }
 
-/// The dense collectives over `Transport`, scheduled by `Topology`, computing on `Backend`.
-/// Owns the transport.
-template <transport Transport, topology Topology, backend Backend>
-class dense_collectives {
+/// The topology as the algorithms see it: the schedules it builds, one virtual call each (the
+/// allreduce schedule is cached per size by `dense_core`). `std::nullopt` where the topology
+/// has no schedule of its own for that collective.
+class schedule_source {
+ public:
+  virtual ~schedule_source() = default;
+  virtual std::string_view name() const = 0;
+  virtual schedule allreduce_schedule(int rank, int size, std::size_t bytes) const = 0;
+  virtual std::optional<schedule> reduce_scatter_schedule(int rank, int size) const = 0;
+  virtual std::optional<schedule> allgather_schedule(int rank, int size) const = 0;
+  virtual std::optional<schedule> broadcast_schedule(int rank, int size, int root) const = 0;
+};
+
+/// `Topology`'s schedules as a `schedule_source`; holds the topology.
+template <topology Topology>
+class topology_schedules final : public schedule_source {
+ public:
+  explicit topology_schedules(Topology t) : topology(std::move(t)) {}
+
+  std::string_view name() const override { return Topology::name; }
+  schedule allreduce_schedule(int rank, int size, std::size_t bytes) const override {
+    return topology.allreduce_schedule(rank, size, bytes);
+  }
+  std::optional<schedule> reduce_scatter_schedule(int rank, int size) const override {
+    if constexpr (has_reduce_scatter<Topology>) return topology.reduce_scatter_schedule(rank, size);
+    return std::nullopt;
+  }
+  std::optional<schedule> allgather_schedule(int rank, int size) const override {
+    if constexpr (has_allgather<Topology>) return topology.allgather_schedule(rank, size);
+    return std::nullopt;
+  }
+  std::optional<schedule> broadcast_schedule(int rank, int size, int root) const override {
+    if constexpr (has_broadcast<Topology>) return topology.broadcast_schedule(rank, size, root);
+    return std::nullopt;
+  }
+
+  Topology topology;
+};
+
+/// The dense collectives over `Transport`, computing on `Backend`, with the schedules of
+/// `schedule_source`. Owns the transport and the schedule source.
+template <transport Transport, backend Backend>
+class dense_core {
   static_assert(check_backend_kernels<Backend>());
   static_assert(std::same_as<typename Backend::memory_space, typename Transport::memory_space>,
                 "squall: a Backend whose memory is not the Transport's needs a staging step "
@@ -93,7 +136,6 @@ class dense_collectives {
 
  public:
   using transport_type = Transport;
-  using topology_type = Topology;
   using backend_type = Backend;
   using memory_space = typename Backend::memory_space;
   /// The views the collectives take: the backend's memory.
@@ -101,10 +143,10 @@ class dense_collectives {
   using view = buffer_view<T, typename Backend::memory_space>;
 
   /// See `communicator`'s constructor.
-  dense_collectives(Transport transport, Topology topology, const options& opts,
-                    const collective_tuning& tuning, Backend backend = {})
+  dense_core(Transport transport, std::unique_ptr<schedule_source> schedules, const options& opts,
+             const collective_tuning& tuning, Backend backend)
       : transport_(std::move(transport)),
-        topology_(std::move(topology)),
+        schedules_(std::move(schedules)),
         backend_(std::move(backend)),
         check_(opts.check_mismatch),
         tuning_(tuning) {
@@ -112,44 +154,21 @@ class dense_collectives {
       throw invalid_argument({.operation = "communicator", .rank = rank()},
                              "collective_tuning::chunk_bytes must be positive");
     }
-    if constexpr (has_node_map<Topology>) {
-      if (topology_.node_of.empty()) {
-        topology_.node_of = find_nodes(
-            rank(), size(),
-            [this](const void* mine, std::size_t bytes, void* all) { exchange(mine, bytes, all); });
-      }
-    }
-    if constexpr (has_cost_model<Topology>) {
-      cost_model& model = topology_.model;
-      if (!model.link) model.link = link_costs_of<Transport>();
-      if (model.calibrated() && model.ranks != size()) {
-        throw invalid_argument({.operation = "communicator", .rank = rank()},
-                               "automatic_topology's cost model was measured on " +
-                                   std::to_string(model.ranks) + " ranks, this communicator has " +
-                                   std::to_string(size()));
-      }
-    }
-  }
-
-  /// Measures `automatic_topology`'s model on these ranks (a collective call; see
-  /// `communicator::calibrate`).
-  const cost_model& calibrate(std::size_t up_to) requires has_cost_model<Topology> {
-    detail::calibrate(*this, topology_.model, up_to);
-    return topology_.model;
   }
 
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
   Transport& transport() { return transport_; }
   const Backend& backend() const { return backend_; }
-  const Topology& topology() const { return topology_; }
+  const schedule_source& schedules() const { return *schedules_; }
   const collective_tuning& tuning() const { return tuning_; }
   transfer_stats last_transfer() const { return {buffers_.bytes_sent, buffers_.bytes_received}; }
 
   std::string schedule_for(std::size_t bytes) const {
-    const schedule s = topology_.allreduce_schedule(rank(), size(), bytes);
-    if (s.name == Topology::name) return std::string(Topology::name);
-    return std::string(Topology::name) + ":" + std::string(s.name);
+    const schedule s = schedules_->allreduce_schedule(rank(), size(), bytes);
+    const std::string name(schedules_->name());
+    if (s.name == name) return name;
+    return name + ":" + std::string(s.name);
   }
 
   // ---- the collectives (documented in communicator.hpp) ---------------------------------------
@@ -223,9 +242,10 @@ class dense_collectives {
           "root " + std::to_string(root) + " outside [0, " + std::to_string(size()) + ")");
     }
     begin_call(collective::broadcast, dtype_of<T>, "", data.count(), root);
+    std::optional<schedule> own = schedules_->broadcast_schedule(rank(), size(), root);
     schedule s;
-    if constexpr (has_broadcast<Topology>) {
-      s = topology_.broadcast_schedule(rank(), size(), root);
+    if (own) {
+      s = std::move(*own);
     } else if (uses_peer_memory(data.size_bytes())) {
       s = direct_topology{}.broadcast_schedule(rank(), size(), root);
     } else {
@@ -347,6 +367,9 @@ class dense_collectives {
     run(s, out, count, r);
   }
 
+ protected:
+  schedule_source& mutable_schedules() { return *schedules_; }
+
  private:
   // Throws if `in` and `out` overlap without being the same memory.
   template <element T>
@@ -432,22 +455,14 @@ class dense_collectives {
   // The schedules of reduce_scatter and allgather: the topology's own, else direct's one-shot
   // where the transport has peer memory, else the ring's.
   schedule scatter_schedule(std::size_t bytes) const {
-    if constexpr (has_reduce_scatter<Topology>) {
-      (void)bytes;
-      return topology_.reduce_scatter_schedule(rank(), size());
-    } else {
-      if (uses_peer_memory(bytes)) return direct_topology{}.reduce_scatter_schedule(rank(), size());
-      return ring_topology{}.reduce_scatter_schedule(rank(), size());
-    }
+    if (auto own = schedules_->reduce_scatter_schedule(rank(), size())) return std::move(*own);
+    if (uses_peer_memory(bytes)) return direct_topology{}.reduce_scatter_schedule(rank(), size());
+    return ring_topology{}.reduce_scatter_schedule(rank(), size());
   }
   schedule gather_schedule(std::size_t bytes) const {
-    if constexpr (has_allgather<Topology>) {
-      (void)bytes;
-      return topology_.allgather_schedule(rank(), size());
-    } else {
-      if (uses_peer_memory(bytes)) return direct_topology{}.allgather_schedule(rank(), size());
-      return ring_topology{}.allgather_schedule(rank(), size());
-    }
+    if (auto own = schedules_->allgather_schedule(rank(), size())) return std::move(*own);
+    if (uses_peer_memory(bytes)) return direct_topology{}.allgather_schedule(rank(), size());
+    return ring_topology{}.allgather_schedule(rank(), size());
   }
 
   template <class T>
@@ -482,7 +497,7 @@ class dense_collectives {
   // training loop's repeated allreduce builds no schedule (and allocates nothing).
   const schedule& allreduce_schedule_for(std::size_t bytes) {
     if (!cached_ || cached_bytes_ != bytes) {
-      cached_schedule_ = topology_.allreduce_schedule(rank(), size(), bytes);
+      cached_schedule_ = schedules_->allreduce_schedule(rank(), size(), bytes);
       cached_bytes_ = bytes;
       cached_ = true;
     }
@@ -492,7 +507,7 @@ class dense_collectives {
   detail::executor<Transport> executor() { return {transport_, buffers_, tuning_}; }
 
   Transport transport_;
-  Topology topology_;
+  std::unique_ptr<schedule_source> schedules_;
   Backend backend_;
   call_check<Transport> check_;
   collective_tuning tuning_;
@@ -502,6 +517,61 @@ class dense_collectives {
   bool cached_ = false;
   std::size_t cached_bytes_ = 0;
   schedule cached_schedule_;
+};
+
+/// `dense_core` over `Topology`'s schedules, plus what is the topology's own: node discovery
+/// (`hierarchical`'s node map, where not given), the cost model (`automatic`) and its
+/// calibration. The compressed algorithms take the core (`core()`), never this type, so that
+/// they are not instantiated per topology.
+template <transport Transport, topology Topology, backend Backend>
+class dense_collectives : public dense_core<Transport, Backend> {
+  using core_type = dense_core<Transport, Backend>;
+
+ public:
+  /// See `communicator`'s constructor.
+  dense_collectives(Transport transport, Topology topology, const options& opts,
+                    const collective_tuning& tuning, Backend backend = {})
+      : core_type(std::move(transport),
+                  std::make_unique<topology_schedules<Topology>>(std::move(topology)), opts, tuning,
+                  std::move(backend)) {
+    Topology& t = own_topology();
+    if constexpr (has_node_map<Topology>) {
+      if (t.node_of.empty()) {
+        t.node_of = find_nodes(this->rank(), this->size(),
+                               [this](const void* mine, std::size_t bytes, void* all) {
+                                 this->exchange(mine, bytes, all);
+                               });
+      }
+    }
+    if constexpr (has_cost_model<Topology>) {
+      cost_model& model = t.model;
+      if (!model.link) model.link = link_costs_of<Transport>();
+      if (model.calibrated() && model.ranks != this->size()) {
+        throw invalid_argument({.operation = "communicator", .rank = this->rank()},
+                               "automatic_topology's cost model was measured on " +
+                                   std::to_string(model.ranks) + " ranks, this communicator has " +
+                                   std::to_string(this->size()));
+      }
+    }
+  }
+
+  /// Measures `automatic_topology`'s model on these ranks (a collective call; see
+  /// `communicator::calibrate`).
+  const cost_model& calibrate(std::size_t up_to) requires has_cost_model<Topology> {
+    detail::calibrate(core(), own_topology().model, up_to);
+    return own_topology().model;
+  }
+
+  const Topology& topology() const {
+    return static_cast<const topology_schedules<Topology>&>(this->schedules()).topology;
+  }
+  /// What the compressed algorithms run over.
+  core_type& core() { return *this; }
+
+ private:
+  Topology& own_topology() {
+    return static_cast<topology_schedules<Topology>&>(this->mutable_schedules()).topology;
+  }
 };
 
 }  // namespace detail

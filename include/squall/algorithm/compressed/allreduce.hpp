@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 namespace squall::detail {
 
@@ -33,11 +34,36 @@ struct compressed_workspace {
   gtopk_workspace<Backend> sparse_merge;
 };
 
-/// The aggregation the compressed allreduce of `C` over `Topology` on `size` ranks runs:
-/// `tuning.aggregation` when the compressor allows it and it runs here; `automatic`: the
-/// compressor's first allowed aggregation that runs here. Throws `invalid_argument` naming
-/// the compressor and what it allows for one it does not, and saying why for per_hop where
-/// it cannot run.
+/// The aggregation a compressed allreduce runs, for a compressor (`compressor`) that allows
+/// `allowed`, on `size` ranks, where per-hop requantization runs or not (`per_hop_runs`, with
+/// `per_hop_why` saying why not): `tuning.aggregation` when the compressor allows it and it
+/// runs here; `automatic`: the compressor's first allowed aggregation that runs here. Throws
+/// `invalid_argument` naming the compressor and what it allows for one it does not, and
+/// saying why for per_hop where it cannot run. Not a template (see `aggregation_of`).
+inline aggregation choose_aggregation(const collective_tuning& tuning, aggregation_set allowed,
+                                      std::string_view compressor, bool per_hop_runs,
+                                      const std::string& per_hop_why, int rank) {
+  const error_context where{.operation = "compressed allreduce", .rank = rank};
+  const auto runs_here = [&](aggregation a) { return a != aggregation::per_hop || per_hop_runs; };
+  const aggregation asked = tuning.aggregation;
+  if (asked == aggregation::automatic) {
+    for (std::size_t i = 0; i < allowed.size(); ++i) {
+      if (runs_here(allowed[i])) return allowed[i];
+    }
+    throw invalid_argument(where, per_hop_why);
+  }
+  if (!allowed.contains(asked)) {
+    throw invalid_argument(where, "collective_tuning::aggregation is " +
+                                      std::string(to_string(asked)) + ", which compressor '" +
+                                      std::string(compressor) + "' does not allow (it allows " +
+                                      allowed.names() + ")");
+  }
+  if (!runs_here(asked)) throw invalid_argument(where, per_hop_why);
+  return asked;
+}
+
+/// The aggregation the compressed allreduce of `C` over `Topology` on `size` ranks runs
+/// (`choose_aggregation`); states at compile time what `C`'s traits promise.
 template <class C, class Topology>
 aggregation aggregation_of(const collective_tuning& tuning, int rank, int size) {
   using Inner = inner_compressor_t<C>;
@@ -50,26 +76,10 @@ aggregation aggregation_of(const collective_tuning& tuning, int rank, int size) 
                   "squall: this Compressor allows aggregation::gtopk, which merges payloads in "
                   "the topk / threshold layout (payload_kind topk or threshold)");
   }
-  const error_context where{.operation = "compressed allreduce", .rank = rank};
   std::string why;
-  const auto runs_here = [&](aggregation a) {
-    return a != aggregation::per_hop || per_hop_runs<Topology, Inner>(size, &why);
-  };
-  const aggregation asked = tuning.aggregation;
-  if (asked == aggregation::automatic) {
-    for (std::size_t i = 0; i < allowed.size(); ++i) {
-      if (runs_here(allowed[i])) return allowed[i];
-    }
-    throw invalid_argument(where, why);
-  }
-  if (!allowed.contains(asked)) {
-    throw invalid_argument(where, "collective_tuning::aggregation is " +
-                                      std::string(to_string(asked)) + ", which compressor '" +
-                                      std::string(Inner::name) + "' does not allow (it allows " +
-                                      allowed.names() + ")");
-  }
-  if (!runs_here(asked)) throw invalid_argument(where, why);
-  return asked;
+  const bool per_hop =
+      allowed.contains(aggregation::per_hop) && per_hop_runs<Topology, Inner>(size, &why);
+  return choose_aggregation(tuning, allowed, Inner::name, per_hop, why, rank);
 }
 
 /// Runs `how` (from `aggregation_of`) on `data`; the sum, before any finalize. Only the

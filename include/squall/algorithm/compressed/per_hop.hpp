@@ -30,7 +30,7 @@ void per_hop_allreduce(Dense& dense, const C& c,
   if constexpr (is_error_feedback<C>) hops.residual = state.residual().residual().data();
   const std::size_t bytes = inner_of(c).max_payload_bytes(dtype_of<T>, data.count());
   const auto schedule_of = [&](int rank) {
-    return dense.topology().allreduce_schedule(rank, dense.size(), bytes);
+    return dense.schedules().allreduce_schedule(rank, dense.size(), bytes);
   };
   hops.walk(schedule_of(dense.rank()), schedule_of, data.data(), data.count());
 }

@@ -77,17 +77,19 @@ inline constexpr bool per_hop_topology = [] {
   }
 }();
 
-/// Whether per-hop requantization of compressor `Inner` runs over `Topology` on `size` ranks:
-/// a topology declaring `per_hop_schedule`, a fixed-size payload, at most
-/// `max_per_hop_ranks`. Where not, `why` says why.
-template <class Topology, class Inner>
-bool per_hop_runs(int size, std::string* why = nullptr) {
-  if (!per_hop_topology<Topology> || !compression_traits<Inner>::fixed_size) {
+/// Whether per-hop requantization runs on `size` ranks for a topology (`topology`, declaring
+/// `per_hop_schedule` or not) and a compressor (`compressor`, with fixed-size payloads or
+/// not): a topology declaring it, a fixed-size payload, at most `max_per_hop_ranks`. Where
+/// not, `why` says why. Not a template: one copy however many policies a program uses.
+inline bool per_hop_runs(std::string_view topology, bool per_hop_schedule,
+                         std::string_view compressor, bool fixed_size, int size,
+                         std::string* why = nullptr) {
+  if (!per_hop_schedule || !fixed_size) {
     if (why != nullptr) {
       *why =
           "per-hop requantization runs on a topology declaring per_hop_schedule (ring, tree, "
           "direct, halving_doubling, automatic) with fixed-size payloads, not on topology '" +
-          std::string(Topology::name) + "' with compressor '" + std::string(Inner::name) + "'";
+          std::string(topology) + "' with compressor '" + std::string(compressor) + "'";
     }
     return false;
   }
@@ -99,6 +101,13 @@ bool per_hop_runs(int size, std::string* why = nullptr) {
     return false;
   }
   return true;
+}
+
+/// `per_hop_runs` for compressor `Inner` over `Topology`.
+template <class Topology, class Inner>
+bool per_hop_runs(int size, std::string* why = nullptr) {
+  return per_hop_runs(Topology::name, per_hop_topology<Topology>, Inner::name,
+                      compression_traits<Inner>::fixed_size, size, why);
 }
 
 /// The buffers per-hop requantization keeps between calls (owned by the communicator): the
