@@ -7,7 +7,9 @@
 //   non-exact inputs (against MPI_Allreduce and against a double sum);
 // - allgather, reduce_scatter (uneven blocks: the first count % P one element longer) and
 //   broadcast from every root: bitwise (float sums: within the bound);
-// - every rank holds bitwise the same result (a hash of it, its MPI_MIN equal to its MPI_MAX).
+// - every rank holds bitwise the same result (a hash of it, its MPI_MIN equal to its MPI_MAX);
+// - and the shared dense checks (tests/support/collective_checks.hpp), as the thread and shm
+//   runners run them, against the serial reference.
 // A check that fails is counted and reported, never REQUIREd, so that all ranks keep making
 // the same calls and a failure on one rank cannot hang the others.
 // Suite mpi_collectives; ctest collective.mpi_collectives.np1 to np4.
@@ -37,6 +39,7 @@
 #include <unistd.h>  // getpid
 #include <vector>
 
+#include "../support/collective_checks.hpp"
 #include "../support/collective_data.hpp"
 #include "../support/data.hpp"
 #include "../support/mpi_types.hpp"
@@ -444,6 +447,19 @@ void others_against_mpi() {
   comm.barrier();
 }
 
+/// The shared dense checks (collective_checks.hpp): every collective against the serial
+/// reference, as the thread and shm runners run them.
+template <class Via, class Topology>
+void shared_checks() {
+  const std::string what = std::string(Via::name) + ", " + std::string(Topology::name);
+  CAPTURE(what);
+  auto comm = make_communicator<Via, Topology>();
+  test::findings found;
+  test::check_dense_collectives(comm, found);
+  INFO(found.text());
+  CHECK(found.ok());
+}
+
 }  // namespace
 
 #define SQUALL_TOPOLOGIES                                                 \
@@ -452,6 +468,14 @@ void others_against_mpi() {
       squall::automatic_topology
 
 TEST_SUITE("mpi_collectives") {
+  TEST_CASE_TEMPLATE("every collective equals the serial reference, over mpi_transport", Topology,
+                     SQUALL_TOPOLOGIES) {
+    shared_checks<over_mpi, Topology>();
+  }
+  TEST_CASE_TEMPLATE("every collective equals the serial reference, over shm_transport", Topology,
+                     SQUALL_TOPOLOGIES) {
+    shared_checks<over_shm, Topology>();
+  }
   TEST_CASE_TEMPLATE("allreduce matches MPI_Allreduce, over mpi_transport", Topology,
                      SQUALL_TOPOLOGIES) {
     allreduce_against_mpi<over_mpi, Topology>();

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// The dense collectives on every topology, ranks as threads (inproc_transport): results
-// against a serial double reference, exact for exact inputs and within the reassociation
-// bound for random ones; every rank bitwise the same; counts 0, 1, P-1, P+1, a prime;
-// in place and out of place; tiny pieces (chunk_bytes = 64) so the pipeline runs many
-// pieces; windows small enough that the one-shot schedule runs many rounds.
+// The dense collectives on every topology, ranks as threads (inproc_transport): the shared
+// checks of collective_checks.hpp (every collective against the serial double reference,
+// bitwise; counts 0, 1, P-1, P+1, a prime; in place and out of place), run here on 1 to 8
+// ranks, on host_backend and on the deferred backend, with tiny pieces (chunk_bytes = 64) so
+// the pipeline runs many pieces and windows small enough that the one-shot schedule runs many
+// rounds; plus what only threads can check cheaply: random floats within the reassociation
+// bound, mismatched calls, bad arguments, calibration, node discovery.
 #include <squall/algorithm/communicator.hpp>
 #include <squall/backend/dispatch.hpp>
 #include <squall/topology/automatic.hpp>
@@ -26,6 +28,7 @@
 #include <unistd.h>  // getpid
 #include <vector>
 
+#include "../support/collective_checks.hpp"
 #include "../support/collective_data.hpp"
 #include "../support/data.hpp"
 #include "../support/deferred_backend.hpp"
@@ -46,76 +49,34 @@ constexpr squall::collective_tuning tiny_pieces{.chunk_bytes = 64, .pipeline_dep
 constexpr squall::collective_tuning peer_memory{
     .chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1};
 
-template <class Topology, class T, class Op, class Backend = squall::host_backend>
-void check_allreduce(int p, std::size_t count, bool in_place,
-                     const squall::collective_tuning& tuning, std::size_t window_bytes) {
-  CAPTURE(p);
-  CAPTURE(count);
-  CAPTURE(in_place);
-  std::vector<std::vector<T>> results(static_cast<std::size_t>(p));
-  run_ranks(
-      p,
-      [&](inproc_transport& t) {
-        const int r = t.rank();
-        squall::communicator<inproc_transport, Topology, squall::identity_compressor, Backend> comm(
-            std::move(t), make_topology<Topology>(p), {}, tuning);
-        std::vector<T> data = squall::test::exact_input<T>(r, count);
-        std::vector<T> out(count);
-        if (in_place) {
-          comm.allreduce(squall::host_view<T>(data), Op{});
-          out = data;
-        } else {
-          const std::vector<T> before = data;
-          comm.allreduce(squall::host_view<const T>(data), squall::host_view<T>(out), Op{});
-          CHECK(before == data);  // the input is untouched
-        }
-        results[static_cast<std::size_t>(r)] = std::move(out);
-      },
-      {}, window_bytes);
-  for (std::size_t i = 0; i < count; ++i) {
-    double want = squall::test::exact_reference<T, Op>(p, i);
-    // avg divides once, in the accumulator type, then rounds to T
-    if constexpr (!std::is_integral_v<T> && !std::is_same_v<T, double>) {
-      want = squall::test::as_double(static_cast<T>(static_cast<float>(want)));
-    }
-    if (squall::test::as_double(results[0][i]) != want) {
-      CAPTURE(i);
-      REQUIRE(squall::test::as_double(results[0][i]) == want);
-    }
-  }
-  for (int r = 1; r < p; ++r) {
-    // bitwise: compare the bytes, so that -0.0 and 0.0 (or NaN payloads) differ
-    REQUIRE(count == results[static_cast<std::size_t>(r)].size());
-    REQUIRE((count == 0 || std::memcmp(results[static_cast<std::size_t>(r)].data(),
-                                       results[0].data(), count * sizeof(T)) == 0));
-  }
-}
-
+/// The shared dense checks (collective_checks.hpp) on `p` thread ranks over `Topology` and
+/// `Backend`, for each of the communicator settings that reach the executor's paths: messages
+/// in tiny pieces, the one-shot schedule through windows of a few rounds and through the
+/// peers' buffers from the first byte (with and without windows), and the defaults.
 template <class Topology, class Backend = squall::host_backend>
 void check_topology_matrix() {
+  struct setting {
+    squall::collective_tuning tuning;
+    std::size_t window;
+  };
+  const setting settings[] = {
+      {tiny_pieces, 4096}, {peer_memory, 4096}, {peer_memory, 0}, {{}, 0}, {{}, 1 << 16}};
   for (int p : {1, 2, 3, 4, 5, 8}) {
-    const auto u = static_cast<std::size_t>(p);
-    for (std::size_t count :
-         {std::size_t{0}, std::size_t{1}, u > 1 ? u - 1 : 3, u + 1, std::size_t{1009}}) {
-      check_allreduce<Topology, float, squall::sum_op, Backend>(p, count, true, tiny_pieces, 4096);
-      check_allreduce<Topology, std::int32_t, squall::sum_op, Backend>(p, count, false, tiny_pieces,
-                                                                       4096);
-    }
-    check_allreduce<Topology, double, squall::avg_op, Backend>(p, 777, false, tiny_pieces, 4096);
-    check_allreduce<Topology, std::int64_t, squall::min_op, Backend>(p, 777, true, {}, 4096);
-    check_allreduce<Topology, squall::float16, squall::max_op, Backend>(p, 777, false, tiny_pieces,
-                                                                        4096);
-    check_allreduce<Topology, squall::bfloat16, squall::sum_op, Backend>(p, 777, true, tiny_pieces,
-                                                                         4096);
-    check_allreduce<Topology, std::int32_t, squall::avg_op, Backend>(p, 100, true, {}, 0);
-    check_allreduce<Topology, float, squall::sum_op, Backend>(p, 100003, false, {}, 1 << 16);
-    for (bool in_place : {false, true}) {
-      check_allreduce<Topology, float, squall::sum_op, Backend>(p, 100003, in_place, peer_memory,
-                                                                4096);
-      check_allreduce<Topology, squall::bfloat16, squall::avg_op, Backend>(p, u + 1, in_place,
-                                                                           peer_memory, 0);
-      check_allreduce<Topology, std::int64_t, squall::max_op, Backend>(p, 1, in_place, peer_memory,
-                                                                       0);
+    for (const setting& s : settings) {
+      CAPTURE(p);
+      CAPTURE(s.window);
+      CAPTURE(s.tuning.peer_memory_bytes);
+      run_ranks(
+          p,
+          [&](inproc_transport& t) {
+            squall::communicator<inproc_transport, Topology, squall::identity_compressor, Backend>
+                comm(std::move(t), make_topology<Topology>(p), {}, s.tuning);
+            squall::test::findings found;
+            squall::test::check_dense_collectives(comm, found);
+            INFO(found.text());
+            CHECK(found.ok());
+          },
+          {}, s.window);
     }
   }
 }
@@ -123,22 +84,23 @@ void check_topology_matrix() {
 }  // namespace
 
 TEST_SUITE("collectives") {
-  TEST_CASE("allreduce, ring") { check_topology_matrix<squall::ring_topology>(); }
-  TEST_CASE("allreduce, tree") { check_topology_matrix<squall::tree_topology>(); }
-  TEST_CASE("allreduce, direct (windows and messages)") {
+  TEST_CASE("every collective, ring") { check_topology_matrix<squall::ring_topology>(); }
+  TEST_CASE("every collective, tree") { check_topology_matrix<squall::tree_topology>(); }
+  TEST_CASE("every collective, direct (windows and messages)") {
     check_topology_matrix<squall::direct_topology>();
   }
-  TEST_CASE("allreduce, halving-doubling") {
+  TEST_CASE("every collective, halving-doubling") {
     check_topology_matrix<squall::halving_doubling_topology>();
   }
-  TEST_CASE("allreduce, hierarchical") {
+  TEST_CASE("every collective, hierarchical") {
     check_topology_matrix<squall::hierarchical_topology<>>();
     check_topology_matrix<
         squall::hierarchical_topology<squall::tree_topology, squall::halving_doubling_topology>>();
   }
-  TEST_CASE("allreduce, automatic") { check_topology_matrix<squall::automatic_topology>(); }
+  TEST_CASE("every collective, automatic") { check_topology_matrix<squall::automatic_topology>(); }
   TEST_CASE(
-      "allreduce on the deferred backend (kernels run at the ordering points), every topology") {
+      "every collective on the deferred backend (kernels run at the ordering points), every "
+      "topology") {
     using deferred = squall::test::deferred_backend;
     check_topology_matrix<squall::ring_topology, deferred>();
     check_topology_matrix<squall::tree_topology, deferred>();
@@ -176,81 +138,6 @@ TEST_SUITE("collectives") {
                 squall::test::reassociation_bound<float>(p, magnitude));
       }
     }
-  }
-
-  TEST_CASE("reduce_scatter, allgather and broadcast on every topology") {
-    // as messages in tiny pieces, and through peer memory from the first byte
-    auto run = [](auto topology_tag, auto backend_tag) {
-      using Topology = decltype(topology_tag);
-      using Backend = decltype(backend_tag);
-      for (const squall::collective_tuning& tuning : {tiny_pieces, peer_memory})
-        for (int p : {1, 2, 3, 4, 5}) {
-          for (std::size_t count :
-               {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1001}}) {
-            CAPTURE(p);
-            CAPTURE(count);
-            CAPTURE(tuning.peer_memory_bytes);
-            run_ranks(p, [&](inproc_transport& t) {
-              const int r = t.rank();
-              squall::communicator<inproc_transport, Topology, squall::identity_compressor, Backend>
-                  comm(std::move(t), make_topology<Topology>(p), {}, tuning);
-              // reduce_scatter, out of place then in place
-              const std::vector<std::int32_t> in =
-                  squall::test::exact_input<std::int32_t>(r, count);
-              std::vector<std::int32_t> block(comm.block_count(count));
-              comm.reduce_scatter(squall::host_view<const std::int32_t>(in),
-                                  squall::host_view<std::int32_t>(block));
-              for (std::size_t i = 0; i < block.size(); ++i) {
-                REQUIRE(block[i] == squall::test::exact_reference<std::int32_t, squall::sum_op>(
-                                        p, comm.block_offset(count) + i));
-              }
-              std::vector<std::int32_t> whole = in;
-              comm.reduce_scatter(squall::host_view<std::int32_t>(whole), squall::max_op{});
-              for (std::size_t i = 0; i < comm.block_count(count); ++i) {
-                const std::size_t at = comm.block_offset(count) + i;
-                REQUIRE(whole[at] ==
-                        squall::test::exact_reference<std::int32_t, squall::max_op>(p, at));
-              }
-              // allgather, out of place then in place
-              const std::vector<double> mine(count, 10.0 * r + 0.5);
-              std::vector<double> all(count * static_cast<std::size_t>(p), -1.0);
-              comm.allgather(squall::host_view<const double>(mine), squall::host_view<double>(all));
-              for (int q = 0; q < p; ++q) {
-                for (std::size_t i = 0; i < count; ++i)
-                  REQUIRE(all[static_cast<std::size_t>(q) * count + i] == 10.0 * q + 0.5);
-              }
-              std::vector<double> again(count * static_cast<std::size_t>(p), -1.0);
-              std::copy(
-                  mine.begin(), mine.end(),
-                  again.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * count));
-              comm.allgather(squall::host_view<const double>(
-                                 again.data() + static_cast<std::size_t>(r) * count, count),
-                             squall::host_view<double>(again));
-              CHECK(again == all);
-              // broadcast from every root
-              for (int root = 0; root < p; ++root) {
-                std::vector<squall::bfloat16> b(
-                    count, squall::bfloat16(static_cast<float>(r == root ? root + 1 : -3)));
-                comm.broadcast(squall::host_view<squall::bfloat16>(b), root);
-                for (const auto& x : b)
-                  REQUIRE(static_cast<float>(x) == static_cast<float>(root + 1));
-              }
-              comm.barrier();
-            });
-          }
-        }
-    };
-    // on the host, and on the deferred backend (kernels run at the ordering points)
-    const auto both = [&](auto topology_tag) {
-      run(topology_tag, squall::host_backend{});
-      run(topology_tag, squall::test::deferred_backend{});
-    };
-    both(squall::ring_topology{});
-    both(squall::tree_topology{});
-    both(squall::direct_topology{});
-    both(squall::halving_doubling_topology{});
-    both(squall::hierarchical_topology<>{});
-    both(squall::automatic_topology{});
   }
 
   TEST_CASE("mismatched calls give mismatch_error on every rank") {

@@ -1,0 +1,188 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// The dense collective checks, written once and run on each rank by every runner: ranks as
+// threads (tests/unit/collectives.test.cpp), as processes over shared memory
+// (tests/shm/collectives.test.cpp) and as MPI ranks (tests/mpi/collectives.test.cpp). The
+// runner builds the communicator (transport, topology, backend, tuning); the checks call its
+// public collectives and compare each result with the serial double reference of the exact
+// inputs (collective_data.hpp), bitwise after rounding to T. Exact inputs make every order of
+// summation give the same bits, so a rank that matches the reference also matches every
+// other rank. A check records what is wrong in `findings` and never asserts: a rank that
+// threw in the middle would leave its peers waiting, and a forked rank has no doctest.
+
+#include <squall/core/buffer.hpp>
+#include <squall/core/ops.hpp>
+#include <squall/core/types.hpp>
+
+#include <algorithm>  // copy
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "collective_data.hpp"
+#include "data.hpp"
+
+namespace squall::test {
+
+/// What the checks on one rank found wrong: the first few descriptions, and how many in all.
+class findings {
+ public:
+  void add(std::string what) {
+    if (count_++ < 8) text_ += (text_.empty() ? "" : "\n") + std::move(what);
+  }
+  bool ok() const { return count_ == 0; }
+  std::size_t count() const { return count_; }
+  /// The descriptions, one per line, then how many more there were.
+  std::string text() const {
+    if (count_ <= 8) return text_;
+    return text_ + "\n(and " + std::to_string(count_ - 8) + " more)";
+  }
+
+ private:
+  std::size_t count_ = 0;
+  std::string text_;
+};
+
+/// The reference of element `i` of the reduction over `ranks` ranks, rounded to T as the
+/// collective rounds it (avg divides once, in the accumulator type, then rounds to T).
+template <class T, class Op>
+T reference_element(int ranks, std::size_t i) {
+  const double want = exact_reference<T, Op>(ranks, i);
+  if constexpr (std::is_integral_v<T> || std::is_same_v<T, double>) {
+    return static_cast<T>(want);
+  } else {
+    return static_cast<T>(static_cast<float>(want));
+  }
+}
+
+/// Records the first element of `got` (`count` elements, element k being index `first_index`
+/// + k of the whole) that differs bitwise from `want(index)`.
+template <class T, class Want>
+void compare(findings& f, std::string_view what, const T* got, std::size_t count,
+             std::size_t first_index, Want want) {
+  for (std::size_t k = 0; k < count; ++k) {
+    const T expected = want(first_index + k);
+    if (std::memcmp(&got[k], &expected, sizeof(T)) != 0) {
+      f.add(std::string(what) + ": element " + std::to_string(first_index + k) + " is " +
+            std::to_string(as_double(got[k])) + ", not " + std::to_string(as_double(expected)));
+      return;
+    }
+  }
+}
+
+/// The communicator's name for a message: "<topology> on <P> ranks".
+template <class Comm>
+std::string where(const Comm& comm, std::string_view collective, std::size_t count) {
+  return std::string(collective) + " of " + std::to_string(count) + " (" +
+         std::string(Comm::topology_type::name) + ", " + std::to_string(comm.size()) + " ranks)";
+}
+
+/// One allreduce of `count` elements of T with Op, in place or out of place (the input must
+/// come back untouched).
+template <class T, class Op, class Comm>
+void check_allreduce(Comm& comm, std::size_t count, bool in_place, findings& f) {
+  const int p = comm.size();
+  const std::string what = where(comm, in_place ? "allreduce in place" : "allreduce", count) + " " +
+                           std::string(to_string(dtype_of<T>)) + " " + std::string(Op::name);
+  std::vector<T> data = exact_input<T>(comm.rank(), count);
+  std::vector<T> out(count);
+  if (in_place) {
+    comm.allreduce(host_view<T>(data), Op{});
+    out = data;
+  } else {
+    comm.allreduce(host_view<const T>(data), host_view<T>(out), Op{});
+    const std::vector<T> before = exact_input<T>(comm.rank(), count);
+    compare(f, what + ": input", data.data(), count, 0, [&](std::size_t i) { return before[i]; });
+  }
+  compare(f, what, out.data(), count, 0,
+          [p](std::size_t i) { return reference_element<T, Op>(p, i); });
+}
+
+/// reduce_scatter of `count` int32: out of place (sum), then in place (max, this rank's
+/// block of the buffer holds it); the blocks are the communicator's.
+template <class Comm>
+void check_reduce_scatter(Comm& comm, std::size_t count, findings& f) {
+  const int p = comm.size();
+  const std::size_t offset = comm.block_offset(count);
+  const std::vector<std::int32_t> in = exact_input<std::int32_t>(comm.rank(), count);
+  std::vector<std::int32_t> block(comm.block_count(count), -77);
+  comm.reduce_scatter(host_view<const std::int32_t>(in), host_view<std::int32_t>(block));
+  compare(f, where(comm, "reduce_scatter", count), block.data(), block.size(), offset,
+          [p](std::size_t i) { return reference_element<std::int32_t, sum_op>(p, i); });
+  std::vector<std::int32_t> whole = in;
+  comm.reduce_scatter(host_view<std::int32_t>(whole), max_op{});
+  compare(f, where(comm, "reduce_scatter in place (max)", count), whole.data() + offset,
+          comm.block_count(count), offset,
+          [p](std::size_t i) { return reference_element<std::int32_t, max_op>(p, i); });
+}
+
+/// allgather of `count` doubles out of place, then of `count` int32 in place (the input
+/// being this rank's block of the output).
+template <class Comm>
+void check_allgather(Comm& comm, std::size_t count, findings& f) {
+  const auto p = static_cast<std::size_t>(comm.size());
+  const auto r = static_cast<std::size_t>(comm.rank());
+  const std::vector<double> mine = exact_input<double>(comm.rank(), count);
+  std::vector<double> all(count * p, -1.0);
+  comm.allgather(host_view<const double>(mine), host_view<double>(all));
+  // element j of the output: element j % count of rank j / count's input
+  compare(f, where(comm, "allgather", count), all.data(), all.size(), 0, [count](std::size_t j) {
+    return exact_value<double>(static_cast<int>(j / count), j % count);
+  });
+  std::vector<std::int32_t> again(count * p, -1);
+  const std::vector<std::int32_t> block = exact_input<std::int32_t>(comm.rank(), count);
+  std::copy(block.begin(), block.end(), again.begin() + static_cast<std::ptrdiff_t>(r * count));
+  comm.allgather(host_view<const std::int32_t>(again.data() + r * count, count),
+                 host_view<std::int32_t>(again));
+  compare(f, where(comm, "allgather in place", count), again.data(), again.size(), 0,
+          [count](std::size_t j) {
+            return exact_value<std::int32_t>(static_cast<int>(j / count), j % count);
+          });
+}
+
+/// broadcast of `count` bfloat16 from every root; the other ranks' buffers hold other values.
+template <class Comm>
+void check_broadcast(Comm& comm, std::size_t count, findings& f) {
+  for (int root = 0; root < comm.size(); ++root) {
+    std::vector<bfloat16> b = exact_input<bfloat16>(comm.rank() == root ? root : root + 1, count);
+    comm.broadcast(host_view<bfloat16>(b), root);
+    compare(f, where(comm, "broadcast from " + std::to_string(root), count), b.data(), count, 0,
+            [root](std::size_t i) { return exact_value<bfloat16>(root, i); });
+  }
+}
+
+/// Every dense collective on `comm` (a collective call: every rank runs it): counts 0, 1,
+/// P - 1, P + 1 and a prime for each collective, the allreduce over every element type and
+/// op, in place and out of place, and float sums of `large_counts` (as the runner can afford).
+template <class Comm>
+void check_dense_collectives(Comm& comm, findings& f,
+                             std::span<const std::size_t> large_counts = {}) {
+  const auto p = static_cast<std::size_t>(comm.size());
+  const std::size_t counts[] = {0, 1, p > 1 ? p - 1 : 3, p + 1, 1009};
+  for (const std::size_t count : counts) {
+    check_allreduce<float, sum_op>(comm, count, true, f);
+    check_allreduce<std::int32_t, sum_op>(comm, count, false, f);
+    check_reduce_scatter(comm, count, f);
+    check_allgather(comm, count, f);
+    check_broadcast(comm, count, f);
+  }
+  check_allreduce<double, avg_op>(comm, 777, false, f);
+  check_allreduce<std::int64_t, min_op>(comm, 777, true, f);
+  check_allreduce<float16, max_op>(comm, 777, false, f);
+  check_allreduce<bfloat16, sum_op>(comm, 777, true, f);
+  check_allreduce<std::int32_t, avg_op>(comm, 100, true, f);
+  check_allreduce<bfloat16, avg_op>(comm, p + 1, false, f);
+  check_allreduce<std::int64_t, max_op>(comm, 1, true, f);
+  check_allreduce<float, sum_op>(comm, 100003, false, f);
+  for (const std::size_t count : large_counts) {
+    check_allreduce<float, sum_op>(comm, count, count % 2 == 0, f);
+  }
+  comm.barrier();
+}
+
+}  // namespace squall::test
