@@ -166,6 +166,7 @@ void check_dense_collectives(Comm& comm, findings& f,
   const std::size_t counts[] = {0, 1, p > 1 ? p - 1 : 3, p + 1, 1009};
   for (const std::size_t count : counts) {
     check_allreduce<float, sum_op>(comm, count, true, f);
+    check_allreduce<float, sum_op>(comm, count, false, f);
     check_allreduce<std::int32_t, sum_op>(comm, count, false, f);
     check_reduce_scatter(comm, count, f);
     check_allgather(comm, count, f);
@@ -176,9 +177,11 @@ void check_dense_collectives(Comm& comm, findings& f,
   check_allreduce<float16, max_op>(comm, 777, false, f);
   check_allreduce<bfloat16, sum_op>(comm, 777, true, f);
   check_allreduce<std::int32_t, avg_op>(comm, 100, true, f);
-  check_allreduce<bfloat16, avg_op>(comm, p + 1, false, f);
-  check_allreduce<std::int64_t, max_op>(comm, 1, true, f);
-  check_allreduce<float, sum_op>(comm, 100003, false, f);
+  for (const bool in_place : {false, true}) {
+    check_allreduce<bfloat16, avg_op>(comm, p + 1, in_place, f);
+    check_allreduce<std::int64_t, max_op>(comm, 1, in_place, f);
+    check_allreduce<float, sum_op>(comm, 100003, in_place, f);
+  }
   for (const std::size_t count : large_counts) {
     check_allreduce<float, sum_op>(comm, count, count % 2 == 0, f);
   }
