@@ -75,7 +75,7 @@ void compare(findings& f, std::string_view what, const T* got, std::size_t count
   }
 }
 
-/// The communicator's name for a message: "<topology> on <P> ranks".
+/// How a finding names the call: "<collective> of <count> (<topology>, <P> ranks)".
 template <class Comm>
 std::string where(const Comm& comm, std::string_view collective, std::size_t count) {
   return std::string(collective) + " of " + std::to_string(count) + " (" +
