@@ -100,6 +100,9 @@ TEST_SUITE("shm_collectives") {
                      squall::hierarchical_topology<>) {
     collectives_on_processes<Topology, squall::test::deferred_backend>();
   }
+  TEST_CASE("the same staged through host memory (a backend whose memory is not the transport's)") {
+    collectives_on_processes<squall::ring_topology, squall::test::deferred_device_backend>();
+  }
 }
 
 TEST_SUITE("shm_collectives_large") {

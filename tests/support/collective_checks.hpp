@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>  // as_const
 #include <vector>
 
 #include "collective_data.hpp"
@@ -75,6 +76,21 @@ void compare(findings& f, std::string_view what, const T* got, std::size_t count
   }
 }
 
+/// `count` elements at `p` as the views `Comm`'s collectives take (its backend's memory: the
+/// tests' backends keep host-addressable buffers whatever memory they claim).
+template <class Comm, class T>
+typename Comm::template view<T> view_of(T* p, std::size_t count) {
+  return {p, count};
+}
+template <class Comm, class T>
+typename Comm::template view<T> view_of(std::vector<T>& v) {
+  return {v.data(), v.size()};
+}
+template <class Comm, class T>
+typename Comm::template view<const T> view_of(const std::vector<T>& v) {
+  return {v.data(), v.size()};
+}
+
 /// How a finding names the call: "<collective> of <count> (<topology>, <P> ranks)".
 template <class Comm>
 std::string where(const Comm& comm, std::string_view collective, std::size_t count) {
@@ -92,10 +108,10 @@ void check_allreduce(Comm& comm, std::size_t count, bool in_place, findings& f) 
   std::vector<T> data = exact_input<T>(comm.rank(), count);
   std::vector<T> out(count);
   if (in_place) {
-    comm.allreduce(host_view<T>(data), Op{});
+    comm.allreduce(view_of<Comm>(data), Op{});
     out = data;
   } else {
-    comm.allreduce(host_view<const T>(data), host_view<T>(out), Op{});
+    comm.allreduce(view_of<Comm>(std::as_const(data)), view_of<Comm>(out), Op{});
     const std::vector<T> before = exact_input<T>(comm.rank(), count);
     compare(f, what + ": input", data.data(), count, 0, [&](std::size_t i) { return before[i]; });
   }
@@ -111,11 +127,11 @@ void check_reduce_scatter(Comm& comm, std::size_t count, findings& f) {
   const std::size_t offset = comm.block_offset(count);
   const std::vector<std::int32_t> in = exact_input<std::int32_t>(comm.rank(), count);
   std::vector<std::int32_t> block(comm.block_count(count), -77);
-  comm.reduce_scatter(host_view<const std::int32_t>(in), host_view<std::int32_t>(block));
+  comm.reduce_scatter(view_of<Comm>(in), view_of<Comm>(block));
   compare(f, where(comm, "reduce_scatter", count), block.data(), block.size(), offset,
           [p](std::size_t i) { return reference_element<std::int32_t, sum_op>(p, i); });
   std::vector<std::int32_t> whole = in;
-  comm.reduce_scatter(host_view<std::int32_t>(whole), max_op{});
+  comm.reduce_scatter(view_of<Comm>(whole), max_op{});
   compare(f, where(comm, "reduce_scatter in place (max)", count), whole.data() + offset,
           comm.block_count(count), offset,
           [p](std::size_t i) { return reference_element<std::int32_t, max_op>(p, i); });
@@ -129,7 +145,7 @@ void check_allgather(Comm& comm, std::size_t count, findings& f) {
   const auto r = static_cast<std::size_t>(comm.rank());
   const std::vector<double> mine = exact_input<double>(comm.rank(), count);
   std::vector<double> all(count * p, -1.0);
-  comm.allgather(host_view<const double>(mine), host_view<double>(all));
+  comm.allgather(view_of<Comm>(mine), view_of<Comm>(all));
   // element j of the output: element j % count of rank j / count's input
   compare(f, where(comm, "allgather", count), all.data(), all.size(), 0, [count](std::size_t j) {
     return exact_value<double>(static_cast<int>(j / count), j % count);
@@ -137,8 +153,8 @@ void check_allgather(Comm& comm, std::size_t count, findings& f) {
   std::vector<std::int32_t> again(count * p, -1);
   const std::vector<std::int32_t> block = exact_input<std::int32_t>(comm.rank(), count);
   std::copy(block.begin(), block.end(), again.begin() + static_cast<std::ptrdiff_t>(r * count));
-  comm.allgather(host_view<const std::int32_t>(again.data() + r * count, count),
-                 host_view<std::int32_t>(again));
+  comm.allgather(view_of<Comm>(static_cast<const std::int32_t*>(again.data() + r * count), count),
+                 view_of<Comm>(again));
   compare(f, where(comm, "allgather in place", count), again.data(), again.size(), 0,
           [count](std::size_t j) {
             return exact_value<std::int32_t>(static_cast<int>(j / count), j % count);
@@ -150,7 +166,7 @@ template <class Comm>
 void check_broadcast(Comm& comm, std::size_t count, findings& f) {
   for (int root = 0; root < comm.size(); ++root) {
     std::vector<bfloat16> b = exact_input<bfloat16>(comm.rank() == root ? root : root + 1, count);
-    comm.broadcast(host_view<bfloat16>(b), root);
+    comm.broadcast(view_of<Comm>(b), root);
     compare(f, where(comm, "broadcast from " + std::to_string(root), count), b.data(), count, 0,
             [root](std::size_t i) { return exact_value<bfloat16>(root, i); });
   }

@@ -37,6 +37,7 @@ class device_vector {
   device_vector& operator=(const device_vector&) = delete;
 
   device_view<T> view() { return {data_, count_}; }
+  device_view<const T> view() const { return {data_, count_}; }
   std::vector<T> to_host() const {
     std::vector<T> out(count_);
     if (count_ != 0) {

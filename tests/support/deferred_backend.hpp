@@ -5,7 +5,8 @@
 // is poisoned (all bits set: NaN, -1) at the call. An algorithm that reads a kernel's result,
 // sends it, or reuses its source before an ordering point then gets a wrong answer, which the
 // collective tests, run on this backend as on host_backend, catch against their references.
-// Host memory, so any host transport carries its buffers.
+// Its buffers are host memory: `deferred_backend` says so (any host transport carries
+// them), `deferred_device_backend` claims device memory (see below).
 //
 // Deferred: the kernels the algorithms call between their ordering points (reduce, copy,
 // finalize, fill, the error-feedback subtraction, the vote). Eager: the compressors' kernels
@@ -26,6 +27,7 @@
 #include <squall/kernels/host/sketch.hpp>
 #include <squall/kernels/host/sparse_merge.hpp>
 
+#include <concepts>  // same_as
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -43,18 +45,24 @@ namespace squall::test {
 struct byte_range {
   const std::byte* begin = nullptr;
   const std::byte* end = nullptr;
-  template <class T>
-  byte_range(host_view<T> v)  // NOLINT(google-explicit-constructor): views convert
+  template <class T, class M>
+  byte_range(buffer_view<T, M> v)  // NOLINT(google-explicit-constructor): views convert
       : begin(reinterpret_cast<const std::byte*>(v.data())), end(begin + v.size_bytes()) {}
   bool overlaps(const byte_range& o) const {
     return begin != end && o.begin != o.end && begin < o.end && o.begin < end;
   }
 };
 
-class deferred_backend {
+/// `M` is the memory it claims: host_memory (`deferred_backend`), or device_memory
+/// (`deferred_device_backend`), whose buffers are host memory all the same but whose type a
+/// host transport does not carry, so the communicator stages through host memory as it does
+/// for the CUDA backend, and a missing ordering point around the staging copies shows up.
+template <class M>
+class basic_deferred_backend {
  public:
-  using memory_space = host_memory;
-  static constexpr std::string_view name = "deferred";
+  using memory_space = M;
+  static constexpr std::string_view name =
+      std::same_as<M, host_memory> ? "deferred" : "deferred-device";
 
   /// Runs every queued kernel, in order.
   void synchronize() const {
@@ -96,71 +104,91 @@ class deferred_backend {
   std::shared_ptr<state> state_ = std::make_shared<state>();
 };
 
+using deferred_backend = basic_deferred_backend<host_memory>;
+using deferred_device_backend = basic_deferred_backend<device_memory>;
+
 // The kernels, found by argument-dependent lookup on the backend (backend/dispatch.hpp); each
-// queues the host kernel.
+// queues the host kernel (on the "device" variant's views as well: its memory is the host's).
 
-template <element T, reduction_op<T> Op>
-void reduce_into(const deferred_backend& b, Op op, host_view<T> dst,
-                 host_view<const std::type_identity_t<T>> src) {
-  b.enqueue([=] { kernels::reduce_into(host_backend{}, op, dst, src); }, {dst, src});
+/// `v` as a host view (the same bytes).
+template <class T, class M>
+host_view<T> on_host(buffer_view<T, M> v) {
+  return {v.data(), v.count()};
 }
 
-template <element T, reduction_op<T> Op>
-void reduce(const deferred_backend& b, Op op, host_view<T> dst,
-            host_view<const std::type_identity_t<T>> x,
-            host_view<const std::type_identity_t<T>> y) {
-  b.enqueue([=] { kernels::reduce(host_backend{}, op, dst, x, y); }, {x, y}, {dst});
+template <element T, reduction_op<T> Op, class M>
+void reduce_into(const basic_deferred_backend<M>& b, Op op, buffer_view<T, M> dst,
+                 buffer_view<const std::type_identity_t<T>, M> src) {
+  b.enqueue([=] { kernels::reduce_into(host_backend{}, op, on_host(dst), on_host(src)); },
+            {dst, src});
 }
 
-template <class T>
+template <element T, reduction_op<T> Op, class M>
+void reduce(const basic_deferred_backend<M>& b, Op op, buffer_view<T, M> dst,
+            buffer_view<const std::type_identity_t<T>, M> x,
+            buffer_view<const std::type_identity_t<T>, M> y) {
+  b.enqueue([=] { kernels::reduce(host_backend{}, op, on_host(dst), on_host(x), on_host(y)); },
+            {x, y}, {dst});
+}
+
+/// Within the backend's memory, and (the staging step of the device variant) between it and
+/// the host's.
+template <class T, class M, class To, class From>
 requires std::is_trivially_copyable_v<T>
-void copy(const deferred_backend& b, host_view<T> dst,
-          host_view<const std::type_identity_t<T>> src) {
-  b.enqueue([=] { kernels::copy(host_backend{}, dst, src); }, {src}, {dst});
+void copy(const basic_deferred_backend<M>& b, buffer_view<T, To> dst,
+          buffer_view<const std::type_identity_t<T>, From> src) {
+  static_assert(std::same_as<To, M> || std::same_as<From, M>,
+                "a copy touches the backend's memory");
+  b.enqueue([=] { kernels::copy(host_backend{}, on_host(dst), on_host(src)); }, {src}, {dst});
 }
 
-template <element T, reduction_op<T> Op>
-void finalize(const deferred_backend& b, Op op, host_view<T> data, std::size_t contributions) {
-  b.enqueue([=] { kernels::finalize(host_backend{}, op, data, contributions); }, {data});
+template <element T, reduction_op<T> Op, class M>
+void finalize(const basic_deferred_backend<M>& b, Op op, buffer_view<T, M> data,
+              std::size_t contributions) {
+  b.enqueue([=] { kernels::finalize(host_backend{}, op, on_host(data), contributions); }, {data});
 }
 
-template <class T>
+template <class T, class M>
 requires std::is_trivially_copyable_v<T>
-void fill_zero(const deferred_backend& b, host_view<T> dst) {
-  b.enqueue([=] { kernels::fill_zero(host_backend{}, dst); }, {}, {dst});
+void fill_zero(const basic_deferred_backend<M>& b, buffer_view<T, M> dst) {
+  b.enqueue([=] { kernels::fill_zero(host_backend{}, on_host(dst)); }, {}, {dst});
 }
 
-template <element T>
-void subtract_into(const deferred_backend& b, host_view<T> dst,
-                   host_view<const std::type_identity_t<T>> src) {
-  b.enqueue([=] { kernels::subtract_into(host_backend{}, dst, src); }, {dst, src});
+template <element T, class M>
+void subtract_into(const basic_deferred_backend<M>& b, buffer_view<T, M> dst,
+                   buffer_view<const std::type_identity_t<T>, M> src) {
+  b.enqueue([=] { kernels::subtract_into(host_backend{}, on_host(dst), on_host(src)); },
+            {dst, src});
 }
 
-template <class T>
+template <class T, class M>
 requires std::is_floating_point_v<T>
-void vote_add(const deferred_backend& b, host_view<std::int32_t> votes, host_view<T> sums,
-              host_view<const std::type_identity_t<T>> x, bool first) {
+void vote_add(const basic_deferred_backend<M>& b, buffer_view<std::int32_t, M> votes,
+              buffer_view<T, M> sums, buffer_view<const std::type_identity_t<T>, M> x, bool first) {
+  const auto run = [=] {
+    kernels::vote_add(host_backend{}, on_host(votes), on_host(sums), on_host(x), first);
+  };
   if (first) {
-    b.enqueue([=] { kernels::vote_add(host_backend{}, votes, sums, x, first); }, {x},
-              {votes, sums});
+    b.enqueue(run, {x}, {votes, sums});
   } else {
-    b.enqueue([=] { kernels::vote_add(host_backend{}, votes, sums, x, first); }, {x, votes, sums});
+    b.enqueue(run, {x, votes, sums});
   }
 }
 
-template <class T>
+template <class T, class M>
 requires std::is_floating_point_v<T>
-void vote_finish(const deferred_backend& b, host_view<const std::int32_t> votes,
-                 host_view<T> sums) {
-  b.enqueue([=] { kernels::vote_finish(host_backend{}, votes, sums); }, {votes, sums});
+void vote_finish(const basic_deferred_backend<M>& b, buffer_view<const std::int32_t, M> votes,
+                 buffer_view<T, M> sums) {
+  b.enqueue([=] { kernels::vote_finish(host_backend{}, on_host(votes), on_host(sums)); },
+            {votes, sums});
 }
 
 /// Scratch from the deferred backend: allocated at once and poisoned; freed only after the
 /// kernels queued before its release have run (as `cudaFreeAsync` is stream-ordered).
-template <class T>
+template <class T, class M>
 class deferred_scratch {
  public:
-  deferred_scratch(const deferred_backend& b, std::size_t count)
+  deferred_scratch(const basic_deferred_backend<M>& b, std::size_t count)
       : backend_(b), storage_(std::make_shared<std::vector<T>>(count)) {
     if (count != 0) std::memset(static_cast<void*>(storage_->data()), 0xff, count * sizeof(T));
   }
@@ -173,13 +201,13 @@ class deferred_scratch {
   std::size_t size() const { return storage_->size(); }
 
  private:
-  deferred_backend backend_;
+  basic_deferred_backend<M> backend_;
   std::shared_ptr<std::vector<T>> storage_;
 };
 
-template <class T>
-deferred_scratch<T> allocate_scratch(const deferred_backend& b, std::size_t count) {
-  return deferred_scratch<T>(b, count);
+template <class T, class M>
+deferred_scratch<T, M> allocate_scratch(const basic_deferred_backend<M>& b, std::size_t count) {
+  return deferred_scratch<T, M>(b, count);
 }
 
 // The eager kernels: the queue runs first, then the host kernel.
@@ -244,5 +272,6 @@ void count_sketch_estimate(const deferred_backend& b, A&&... a) {
 }
 
 static_assert(backend<deferred_backend>);
+static_assert(backend<deferred_device_backend>);
 
 }  // namespace squall::test

@@ -2,7 +2,8 @@
 // The dense collectives on every topology, ranks as threads (inproc_transport): the shared
 // checks of collective_checks.hpp (every collective against the serial double reference,
 // bitwise; counts 0, 1, P-1, P+1, a prime; in place and out of place), run here on 1 to 8
-// ranks, on host_backend and on the deferred backend, with tiny pieces (chunk_bytes = 64) so
+// ranks, on host_backend, on the deferred backend and on its "device" variant (staged through
+// host memory), with tiny pieces (chunk_bytes = 64) so
 // the pipeline runs many pieces and windows small enough that the one-shot schedule runs many
 // rounds; plus what only threads can check cheaply: random floats within the reassociation
 // bound, mismatched calls, bad arguments, calibration, node discovery.
@@ -43,6 +44,8 @@ using squall::test::run_ranks;
 using squall::test::make_topology;
 
 static_assert(squall::check_backend_kernels<squall::test::deferred_backend>());
+static_assert(squall::check_backend_kernels<squall::test::deferred_device_backend>());
+static_assert(squall::detail::dispatch::has_staging_copies<squall::test::deferred_device_backend>);
 
 constexpr squall::collective_tuning tiny_pieces{.chunk_bytes = 64, .pipeline_depth = 3};
 // The one-shot schedule reads the peers' buffers from the first byte (read_peer).
@@ -108,6 +111,15 @@ TEST_SUITE("collectives") {
     check_topology_matrix<squall::halving_doubling_topology, deferred>();
     check_topology_matrix<squall::hierarchical_topology<>, deferred>();
     check_topology_matrix<squall::automatic_topology, deferred>();
+  }
+  TEST_CASE(
+      "every collective on a backend whose memory the transport does not carry: staged through "
+      "host memory, its copies deferred") {
+    // the "device" memory is host memory in disguise; the staging copies are queued and their
+    // targets poisoned, so a missing ordering point around them gives a wrong answer
+    using device = squall::test::deferred_device_backend;
+    check_topology_matrix<squall::ring_topology, device>();
+    check_topology_matrix<squall::direct_topology, device>();
   }
 
   TEST_CASE("random floats: within the reassociation bound of a double sum") {

@@ -60,9 +60,10 @@ namespace squall {
 /// topology-free core, `detail::dense_core<Transport, Backend>`, so that neither the dense
 /// nor the compressed algorithms are instantiated once per topology. Owns
 /// the transport. Every collective runs its kernels on `Backend` (through
-/// backend/dispatch.hpp), whose memory must be the transport's (the CUDA backend's staging
-/// comes with its issue); the compressed ones keep their `compression_state` in host memory,
-/// so they take a Backend of host memory so far.
+/// backend/dispatch.hpp); where its memory is not the transport's (the CUDA backend over
+/// shared memory or MPI), the dense collectives stage through host memory (dense.hpp). The
+/// compressed ones keep their `compression_state` in host memory and send payloads straight
+/// from the backend's, so they take a Backend of the transport's (host) memory so far.
 template <transport Transport, topology Topology = automatic_topology,
           compressor Compressor = identity_compressor, backend Backend = host_backend>
 class communicator {
@@ -189,7 +190,7 @@ class communicator {
                   "squall: a compressed allreduce sums or averages: sum_op or avg_op");
     static_assert(host_state_fits,
                   "squall: the compressed collectives keep their compression_state in host "
-                  "memory so far: they take a Backend of host memory");
+                  "memory and are not staged: they take a Backend of host memory so far");
     require_state("compressed allreduce", state.count(), data.count(), "data");
     // the step goes in the signature: ranks at different steps would draw differently
     const squall::aggregation how = aggregation();
@@ -245,7 +246,7 @@ class communicator {
   void allgather(view<const T> in, view<T> out, compression_state<Compressor, T>& state) {
     static_assert(host_state_fits,
                   "squall: the compressed collectives keep their compression_state in host "
-                  "memory so far: they take a Backend of host memory");
+                  "memory and are not staged: they take a Backend of host memory so far");
     const std::size_t count = in.count();
     detail::require_count("compressed allgather", "out", out.count(),
                           count * static_cast<std::size_t>(size()));

@@ -127,12 +127,10 @@ class topology_schedules final : public schedule_source {
 
 /// The dense collectives over `Transport`, computing on `Backend`, with the schedules of
 /// `schedule_source`. Owns the transport and the schedule source.
+/// (A Backend whose memory the transport cannot carry takes the staged core below.)
 template <transport Transport, backend Backend>
 class dense_core {
   static_assert(check_backend_kernels<Backend>());
-  static_assert(std::same_as<typename Backend::memory_space, typename Transport::memory_space>,
-                "squall: a Backend whose memory is not the Transport's needs a staging step "
-                "through the transport's memory, which comes with the CUDA backend");
 
  public:
   using transport_type = Transport;
@@ -163,6 +161,8 @@ class dense_core {
   const schedule_source& schedules() const { return *schedules_; }
   const collective_tuning& tuning() const { return tuning_; }
   transfer_stats last_transfer() const { return {buffers_.bytes_sent, buffers_.bytes_received}; }
+  /// The core whose memory is the transport's (calibration runs there): this one.
+  dense_core& transport_core() { return *this; }
 
   std::string schedule_for(std::size_t bytes) const {
     const schedule s = schedules_->allreduce_schedule(rank(), size(), bytes);
@@ -370,10 +370,9 @@ class dense_core {
  protected:
   schedule_source& mutable_schedules() { return *schedules_; }
 
- private:
   // Throws if `in` and `out` overlap without being the same memory.
-  template <element T>
-  void place_check(view<const T> in, view<T> out) {
+  template <element T, class M>
+  void place_check(buffer_view<const T, M> in, buffer_view<T, M> out) const {
     if (in.data() == out.data() || in.empty()) return;
     const auto* a = reinterpret_cast<const std::byte*>(in.data());
     const auto* b = reinterpret_cast<const std::byte*>(out.data());
@@ -383,6 +382,7 @@ class dense_core {
     }
   }
 
+ private:
   // Copies `in` to `out` (same count), unless they are the same memory.
   template <element T>
   void place(view<const T> in, view<T> out) {
@@ -504,7 +504,13 @@ class dense_core {
     return cached_schedule_;
   }
 
-  detail::executor<Transport> executor() { return {transport_, buffers_, tuning_}; }
+  detail::executor<Transport> executor() {
+    const scratch_ref scratch{.owner = this, .reserve = [](void* self, std::size_t bytes) {
+                                auto& core = *static_cast<dense_core*>(self);
+                                return core.receive_.reserve(core.backend_, bytes);
+                              }};
+    return {transport_, buffers_, scratch, tuning_};
+  }
 
   Transport transport_;
   std::unique_ptr<schedule_source> schedules_;
@@ -513,10 +519,126 @@ class dense_core {
   collective_tuning tuning_;
   std::size_t window_round_ = 0;
   executor_buffers<Transport> buffers_;
-  scratch_bytes<Backend> work_;
+  scratch_bytes<Backend> work_;     // reduce_scatter's copy of its input
+  scratch_bytes<Backend> receive_;  // the executor's received pieces
   bool cached_ = false;
   std::size_t cached_bytes_ = 0;
   schedule cached_schedule_;
+};
+
+/// The dense collectives for a Backend whose memory the transport cannot carry (a device
+/// backend over shared memory or MPI): the staging step. Each collective copies its input
+/// into host staging memory with the backend's cross-space copy, waits for it (the ordering
+/// point before the transport reads it), runs on the host core (host_backend's kernels over
+/// the transport), and copies the result back; it returns once that copy is done, as every
+/// collective does. Whole buffers, one copy each way per call: the copies do not overlap
+/// the transfer (a pipelined staging is left for later). The compressed collectives do not
+/// run here (communicator.hpp says so at compile time).
+template <transport Transport, backend Backend>
+requires(!std::same_as<typename Backend::memory_space,
+                       typename Transport::memory_space>) class dense_core<Transport, Backend>
+    : public dense_core<Transport, host_backend> {
+  using host_core = dense_core<Transport, host_backend>;
+  static_assert(std::same_as<typename Transport::memory_space, host_memory>,
+                "squall: staging goes through host memory; this Transport carries neither the "
+                "Backend's memory nor the host's");
+  static_assert(check_backend_kernels<Backend>());
+  static_assert(dispatch::has_staging_copies<Backend>,
+                "squall: the Backend's memory is not the Transport's, and it has no kernels "
+                "copy(backend, host_view, its view) and copy(backend, its view, host_view) to "
+                "stage through host memory");
+
+ public:
+  using backend_type = Backend;
+  using memory_space = typename Backend::memory_space;
+  template <class T>
+  using view = buffer_view<T, memory_space>;
+
+  /// See `communicator`'s constructor.
+  dense_core(Transport transport, std::unique_ptr<schedule_source> schedules, const options& opts,
+             const collective_tuning& tuning, Backend backend)
+      : host_core(std::move(transport), std::move(schedules), opts, tuning, host_backend{}),
+        backend_(std::move(backend)) {}
+
+  const Backend& backend() const { return backend_; }
+  /// The core whose memory is the transport's (calibration runs there).
+  host_core& transport_core() { return *this; }
+
+  template <element T, reduction_op<T> Op>
+  void allreduce(view<T> data, Op op) {
+    const host_view<T> h = stage_in<T>(data);
+    host_core::allreduce(h, op);
+    stage_out(data, host_view<const T>(h));
+  }
+  template <element T, reduction_op<T> Op>
+  void allreduce(view<const T> in, view<T> out, Op op) {
+    require_count("allreduce", "out", out.count(), in.count());
+    this->place_check(in, out);
+    const host_view<T> h = stage_in<T>(in);
+    host_core::allreduce(h, op);
+    stage_out(out, host_view<const T>(h));
+  }
+
+  template <element T, reduction_op<T> Op>
+  void reduce_scatter(view<T> data, Op op) {
+    const host_view<T> h = stage_in<T>(data);
+    host_core::reduce_scatter(h, op);
+    stage_out(data, host_view<const T>(h));
+  }
+  template <element T, reduction_op<T> Op>
+  void reduce_scatter(view<const T> in, view<T> out, Op op) {
+    require_count("reduce_scatter", "out", out.count(), this->block_count(in.count()));
+    const host_view<T> h = stage_in<T>(in);
+    host_core::reduce_scatter(h, op);
+    stage_out(out, host_view<const T>(h.data() + this->block_offset(in.count()), out.count()));
+  }
+
+  template <element T>
+  void allgather(view<const T> in, view<T> out) {
+    const std::size_t count = in.count();
+    require_count("allgather", "out", out.count(), count * static_cast<std::size_t>(this->size()));
+    const std::size_t at = static_cast<std::size_t>(this->rank()) * count;
+    if (in.data() != out.data() + at) this->place_check(in, view<T>(out.data() + at, count));
+    const host_view<T> h = staging<T>(out.count());
+    const host_view<T> mine(h.data() + at, count);
+    stage(mine, in);
+    host_core::allgather(host_view<const T>(mine), h);
+    stage_out(out, host_view<const T>(h));
+  }
+
+  template <element T>
+  void broadcast(view<T> data, int root) {
+    const host_view<T> h = staging<T>(data.count());
+    if (root == this->rank()) stage<T>(h, data);
+    host_core::broadcast(h, root);
+    stage_out(data, host_view<const T>(h));
+  }
+
+ private:
+  template <class T>
+  host_view<T> staging(std::size_t count) {
+    return staging_.template elements<T>(host_backend{}, count);
+  }
+  // host `dst` = the backend's `src`, complete when it returns
+  template <class T>
+  void stage(host_view<T> dst, view<const T> src) {
+    dispatch::copy_across_on(backend_, dst, src);
+    backend_.synchronize();
+  }
+  template <class T>
+  host_view<T> stage_in(view<const T> src) {
+    const host_view<T> h = staging<T>(src.count());
+    stage(h, src);
+    return h;
+  }
+  template <class T>
+  void stage_out(view<T> dst, host_view<const T> src) {
+    dispatch::copy_across_on(backend_, dst, src);
+    backend_.synchronize();
+  }
+
+  Backend backend_;
+  scratch_bytes<host_backend> staging_;
 };
 
 /// `dense_core` over `Topology`'s schedules, plus what is the topology's own: node discovery
@@ -558,7 +680,7 @@ class dense_collectives : public dense_core<Transport, Backend> {
   /// Measures `automatic_topology`'s model on these ranks (a collective call; see
   /// `communicator::calibrate`).
   const cost_model& calibrate(std::size_t up_to) requires has_cost_model<Topology> {
-    detail::calibrate(core(), own_topology().model, up_to);
+    detail::calibrate(core().transport_core(), own_topology().model, up_to);
     return own_topology().model;
   }
 

@@ -66,6 +66,17 @@ concept has_vote = requires(const B& b, buffer_view<std::int32_t, typename B::me
   vote_add(b, votes, sums, x, true);
   vote_finish(b, buffer_view<const std::int32_t, typename B::memory_space>(votes), sums);
 };
+/// The copies between the backend's memory and the host's, for backends whose memory a
+/// host transport cannot carry (the staging step, algorithm/dense.hpp).
+template <class B>
+concept has_staging_copies =
+    requires(const B& b, buffer_view<std::byte, typename B::memory_space> mine,
+             buffer_view<const std::byte, typename B::memory_space> mine_const,
+             buffer_view<std::byte, host_memory> host,
+             buffer_view<const std::byte, host_memory> host_const) {
+  copy(b, host, mine_const);
+  copy(b, mine, host_const);
+};
 template <class B>
 concept has_allocate_scratch = requires(const B& b) {
   { allocate_scratch<std::byte>(b, std::size_t{1}).data() } -> std::convertible_to<std::byte*>;
@@ -85,6 +96,11 @@ void reduce_on(const B& b, Op op, buffer_view<T, M> dst, buffer_view<const T, M>
 /// `dst = src` on backend `b` (overlap allowed).
 template <class B, class T, class M>
 void copy_on(const B& b, buffer_view<T, M> dst, buffer_view<const T, M> src) {
+  copy(b, dst, src);
+}
+/// `dst = src` on backend `b` between its memory and the host's (the staging step).
+template <class B, class T, class To, class From>
+void copy_across_on(const B& b, buffer_view<T, To> dst, buffer_view<const T, From> src) {
   copy(b, dst, src);
 }
 /// Op's last step (avg: divide by `contributions`) on backend `b`.

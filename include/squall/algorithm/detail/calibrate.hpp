@@ -3,6 +3,8 @@
 /// Calibration of `automatic_topology`'s cost model on the ranks at hand.
 
 #include <squall/algorithm/detail/executor.hpp>
+#include <squall/algorithm/detail/scratch.hpp>
+#include <squall/backend/dispatch.hpp>
 #include <squall/core/ops.hpp>
 #include <squall/topology/automatic.hpp>
 #include <squall/topology/direct.hpp>
@@ -14,6 +16,7 @@
 #include <algorithm>  // min, max, clamp
 #include <chrono>
 #include <cstddef>
+#include <type_traits>  // remove_cvref_t
 #include <vector>
 
 namespace squall::detail {
@@ -38,7 +41,8 @@ void run_candidate(Dense& dense, std::size_t c, const float* in, float* out, std
     default:
       s = halving_doubling_topology{}.allreduce_schedule(r, p, bytes);
   }
-  dense.run_allreduce(s, in, out, count, make_reducer<float, sum_op>());
+  dense.run_allreduce(s, in, out, count, make_reducer<float, sum_op>(dense.backend()));
+  dense.backend().synchronize();
 }
 
 /// Measures every candidate of `model` on the ranks of `dense` (a collective call): float
@@ -51,8 +55,15 @@ void calibrate(Dense& dense, cost_model& model, std::size_t up_to) {
   for (std::size_t b = std::size_t{4} << 10; b <= top; b *= 4) sizes.push_back(b);
   // Out of place, as squall-bench and most training loops call it: schedules other than
   // the one-shot read pay the copy of the input into the output, and the model should see it.
-  std::vector<float> input(top / sizeof(float));
-  std::vector<float> buffer(top / sizeof(float));
+  // in the backend's memory, as the collectives' buffers are; zero, so no sum meets a NaN
+  using backend_type = std::remove_cvref_t<decltype(dense.backend())>;
+  scratch_bytes<backend_type> buffers;
+  const std::size_t floats = top / sizeof(float);
+  const auto both = buffers.template elements<float>(dense.backend(), 2 * floats);
+  dispatch::fill_zero_on(dense.backend(), both);
+  dense.backend().synchronize();
+  const float* input = both.data();
+  float* buffer = both.data() + floats;
   const auto candidates = cost_model::candidates;
   std::vector<double> mine(candidates * sizes.size(), 1e30);
   // Sizes outer, candidates inner: whatever else the machine does at a moment hits every
@@ -65,11 +76,11 @@ void calibrate(Dense& dense, cost_model& model, std::size_t up_to) {
         static_cast<int>(std::clamp<std::size_t>((std::size_t{4} << 20) / sizes[i], 2, 128));
     for (int trial = 0; trial < 5; ++trial) {
       for (std::size_t c = 0; c < candidates; ++c) {
-        run_candidate(dense, c, input.data(), buffer.data(), count);  // warm
+        run_candidate(dense, c, input, buffer, count);  // warm
         dense.transport().barrier().wait();
         const auto start = std::chrono::steady_clock::now();
         for (int call = 0; call < calls; ++call) {
-          run_candidate(dense, c, input.data(), buffer.data(), count);
+          run_candidate(dense, c, input, buffer, count);
         }
         const double took =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls;

@@ -8,11 +8,9 @@
 /// receive and send, one message per step. gTop-k's merge tree (detail/gtopk.hpp) is its own.
 
 #include <squall/backend/dispatch.hpp>
-#include <squall/backend/host.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/error.hpp>
 #include <squall/detail/math.hpp>
-#include <squall/kernels/host/reduce.hpp>
 #include <squall/topology/schedule.hpp>
 #include <squall/tuning/tuning.hpp>
 
@@ -91,13 +89,6 @@ reducer make_reducer(const Backend& backend) {
           .synchronize = [](const void* b) { static_cast<const Backend*>(b)->synchronize(); }};
 }
 
-/// The same on the host (calibration, tests).
-template <element T, reduction_op<T> Op>
-reducer make_reducer() {
-  static constexpr host_backend host{};
-  return make_reducer<T, Op>(host);
-}
-
 /// The tail of every rank's window the communicator keeps for call signatures (two slots,
 /// alternating by call); the one-shot schedule uses the bytes before it.
 inline constexpr std::size_t signature_area = 256;
@@ -111,12 +102,21 @@ std::size_t window_data_bytes(Transport& t) {
 template <class Transport>
 using completion_of = decltype(std::declval<Transport&>().send(0, buffer_view<const std::byte>{}));
 
-/// What the executor keeps between calls, owned by the communicator: scratch bytes, peer
-/// addresses and the vectors of completions in flight. Grown on demand and reused, so a
-/// warm collective allocates nothing.
+/// Scratch bytes in the backend's memory, reached without naming the backend (the executor
+/// is not a template on it): `get(bytes)` gives at least `bytes`, 16-byte aligned; growing
+/// drops the contents. The owner is the communicator's `scratch_bytes<Backend>`.
+struct scratch_ref {
+  void* owner = nullptr;
+  std::byte* (*reserve)(void* owner, std::size_t bytes) = nullptr;
+  std::byte* get(std::size_t bytes) const { return reserve(owner, bytes); }
+};
+
+/// What the executor keeps between calls, owned by the communicator: peer addresses and the
+/// vectors of completions in flight (host bookkeeping; its scratch for received pieces is a
+/// `scratch_ref` into the backend's memory). Grown on demand and reused, so a warm
+/// collective allocates nothing.
 template <class Transport>
 struct executor_buffers {
-  std::vector<std::byte> scratch;
   std::vector<std::uint64_t> addresses;
   std::vector<completion_of<Transport>> pending;  ///< a step's receives, or an exchange
   std::deque<completion_of<Transport>> sends;     ///< sends in flight
@@ -137,10 +137,10 @@ class executor {
  public:
   using completion_type = completion_of<Transport>;
 
-  executor(Transport& transport, executor_buffers<Transport>& buffers,
+  executor(Transport& transport, executor_buffers<Transport>& buffers, scratch_ref scratch,
            const collective_tuning& tuning)
       : transport_(transport),
-        scratch_(buffers.scratch),
+        scratch_(scratch),
         addresses_(buffers.addresses),
         pending_(buffers.pending),
         sends_(buffers.sends),
@@ -358,19 +358,19 @@ class executor {
     const int me = transport_.rank();
     const std::size_t e = r.element_bytes;
     const std::size_t piece = std::max<std::size_t>(1, (std::size_t{256} << 10) / e);
-    if (scratch_.size() < piece * e) scratch_.resize(piece * e);
+    std::byte* const scratch = scratch_.get(piece * e);
     for (std::size_t i = 0; i < block.count; i += piece) {
       const std::size_t n = std::min(piece, block.count - i);
       const std::size_t at = (block.begin + i) * e;
       for (int k = 1; k < size; ++k) {
         const int q = wrap(me + k, size);
         transport_.read_peer(q, addresses_[stride * static_cast<std::size_t>(q)] + at,
-                             {scratch_.data(), n * e});
+                             {scratch, n * e});
         received_ += n * e;
         if (k == 1 && own != out) {
-          r.reduce(out + i * e, own + i * e, scratch_.data(), n);
+          r.reduce(out + i * e, own + i * e, scratch, n);
         } else {
-          r.reduce_into(out + i * e, scratch_.data(), n);
+          r.reduce_into(out + i * e, scratch, n);
         }
         r.settle();  // the scratch is read again for the next peer
       }
@@ -398,7 +398,7 @@ class executor {
         widest = std::max(widest, s.steps[i].recv.count);
     }
     const std::size_t slot_bytes = piece * r.element_bytes;
-    if (scratch_.size() < widest * slot_bytes) scratch_.resize(widest * slot_bytes);
+    std::byte* const scratch = scratch_.get(widest * slot_bytes);
     std::vector<completion_type>& recvs = pending_;
     for (std::size_t j = 0; j < pieces; ++j) {
       for (std::size_t i = begin; i < end; ++i) {
@@ -409,7 +409,7 @@ class executor {
           for (std::size_t b = 0; b < st.recv.count; ++b) {
             const index_range p = piece_of(count, st.recv, b, j, piece);
             if (p.count == 0) continue;
-            std::byte* into = st.action == step_action::reduce ? scratch_.data() + b * slot_bytes
+            std::byte* into = st.action == step_action::reduce ? scratch + b * slot_bytes
                                                                : data + p.begin * r.element_bytes;
             recvs.push_back(transport_.recv(st.recv_from, {into, p.count * r.element_bytes}));
             received_ += p.count * r.element_bytes;
@@ -430,8 +430,7 @@ class executor {
           if (p.count == 0) continue;
           recvs[k++].wait();
           if (st.action == step_action::reduce) {
-            r.reduce_into(data + p.begin * r.element_bytes, scratch_.data() + b * slot_bytes,
-                          p.count);
+            r.reduce_into(data + p.begin * r.element_bytes, scratch + b * slot_bytes, p.count);
           }
         }
         // the ordering point: the reduced pieces are complete before a later step sends them,
@@ -459,7 +458,7 @@ class executor {
   }
 
   Transport& transport_;
-  std::vector<std::byte>& scratch_;
+  scratch_ref scratch_;
   std::vector<std::uint64_t>& addresses_;
   std::vector<completion_type>& pending_;
   std::deque<completion_type>& sends_;

@@ -234,6 +234,32 @@ void copy(const cuda_backend& backend, device_view<T> dst,
                                     cudaMemcpyDeviceToDevice, backend.stream));
 }
 
+/// `dst[i] = src[i]` from the device to the host, stream-ordered (the staging step of a
+/// host transport: the caller synchronizes before the host reads `dst`).
+template <class T>
+requires std::is_trivially_copyable_v<T>
+void copy(const cuda_backend& backend, host_view<T> dst,
+          device_view<const std::type_identity_t<T>> src) {
+  detail::require_same_count("copy", dst.count(), src.count());
+  if (dst.empty()) return;
+  squall::detail::device_guard guard(backend.device);
+  SQUALL_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.size_bytes(),
+                                    cudaMemcpyDeviceToHost, backend.stream));
+}
+
+/// `dst[i] = src[i]` from the host to the device, stream-ordered (the staging step's way
+/// back; `src` must stay unchanged until the stream has run the copy).
+template <class T>
+requires std::is_trivially_copyable_v<T>
+void copy(const cuda_backend& backend, device_view<T> dst,
+          host_view<const std::type_identity_t<T>> src) {
+  detail::require_same_count("copy", dst.count(), src.count());
+  if (dst.empty()) return;
+  squall::detail::device_guard guard(backend.device);
+  SQUALL_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.size_bytes(),
+                                    cudaMemcpyHostToDevice, backend.stream));
+}
+
 /// Device twin of the host `subtract_into`: `dst[i] = dst[i] - src[i]` in the accumulator
 /// type, rounded once (integers wrap), enqueued on the backend's stream. Equal to the host bit
 /// for bit except NaN payloads (the GPU's float arithmetic returns its canonical NaN) and, for
