@@ -38,28 +38,28 @@ void staged_collectives(int p) {
         comm(std::move(t), test::make_topology<Topology>(p), {}, {}, cuda_backend(0, nullptr));
     const int r = comm.rank();
     test::findings f;
-    for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1009},
-                                    (std::size_t{1} << 20) + 3}) {
-      const auto sum = [p](std::size_t i) { return test::reference_element<float, squall::sum_op>(p, i); };
+    for (const std::size_t count :
+         {std::size_t{0}, std::size_t{1}, std::size_t{1009}, (std::size_t{1} << 20) + 3}) {
+      const auto sum = [p](std::size_t i) {
+        return test::reference_element<float, squall::sum_op>(p, i);
+      };
       test::device_vector<float> data(test::exact_input<float>(r, count));
       comm.allreduce(data.view());
       expect(f, "allreduce in place", data.to_host(), sum);
 
       const test::device_vector<float> in(test::exact_input<float>(r, count));
       test::device_vector<float> out(std::vector<float>(count, -1.0f));
-      comm.allreduce(in.view(),
-                     out.view());
+      comm.allreduce(in.view(), out.view());
       expect(f, "allreduce", out.to_host(), sum);
 
       test::device_vector<float> block(std::vector<float>(comm.block_count(count), -1.0f));
-      comm.reduce_scatter(in.view(),
-                          block.view());
+      comm.reduce_scatter(in.view(), block.view());
       const std::size_t offset = comm.block_offset(count);
       expect(f, "reduce_scatter", block.to_host(), [&](std::size_t i) { return sum(offset + i); });
 
-      test::device_vector<float> all(std::vector<float>(count * static_cast<std::size_t>(p), -1.0f));
-      comm.allgather(in.view(),
-                     all.view());
+      test::device_vector<float> all(
+          std::vector<float>(count * static_cast<std::size_t>(p), -1.0f));
+      comm.allgather(in.view(), all.view());
       expect(f, "allgather", all.to_host(), [count](std::size_t j) {
         return test::exact_value<float>(static_cast<int>(j / count), j % count);
       });

@@ -214,19 +214,27 @@ TEST_SUITE("collectives") {
       }
   }
 
-  TEST_CASE("bad arguments give invalid_argument") {
+  TEST_CASE_TEMPLATE("bad arguments give invalid_argument (staged too)", Backend,
+                     squall::host_backend, squall::test::deferred_device_backend) {
     run_ranks(2, [&](inproc_transport& t) {
-      squall::communicator<inproc_transport, squall::ring_topology> comm(std::move(t));
+      using comm_type = squall::communicator<inproc_transport, squall::ring_topology,
+                                             squall::identity_compressor, Backend>;
+      comm_type comm(std::move(t));
+      const auto view = [](float* p, std::size_t n) {
+        return squall::test::view_of<comm_type>(p, n);
+      };
+      const auto in = [](const float* p, std::size_t n) {
+        return squall::test::view_of<comm_type>(p, n);
+      };
       std::vector<float> a(10), b(9);
-      CHECK_THROWS_AS(
-          comm.allreduce(squall::host_view<const float>(a), squall::host_view<float>(b)),
-          squall::invalid_argument);
-      CHECK_THROWS_AS(comm.broadcast(squall::host_view<float>(a), 2), squall::invalid_argument);
-      CHECK_THROWS_AS(
-          comm.allgather(squall::host_view<const float>(a), squall::host_view<float>(b)),
-          squall::invalid_argument);
-      CHECK_THROWS_AS(comm.allreduce(squall::host_view<const float>(a.data(), 5),
-                                     squall::host_view<float>(a.data() + 2, 5)),
+      CHECK_THROWS_AS(comm.allreduce(in(a.data(), 10), view(b.data(), 9)),
+                      squall::invalid_argument);
+      CHECK_THROWS_AS(comm.broadcast(view(a.data(), 10), 2), squall::invalid_argument);
+      CHECK_THROWS_AS(comm.allgather(in(a.data(), 10), view(b.data(), 9)),
+                      squall::invalid_argument);
+      CHECK_THROWS_AS(comm.reduce_scatter(in(a.data(), 10), view(b.data(), 9)),
+                      squall::invalid_argument);
+      CHECK_THROWS_AS(comm.allreduce(in(a.data(), 5), view(a.data() + 2, 5)),
                       squall::invalid_argument);
       comm.barrier();
     });

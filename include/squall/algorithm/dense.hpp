@@ -566,9 +566,7 @@ requires(!std::same_as<typename Backend::memory_space,
 
   template <element T, reduction_op<T> Op>
   void allreduce(view<T> data, Op op) {
-    const host_view<T> h = stage_in<T>(data);
-    host_core::allreduce(h, op);
-    stage_out(data, host_view<const T>(h));
+    allreduce(view<const T>(data), data, op);  // staged, in place is out of place
   }
   template <element T, reduction_op<T> Op>
   void allreduce(view<const T> in, view<T> out, Op op) {
