@@ -574,21 +574,21 @@ requires(!std::same_as<typename Backend::memory_space,
     this->place_check(in, out);
     const host_view<T> h = stage_in<T>(in);
     host_core::allreduce(h, op);
-    stage_out(out, host_view<const T>(h));
+    stage(out, host_view<const T>(h));
   }
 
   template <element T, reduction_op<T> Op>
   void reduce_scatter(view<T> data, Op op) {
     const host_view<T> h = stage_in<T>(data);
     host_core::reduce_scatter(h, op);
-    stage_out(data, host_view<const T>(h));
+    stage(data, host_view<const T>(h));
   }
   template <element T, reduction_op<T> Op>
   void reduce_scatter(view<const T> in, view<T> out, Op op) {
     require_count("reduce_scatter", "out", out.count(), this->block_count(in.count()));
     const host_view<T> h = stage_in<T>(in);
     host_core::reduce_scatter(h, op);
-    stage_out(out, host_view<const T>(h.data() + this->block_offset(in.count()), out.count()));
+    stage(out, host_view<const T>(h.data() + this->block_offset(in.count()), out.count()));
   }
 
   template <element T>
@@ -601,15 +601,16 @@ requires(!std::same_as<typename Backend::memory_space,
     const host_view<T> mine(h.data() + at, count);
     stage(mine, in);
     host_core::allgather(host_view<const T>(mine), h);
-    stage_out(out, host_view<const T>(h));
+    stage(out, host_view<const T>(h));
   }
 
   template <element T>
   void broadcast(view<T> data, int root) {
     const host_view<T> h = staging<T>(data.count());
-    if (root == this->rank()) stage<T>(h, data);
+    const bool root_here = root == this->rank();
+    if (root_here) stage(h, view<const T>(data));
     host_core::broadcast(h, root);
-    stage_out(data, host_view<const T>(h));
+    if (!root_here) stage(data, host_view<const T>(h));  // the root's data is unchanged
   }
 
  private:
@@ -617,9 +618,9 @@ requires(!std::same_as<typename Backend::memory_space,
   host_view<T> staging(std::size_t count) {
     return staging_.template elements<T>(host_backend{}, count);
   }
-  // host `dst` = the backend's `src`, complete when it returns
-  template <class T>
-  void stage(host_view<T> dst, view<const T> src) {
+  // `dst` = `src` between the backend's memory and the host's, complete when it returns
+  template <class T, class To, class From>
+  void stage(buffer_view<T, To> dst, buffer_view<const T, From> src) {
     dispatch::copy_across_on(backend_, dst, src);
     backend_.synchronize();
   }
@@ -628,11 +629,6 @@ requires(!std::same_as<typename Backend::memory_space,
     const host_view<T> h = staging<T>(src.count());
     stage(h, src);
     return h;
-  }
-  template <class T>
-  void stage_out(view<T> dst, host_view<const T> src) {
-    dispatch::copy_across_on(backend_, dst, src);
-    backend_.synchronize();
   }
 
   Backend backend_;
