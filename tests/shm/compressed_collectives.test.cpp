@@ -105,13 +105,13 @@ void run_on_processes_with(const shared_hashes& hashes, const C& c, bool exact, 
                            const squall::collective_tuning& tuning) {
   const auto start = std::chrono::steady_clock::now();
   test::expect_ranks_succeed(ranks, [&](const shm_job& me) {
-    squall::communicator<shm_transport, Topology, C, Backend> comm(
-        shm_transport(me, squall::options{.deadline = 60s}), test::make_topology<Topology>(me.size),
-        c, squall::options{}, tuning);
+    using comm_type = squall::communicator<shm_transport, Topology, C, Backend>;
+    comm_type comm(shm_transport(me, squall::options{.deadline = 60s}),
+                   test::make_topology<Topology>(me.size), c, squall::options{}, tuning);
     auto state = comm.template make_state<float>(count);
     for (int s = 0; s < steps; ++s) {
       std::vector<float> data = input_of(me.rank, s, exact);
-      comm.allreduce(squall::host_view<float>(data), state);
+      comm.allreduce(typename comm_type::template view<float>(data.data(), data.size()), state);
       if (!check(s, data)) {
         std::fprintf(stderr, "rank %d: %s on %s, %s backend: step %d is wrong\n", me.rank,
                      squall::compressor_label<C>().c_str(), std::string(Topology::name).c_str(),
@@ -134,15 +134,25 @@ void run_on_processes_with(const shared_hashes& hashes, const C& c, bool exact, 
 }
 
 /// `run_on_processes_with` on host_backend and on the deferred backend (kernels queued until
-/// the algorithms' ordering points): every rank holds bitwise the same result, and the
-/// deferred run's results are bitwise the host run's.
+/// the algorithms' ordering points), and where the aggregation runs staged (not per_hop or
+/// gtopk) on
+/// the deferred device backend (payloads staged through host memory): every rank holds
+/// bitwise the same result, and the deferred runs' results are bitwise the host run's.
 template <class Topology, class C, class Check>
 void run_on_processes(const C& c, bool exact, Check check,
                       const squall::collective_tuning& tuning = {}) {
   const shared_hashes host;
   const shared_hashes deferred;
+  const shared_hashes staged;
+  const squall::aggregation how =
+      squall::detail::aggregation_of<C, Topology>(tuning, 0, ranks, false);
+  const bool stages = how != squall::aggregation::per_hop && how != squall::aggregation::gtopk;
   run_on_processes_with<Topology, C, squall::host_backend>(host, c, exact, check, tuning);
   run_on_processes_with<Topology, C, test::deferred_backend>(deferred, c, exact, check, tuning);
+  if (stages) {
+    run_on_processes_with<Topology, C, test::deferred_device_backend>(staged, c, exact, check,
+                                                                      tuning);
+  }
   for (int s = 0; s < steps; ++s) {
     CAPTURE(s);
     CHECK(host.at(0, s) != 0);
@@ -150,6 +160,7 @@ void run_on_processes(const C& c, bool exact, Check check,
       CAPTURE(r);
       if (r != 0) CHECK(host.at(r, s) == host.at(0, s));
       CHECK(deferred.at(r, s) == host.at(r, s));
+      if (stages) CHECK(staged.at(r, s) == host.at(r, s));
     }
   }
 }

@@ -210,12 +210,23 @@ deferred_scratch<T, M> allocate_scratch(const basic_deferred_backend<M>& b, std:
   return deferred_scratch<T, M>(b, count);
 }
 
+/// An eager kernel's argument as the host kernel takes it: a view (of either claimed
+/// memory) as a host view of the same bytes, anything else as it is.
+template <class A>
+decltype(auto) host_arg(A&& a) {
+  if constexpr (requires { on_host(a); }) {
+    return on_host(a);
+  } else {
+    return std::forward<A>(a);
+  }
+}
+
 // The eager kernels: the queue runs first, then the host kernel.
-#define SQUALL_TEST_EAGER_KERNEL(name)                           \
-  template <class... A>                                          \
-  decltype(auto) name(const deferred_backend& b, A&&... a) {     \
-    b.synchronize();                                             \
-    return kernels::name(host_backend{}, std::forward<A>(a)...); \
+#define SQUALL_TEST_EAGER_KERNEL(name)                                     \
+  template <class M, class... A>                                           \
+  decltype(auto) name(const basic_deferred_backend<M>& b, A&&... a) {      \
+    b.synchronize();                                                       \
+    return kernels::name(host_backend{}, host_arg(std::forward<A>(a))...); \
   }
 SQUALL_TEST_EAGER_KERNEL(store_bytes)
 SQUALL_TEST_EAGER_KERNEL(load_bytes)
@@ -235,11 +246,11 @@ SQUALL_TEST_EAGER_KERNEL(powersgd_decompress)
 #undef SQUALL_TEST_EAGER_KERNEL
 
 // ... and those called with explicit template arguments.
-#define SQUALL_TEST_EAGER_KERNEL_OF(head, name, args)                  \
-  template <head, class... A>                                          \
-  decltype(auto) name(const deferred_backend& b, A&&... a) {           \
-    b.synchronize();                                                   \
-    return kernels::name<args>(host_backend{}, std::forward<A>(a)...); \
+#define SQUALL_TEST_EAGER_KERNEL_OF(head, name, args)                            \
+  template <head, class M, class... A>                                           \
+  decltype(auto) name(const basic_deferred_backend<M>& b, A&&... a) {            \
+    b.synchronize();                                                             \
+    return kernels::name<args>(host_backend{}, host_arg(std::forward<A>(a))...); \
   }
 SQUALL_TEST_EAGER_KERNEL_OF(kernels::quantize_scheme Q, quantize, Q)
 SQUALL_TEST_EAGER_KERNEL_OF(kernels::quantize_scheme Q, dequantize, Q)
@@ -253,22 +264,22 @@ SQUALL_TEST_EAGER_KERNEL_OF(class Index, sparse_add_back, Index)
 #undef SQUALL_TEST_EAGER_KERNEL_OF
 
 // (a braced stream argument cannot go through a forwarding pack)
-template <class T>
-void powersgd_random_factor(const deferred_backend& b, std::uint64_t seed, random_stream stream,
-                            T* out, std::size_t count) {
+template <class T, class M>
+void powersgd_random_factor(const basic_deferred_backend<M>& b, std::uint64_t seed,
+                            random_stream stream, T* out, std::size_t count) {
   b.synchronize();
   kernels::powersgd_random_factor(host_backend{}, seed, stream, out, count);
 }
 
-template <std::size_t Rows, std::size_t Cols, class... A>
-void count_sketch_accumulate(const deferred_backend& b, A&&... a) {
+template <std::size_t Rows, std::size_t Cols, class M, class... A>
+void count_sketch_accumulate(const basic_deferred_backend<M>& b, A&&... a) {
   b.synchronize();
-  kernels::count_sketch_accumulate<Rows, Cols>(host_backend{}, std::forward<A>(a)...);
+  kernels::count_sketch_accumulate<Rows, Cols>(host_backend{}, host_arg(std::forward<A>(a))...);
 }
-template <std::size_t Rows, std::size_t Cols, class... A>
-void count_sketch_estimate(const deferred_backend& b, A&&... a) {
+template <std::size_t Rows, std::size_t Cols, class M, class... A>
+void count_sketch_estimate(const basic_deferred_backend<M>& b, A&&... a) {
   b.synchronize();
-  kernels::count_sketch_estimate<Rows, Cols>(host_backend{}, std::forward<A>(a)...);
+  kernels::count_sketch_estimate<Rows, Cols>(host_backend{}, host_arg(std::forward<A>(a))...);
 }
 
 static_assert(backend<deferred_backend>);

@@ -54,13 +54,14 @@ std::vector<std::vector<std::vector<float>>> run_on(int p, const C& c, std::size
       p,
       [&](inproc_transport& t) {
         const int r = t.rank();
-        squall::communicator<inproc_transport, Topology, C, Backend> comm(std::move(t), {}, c, {},
-                                                                          tuning);
+        using comm_type = squall::communicator<inproc_transport, Topology, C, Backend>;
+        comm_type comm(std::move(t), {}, c, {}, tuning);
         auto state = comm.template make_state<float>(count);
         for (int s = 0; s < steps; ++s) {
           const std::vector<float> in = input_of(r, s, count);
           std::vector<float> out(count * static_cast<std::size_t>(p), -1.0f);
-          comm.allgather(squall::host_view<const float>(in), squall::host_view<float>(out), state);
+          comm.allgather(typename comm_type::template view<const float>(in.data(), in.size()),
+                         typename comm_type::template view<float>(out.data(), out.size()), state);
           outs[static_cast<std::size_t>(r)].push_back(std::move(out));
         }
       },
@@ -69,24 +70,29 @@ std::vector<std::vector<std::vector<float>>> run_on(int p, const C& c, std::size
 }
 
 /// `run_on` on host_backend, and on the deferred backend (kernels queued until the ordering
-/// points), whose outputs must be bitwise the host's; returns the host's.
+/// points) and the deferred device backend (payloads staged through host memory), whose
+/// outputs must be bitwise the host's; returns the host's.
 template <class Topology, class C>
 std::vector<std::vector<std::vector<float>>> run(int p, const C& c, std::size_t count, int steps,
                                                  const squall::collective_tuning& tuning,
                                                  std::size_t window) {
   auto host = run_on<Topology, C, squall::host_backend>(p, c, count, steps, tuning, window);
-  const auto deferred =
-      run_on<Topology, C, squall::test::deferred_backend>(p, c, count, steps, tuning, window);
-  for (std::size_t r = 0; r < host.size(); ++r) {
-    for (std::size_t s = 0; s < host[r].size(); ++s) {
-      CAPTURE(r);
-      CAPTURE(s);
-      const auto& a = host[r][s];
-      const auto& b = deferred[r][s];
-      REQUIRE(a.size() == b.size());
-      REQUIRE((a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0));
+  const auto require_same = [&](const std::vector<std::vector<std::vector<float>>>& other) {
+    for (std::size_t r = 0; r < host.size(); ++r) {
+      for (std::size_t s = 0; s < host[r].size(); ++s) {
+        CAPTURE(r);
+        CAPTURE(s);
+        const auto& a = host[r][s];
+        const auto& b = other[r][s];
+        REQUIRE(a.size() == b.size());
+        REQUIRE((a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0));
+      }
     }
-  }
+  };
+  require_same(
+      run_on<Topology, C, squall::test::deferred_backend>(p, c, count, steps, tuning, window));
+  require_same(run_on<Topology, C, squall::test::deferred_device_backend>(p, c, count, steps,
+                                                                          tuning, window));
   return host;
 }
 

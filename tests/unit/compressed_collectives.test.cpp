@@ -90,15 +90,16 @@ std::vector<rank_record<T>> run_compressed_on(int p, const C& c, std::size_t cou
       [&](inproc_transport& t) {
         const int r = t.rank();
         auto& rec = records[static_cast<std::size_t>(r)];
-        squall::communicator<inproc_transport, Topology, C, Backend> comm(
-            std::move(t), make_topology<Topology>(p), c, opts, gathering<C>(tuning));
+        using comm_type = squall::communicator<inproc_transport, Topology, C, Backend>;
+        comm_type comm(std::move(t), make_topology<Topology>(p), c, opts, gathering<C>(tuning));
         auto state = comm.template make_state<T>(count);
         if (resume != nullptr) {
           state.restore(squall::host_view<const std::byte>((*resume)[static_cast<std::size_t>(r)]));
         }
         for (int s = 0; s < steps; ++s) {
           std::vector<T> data = input(r, static_cast<int>(state.step()));
-          comm.allreduce(squall::host_view<T>(data), state, Op{});
+          comm.allreduce(typename comm_type::template view<T>(data.data(), data.size()), state,
+                         Op{});
           rec.out.push_back(std::move(data));
         }
         rec.stats = comm.last_transfer();
@@ -138,8 +139,10 @@ void require_same_records(const std::vector<rank_record<T>>& host,
 }
 
 /// `run_compressed_on` on host_backend, and again on the deferred backend (kernels queued
-/// until the algorithms' ordering points, outputs poisoned till then), whose every result,
-/// residual, byte count and saved state must be bitwise the host's; returns the host's records.
+/// until the algorithms' ordering points, outputs poisoned till then) and, where the
+/// aggregation runs staged (linear, low_rank, gather), on the deferred device backend (the
+/// communicator stages the payloads through host memory), whose every result, residual,
+/// byte count and saved state must be bitwise the host's; returns the host's records.
 template <class Topology, class C, class T = float, class Op = squall::sum_op>
 std::vector<rank_record<T>> run_compressed(
     int p, const C& c, std::size_t count, int steps, const step_input<T>& input,
@@ -149,6 +152,13 @@ std::vector<rank_record<T>> run_compressed(
       p, c, count, steps, input, tuning, window, opts, resume);
   require_same_records(host, run_compressed_on<Topology, C, T, Op, squall::test::deferred_backend>(
                                  p, c, count, steps, input, tuning, window, opts, resume));
+  const squall::aggregation how =
+      squall::detail::aggregation_of<C, Topology>(gathering<C>(tuning), 0, p, false);
+  if (how != squall::aggregation::per_hop && how != squall::aggregation::gtopk) {
+    require_same_records(
+        host, run_compressed_on<Topology, C, T, Op, squall::test::deferred_device_backend>(
+                  p, c, count, steps, input, tuning, window, opts, resume));
+  }
   return host;
 }
 
@@ -605,6 +615,46 @@ TEST_SUITE("compressed_collectives") {
       });
     });
     CHECK(contains(what, "state of 5 elements used for data of 4 elements"));
+  }
+
+  TEST_CASE(
+      "staged (a device backend over a host transport): per_hop and gtopk refused, gather "
+      "chosen") {
+    using squall::aggregation;
+    using device = squall::test::deferred_device_backend;
+    // int8 allows per_hop then gather: automatic takes gather where it stages
+    run_ranks(2, [](inproc_transport& t) {
+      squall::communicator<inproc_transport, squall::ring_topology, squall::int8_compressor, device>
+          comm(std::move(t));
+      CHECK(comm.aggregation() == aggregation::gather);
+    });
+    run_ranks(2, [](inproc_transport& t) {
+      squall::communicator<inproc_transport, squall::ring_topology, squall::int8_compressor> comm(
+          std::move(t));
+      CHECK(comm.aggregation() == aggregation::per_hop);
+    });
+    for (const aggregation asked : {aggregation::per_hop, aggregation::gtopk}) {
+      CAPTURE(squall::to_string(asked));
+      const std::string what = what_of([asked] {
+        run_ranks(1, [asked](inproc_transport& t) {
+          auto tuning = squall::collective_tuning{.aggregation = asked};
+          if (asked == aggregation::per_hop) {
+            squall::communicator<inproc_transport, squall::ring_topology, squall::int8_compressor,
+                                 device>
+                comm(std::move(t), {}, squall::int8_compressor{}, {}, tuning);
+            (void)comm.aggregation();
+          } else {
+            squall::communicator<inproc_transport, squall::ring_topology, squall::topk_compressor,
+                                 device>
+                comm(std::move(t), {}, squall::topk_compressor{}, {}, tuning);
+            (void)comm.aggregation();
+          }
+        });
+      });
+      CHECK(
+          contains(what, "aggregation " + std::string(squall::to_string(asked)) +
+                             " moves payloads over the transport itself and does not run staged"));
+    }
   }
 
   TEST_CASE("ranks at different steps, or one dense and one compressed, get mismatch_error") {

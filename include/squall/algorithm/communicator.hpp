@@ -105,11 +105,16 @@ class communicator {
   template <class T>
   using view = buffer_view<T, typename Backend::memory_space>;
 
-  /// A fresh compression state for a tensor of `count` elements of `T`, for this
-  /// communicator's compressor (PowerSGD's Q drawn from its seed and shape).
+  /// The per-tensor state the compressed collectives take, in the backend's memory.
   template <real_gradient T>
-  compression_state<Compressor, T> make_state(std::size_t count) const {
-    return compression_state<Compressor, T>(compressor_, count);
+  using state_type = compression_state<Compressor, T, Backend>;
+
+  /// A fresh compression state for a tensor of `count` elements of `T`, for this
+  /// communicator's compressor (PowerSGD's Q drawn from its seed and shape), in the
+  /// backend's memory.
+  template <real_gradient T>
+  state_type<T> make_state(std::size_t count) const {
+    return state_type<T>(compressor_, count, backend());
   }
 
   /// Measures `automatic_topology`'s model on these ranks and keeps it (a collective call):
@@ -127,7 +132,8 @@ class communicator {
   /// Throws `invalid_argument` where the tuning asks for one the compressor does not allow
   /// or that cannot run here.
   squall::aggregation aggregation() const {
-    return detail::aggregation_of<Compressor, Topology>(dense_.tuning(), rank(), size());
+    return detail::aggregation_of<Compressor, Topology>(dense_.tuning(), rank(), size(),
+                                                        core_type::staged);
   }
 
   /// The bytes this rank moved in its last collective (counted from its start).
@@ -185,12 +191,9 @@ class communicator {
   /// payload), and the transport's errors. Every rank must call it with the same count,
   /// op and step.
   template <real_gradient T, class Op = sum_op>
-  void allreduce(view<T> data, compression_state<Compressor, T>& state, Op op = {}) {
+  void allreduce(view<T> data, state_type<T>& state, Op op = {}) {
     static_assert(std::same_as<Op, sum_op> || std::same_as<Op, avg_op>,
                   "squall: a compressed allreduce sums or averages: sum_op or avg_op");
-    static_assert(host_state_fits,
-                  "squall: the compressed collectives keep their compression_state in host "
-                  "memory and are not staged: they take a Backend of host memory so far");
     require_state("compressed allreduce", state.count(), data.count(), "data");
     // the step goes in the signature: ranks at different steps would draw differently
     const squall::aggregation how = aggregation();
@@ -243,10 +246,7 @@ class communicator {
   /// `size() * in.count()` or `state.count()` not `in.count()`, what the compressor throws,
   /// and the transport's errors.
   template <real_gradient T>
-  void allgather(view<const T> in, view<T> out, compression_state<Compressor, T>& state) {
-    static_assert(host_state_fits,
-                  "squall: the compressed collectives keep their compression_state in host "
-                  "memory and are not staged: they take a Backend of host memory so far");
+  void allgather(view<const T> in, view<T> out, state_type<T>& state) {
     const std::size_t count = in.count();
     detail::require_count("compressed allgather", "out", out.count(),
                           count * static_cast<std::size_t>(size()));
@@ -271,7 +271,7 @@ class communicator {
   void barrier() { dense_.barrier(); }
 
  private:
-  static constexpr bool host_state_fits = std::same_as<typename Backend::memory_space, host_memory>;
+  using core_type = detail::dense_core<Transport, Backend>;
 
   // A compression state must be for `count` elements (of `what`).
   void require_state(std::string_view operation, std::size_t state_count, std::size_t count,

@@ -136,6 +136,8 @@ class dense_core {
   using transport_type = Transport;
   using backend_type = Backend;
   using memory_space = typename Backend::memory_space;
+  /// Whether the collectives stage through host memory (the specialization below).
+  static constexpr bool staged = false;
   /// The views the collectives take: the backend's memory.
   template <class T>
   using view = buffer_view<T, typename Backend::memory_space>;
@@ -532,8 +534,10 @@ class dense_core {
 /// point before the transport reads it), runs on the host core (host_backend's kernels over
 /// the transport), and copies the result back; it returns once that copy is done, as every
 /// collective does. Whole buffers, one copy each way per call: the copies do not overlap
-/// the transfer (a pipelined staging is left for later). The compressed collectives do not
-/// run here (communicator.hpp says so at compile time).
+/// the transfer (a pipelined staging is left for later). The compressed algorithms that sum
+/// or gather payloads through the core (linear, low_rank, gather) stage those payloads the
+/// same way, so only compressed bytes cross; per_hop and gtopk, which move payloads over
+/// the transport themselves, do not run here (`choose_aggregation` says so).
 template <transport Transport, backend Backend>
 requires(!std::same_as<typename Backend::memory_space,
                        typename Transport::memory_space>) class dense_core<Transport, Backend>
@@ -551,6 +555,7 @@ requires(!std::same_as<typename Backend::memory_space,
  public:
   using backend_type = Backend;
   using memory_space = typename Backend::memory_space;
+  static constexpr bool staged = true;
   template <class T>
   using view = buffer_view<T, memory_space>;
 
@@ -611,6 +616,27 @@ requires(!std::same_as<typename Backend::memory_space,
     if (root_here) stage(h, view<const T>(data));
     host_core::broadcast(h, root);
     if (!root_here) stage(data, host_view<const T>(h));  // the root's data is unchanged
+  }
+
+  // ---- for the compressed algorithms: the host core's, staged --------------------------------
+
+  /// The sum over ranks of `count` elements at `x` (in the backend's memory), in place.
+  template <class T>
+  void sum_in_place(T* x, std::size_t count) {
+    const host_view<T> h = stage_in<T>(view<const T>(x, count));
+    host_core::sum_in_place(h.data(), count);
+    stage(view<T>(x, count), host_view<const T>(h));
+  }
+
+  /// Gathers every rank's `bytes` at `mine` into `all` (both in the backend's memory), rank
+  /// q's at q x `stride`, as the host core does.
+  void gather_blobs(const std::byte* mine, std::size_t bytes, std::size_t stride, std::byte* all) {
+    const std::size_t total = stride * static_cast<std::size_t>(this->size());
+    const host_view<std::byte> h = staging<std::byte>(total);
+    std::byte* slot = h.data() + static_cast<std::size_t>(this->rank()) * stride;
+    stage(host_view<std::byte>(slot, bytes), view<const std::byte>(mine, bytes));
+    host_core::gather_blobs(slot, bytes, stride, h.data());
+    stage(view<std::byte>(all, total), host_view<const std::byte>(h));
   }
 
  private:

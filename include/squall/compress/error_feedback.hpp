@@ -8,6 +8,8 @@
 /// The residual belongs to one tensor and to the caller: `error_feedback_state<T>`, passed to
 /// every `encode`, and saved / restored as bytes with a checked header (checkpoints).
 
+#include <squall/backend/array.hpp>
+#include <squall/backend/host.hpp>
 #include <squall/compress/payload.hpp>
 #include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
@@ -28,35 +30,38 @@
 
 namespace squall {
 
-/// The residual of one tensor of `count` elements of `T` (zero at the start).
-template <element T>
+/// The residual of one tensor of `count` elements of `T` (zero at the start), in `Backend`'s
+/// memory (a device residual with the CUDA backend).
+template <element T, class Backend = host_backend>
 class error_feedback_state {
  public:
-  explicit error_feedback_state(std::size_t count) : residual_(count, T{}) {}
+  using backend_type = Backend;
+  using memory_space = typename Backend::memory_space;
 
-  std::size_t count() const { return residual_.size(); }
-  host_view<const T> residual() const {
-    return host_view<const T>(residual_.data(), residual_.size());
-  }
-  host_view<T> residual() { return host_view<T>(residual_.data(), residual_.size()); }
+  explicit error_feedback_state(std::size_t count, const Backend& b = {}) : residual_(b, count) {}
+
+  std::size_t count() const { return residual_.count(); }
+  buffer_view<const T, memory_space> residual() const { return residual_.view(); }
+  buffer_view<T, memory_space> residual() { return residual_.view(); }
 
   /// The residual as bytes: a 16-byte header (magic, version 1, dtype, count), then the values.
   std::vector<std::byte> save() const {
-    std::vector<std::byte> out(16 + residual_.size() * sizeof(T));
+    const std::size_t n = residual_.count();
+    std::vector<std::byte> out(16 + n * sizeof(T));
     const std::uint32_t magic = save_magic;
     const std::uint32_t head = 1u | (static_cast<std::uint32_t>(dtype_of<T>) << 8);
-    const std::uint64_t n = residual_.size();
+    const std::uint64_t count = n;
     std::memcpy(out.data(), &magic, 4);
     std::memcpy(out.data() + 4, &head, 4);
-    std::memcpy(out.data() + 8, &n, 8);
-    if (!residual_.empty())
-      std::memcpy(out.data() + 16, residual_.data(), residual_.size() * sizeof(T));
+    std::memcpy(out.data() + 8, &count, 8);
+    // the values land in the bytes (16-byte aligned) as a copy kernel writes them
+    residual_.read(host_view<T>(reinterpret_cast<T*>(out.data() + 16), n));
     return out;
   }
 
-  /// A state from `save()`'s bytes; throws `invalid_argument` unless they are a saved state of
-  /// `T` whose size matches its count.
-  static error_feedback_state restore(host_view<const std::byte> bytes) {
+  /// A state on backend `b` from `save()`'s bytes; throws `invalid_argument` unless they are
+  /// a saved state of `T` whose size matches its count.
+  static error_feedback_state restore(host_view<const std::byte> bytes, const Backend& b = {}) {
     const error_context where{.operation = "error_feedback_state restore"};
     if (bytes.count() < 16) throw invalid_argument(where, "fewer than 16 bytes");
     std::uint32_t magic = 0;
@@ -77,15 +82,16 @@ class error_feedback_state {
       throw invalid_argument(
           where, std::to_string(bytes.count()) + " bytes for " + std::to_string(n) + " elements");
     }
-    error_feedback_state s(static_cast<std::size_t>(n));
-    if (n != 0)
-      std::memcpy(s.residual_.data(), bytes.data() + 16, static_cast<std::size_t>(n) * sizeof(T));
+    error_feedback_state s(static_cast<std::size_t>(n), b);
+    std::vector<T> values(static_cast<std::size_t>(n));  // the bytes need not be aligned for T
+    if (n != 0) std::memcpy(values.data(), bytes.data() + 16, values.size() * sizeof(T));
+    s.residual_.write(host_view<const T>(values.data(), values.size()));
     return s;
   }
 
  private:
   static constexpr std::uint32_t save_magic = 0x46455153;  // "SQEF"
-  std::vector<T> residual_;
+  detail::backend_array<T, Backend> residual_;
 };
 
 /// Wraps compressor `C` with error feedback; same payloads, same aggregations.
@@ -103,23 +109,26 @@ struct error_feedback {
   /// residual += in; writes C(residual) to `payload`; residual -= decode(payload). Returns the
   /// payload's size. `state.count()` must equal `in.count()` (`invalid_argument` otherwise);
   /// `scratch` holds `in.count()` elements (the decoded payload). `stream` goes to a stochastic
-  /// `C`'s encode (its draws for this step and rank). The state lives in host memory: with a
-  /// device backend its residual is copied to device scratch and back on every call; keep a
-  /// device residual and use the overload below to avoid that.
-  template <class B, element T>
-  std::size_t encode(const B& backend, error_feedback_state<T>& state,
+  /// `C`'s encode (its draws for this step and rank). A state in the backend's memory is
+  /// used in place; a host state with a device backend is copied to device scratch and back
+  /// on every call (make the state on the backend to avoid that).
+  template <class B, element T, class S>
+  std::size_t encode(const B& backend, error_feedback_state<T, S>& state,
                      buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload,
                      buffer_view<T, typename B::memory_space> scratch,
                      random_stream stream = {}) const {
+    using M = typename B::memory_space;
+    static_assert(std::same_as<typename S::memory_space, M> ||
+                      std::same_as<typename S::memory_space, host_memory>,
+                  "squall: an error_feedback_state in another backend's memory");
     if (state.count() != in.count() || scratch.count() != in.count()) {
       throw invalid_argument({.operation = name},
                              "state of " + std::to_string(state.count()) + " and scratch of " +
                                  std::to_string(scratch.count()) + " elements for a gradient of " +
                                  std::to_string(in.count()));
     }
-    using M = typename B::memory_space;
-    if constexpr (std::same_as<M, host_memory>) {
+    if constexpr (std::same_as<typename S::memory_space, M>) {
       return encode(backend, state.residual(), in, payload, scratch, stream);
     } else {
       const std::size_t n = in.count();

@@ -26,6 +26,7 @@
 ///
 /// 32 + (m + c) r sizeof(T) bytes: (256 + 8 sizeof(T) (m + c) r) / count bits per element.
 
+#include <squall/backend/array.hpp>
 #include <squall/compress/payload.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
@@ -252,15 +253,21 @@ struct powersgd_shape {
 };
 
 /// PowerSGD's state for one tensor, owned by the caller: Q (c x r, row-major), warm-started
-/// across steps (each encode stores its new Q here). Saved and restored as checked bytes.
-template <real_gradient T>
+/// across steps (each encode stores its new Q here), in `Backend`'s memory. Saved and
+/// restored as checked bytes.
+template <real_gradient T, class Backend = host_backend>
 class powersgd_state {
  public:
+  using backend_type = Backend;
+  using memory_space = typename Backend::memory_space;
+
   /// A state for an m x c view and rank r, Q drawn uniform in [-1, 1) from Philox keyed by
-  /// (`seed`, step 0, shared_rank), the same on every rank.
-  powersgd_state(powersgd_shape shape, std::size_t rank, std::uint64_t seed)
-      : shape_(shape), rank_(rank), q_(checked_entries(shape.columns, rank)) {
-    kernels::powersgd_random_factor(host_backend{}, seed, {0, shared_rank}, q_.data(), q_.size());
+  /// (`seed`, step 0, shared_rank), the same on every rank (on backend `b`; complete when
+  /// it returns).
+  powersgd_state(powersgd_shape shape, std::size_t rank, std::uint64_t seed, const Backend& b = {})
+      : shape_(shape), rank_(rank), q_(b, checked_entries(shape.columns, rank)) {
+    powersgd_random_factor(b, seed, {0, shared_rank}, q_.view().data(), q_.count());
+    b.synchronize();
   }
 
   std::size_t rows() const { return shape_.rows; }
@@ -268,26 +275,27 @@ class powersgd_state {
   std::size_t rank() const { return rank_; }
   powersgd_shape shape() const { return shape_; }
   /// Q, c x r row-major.
-  host_view<const T> q() const { return host_view<const T>(q_.data(), q_.size()); }
-  host_view<T> q() { return host_view<T>(q_.data(), q_.size()); }
+  buffer_view<const T, memory_space> q() const { return q_.view(); }
+  buffer_view<T, memory_space> q() { return q_.view(); }
 
   /// The state as bytes: u32 magic "SQPS", u32 version 1 | dtype << 8, u64 m, u64 c, u64 r,
   /// then Q's c r values of T.
   std::vector<std::byte> save() const {
-    std::vector<std::byte> out(header_bytes + q_.size() * sizeof(T));
+    std::vector<std::byte> out(header_bytes + q_.count() * sizeof(T));
     const std::uint32_t magic = save_magic;
     const std::uint32_t head = 1u | (static_cast<std::uint32_t>(dtype_of<T>) << 8);
     const std::uint64_t fields[3] = {shape_.rows, shape_.columns, rank_};
     std::memcpy(out.data(), &magic, 4);
     std::memcpy(out.data() + 4, &head, 4);
     std::memcpy(out.data() + 8, fields, 24);
-    if (!q_.empty()) std::memcpy(out.data() + header_bytes, q_.data(), q_.size() * sizeof(T));
+    // the values land in the bytes (32-byte offset, aligned) as a copy kernel writes them
+    q_.read(host_view<T>(reinterpret_cast<T*>(out.data() + header_bytes), q_.count()));
     return out;
   }
 
-  /// A state from `save()`'s bytes; throws `invalid_argument` unless they are a saved PowerSGD
-  /// state of `T` (magic, version, dtype) whose size matches c x r.
-  static powersgd_state restore(host_view<const std::byte> bytes) {
+  /// A state on backend `b` from `save()`'s bytes; throws `invalid_argument` unless they are
+  /// a saved PowerSGD state of `T` (magic, version, dtype) whose size matches c x r.
+  static powersgd_state restore(host_view<const std::byte> bytes, const Backend& b = {}) {
     const error_context where{.operation = "powersgd_state restore"};
     if (bytes.count() < header_bytes) {
       throw invalid_argument(where, std::to_string(bytes.count()) + " bytes, fewer than 32");
@@ -321,9 +329,10 @@ class powersgd_state {
       throw invalid_argument(where, "a view of " + std::to_string(m) + " x " + std::to_string(c));
     }
     powersgd_state s(powersgd_shape{static_cast<std::size_t>(m), static_cast<std::size_t>(c)},
-                     static_cast<std::size_t>(r), 0);
-    if (!s.q_.empty())
-      std::memcpy(s.q_.data(), bytes.data() + header_bytes, s.q_.size() * sizeof(T));
+                     static_cast<std::size_t>(r), 0, b);
+    std::vector<T> q(s.q_.count());  // the bytes need not be aligned for T
+    if (!q.empty()) std::memcpy(q.data(), bytes.data() + header_bytes, q.size() * sizeof(T));
+    s.q_.write(host_view<const T>(q.data(), q.size()));
     return s;
   }
 
@@ -343,7 +352,7 @@ class powersgd_state {
 
   powersgd_shape shape_;
   std::size_t rank_;
-  std::vector<T> q_;
+  detail::backend_array<T, Backend> q_;
 };
 
 /// PowerSGD compression (Vogels, Karimireddy, Jaggi, NeurIPS 2019): the gradient as an m x c
@@ -387,11 +396,11 @@ struct powersgd_compressor {
     return {c == 0 ? 0 : (count + c - 1) / c, c};
   }
 
-  /// A fresh state for tensors of `count` elements of `T`.
-  template <real_gradient T>
-  powersgd_state<T> make_state(std::size_t count) const {
+  /// A fresh state for tensors of `count` elements of `T`, in backend `b`'s memory.
+  template <real_gradient T, class B = host_backend>
+  powersgd_state<T, B> make_state(std::size_t count, const B& b = {}) const {
     check_rank();
-    return powersgd_state<T>(shape(count), rank, seed);
+    return powersgd_state<T, B>(shape(count), rank, seed, b);
   }
 
   /// 32 + (m + c) r sizeof(element) bytes; throws `invalid_argument` for a rank outside
@@ -460,8 +469,8 @@ struct powersgd_compressor {
   /// One power iteration, warm-started: P = M Q_state, orthogonalize P, Q = M^T P; stores Q in
   /// `state` and writes header, m, c, P, Q to `payload`; returns the payload's size. Throws
   /// `invalid_argument` if `state` was made for another shape or rank, or `payload` is small.
-  template <class B, real_gradient T>
-  std::size_t encode(const B& backend, powersgd_state<T>& state,
+  template <class B, real_gradient T, class S>
+  std::size_t encode(const B& backend, powersgd_state<T, S>& state,
                      buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload) const {
     const powersgd_shape s = shape(in.count());
@@ -473,10 +482,13 @@ struct powersgd_compressor {
               " x " + std::to_string(s.columns) + " rank " + std::to_string(rank));
     }
     using M = typename B::memory_space;
-    if constexpr (std::same_as<M, host_memory>) {
+    static_assert(std::same_as<typename S::memory_space, M> ||
+                      std::same_as<typename S::memory_space, host_memory>,
+                  "squall: a powersgd_state in another backend's memory");
+    if constexpr (std::same_as<typename S::memory_space, M>) {
       return iterate(backend, in, state.q(), payload);
     } else {
-      // the state lives in host memory: Q goes through backend scratch and comes back
+      // a host state with a device backend: Q goes through backend scratch and comes back
       const std::size_t n = state.q().count();
       auto q = allocate_scratch<T>(backend, n);
       store_bytes(backend, reinterpret_cast<std::byte*>(q.data()), state.q().data(), n * sizeof(T));

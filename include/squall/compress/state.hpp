@@ -6,9 +6,13 @@
 /// - the step, which keys the draws of stochastic compressors (`random_stream{step, rank}`)
 ///   and of the shared ones (randomk's indices, count_sketch's hashes); each compressed
 ///   collective advances it by one, so every rank must start from the same step;
-/// - the residual (`error_feedback_state<T>`) when `C` is `error_feedback<Inner>`;
-/// - a low-rank compressor's warm-started Q (PowerSGD's `powersgd_state<T>`) when `C` or
-///   `Inner` allows `aggregation::low_rank`.
+/// - the residual (`error_feedback_state<T, Backend>`) when `C` is `error_feedback<Inner>`;
+/// - a low-rank compressor's warm-started Q (PowerSGD's `powersgd_state<T, Backend>`) when `C`
+///   or `Inner` allows `aggregation::low_rank`.
+///
+/// Both live in `Backend`'s memory (the communicator's `make_state` makes them on its
+/// backend: a device residual and Q with the CUDA backend). A low-rank compressor whose
+/// `make_state<T>(count)` takes no backend keeps its state where it puts it (the host).
 ///
 /// `save()` gives checked bytes (layout below) and `restore()` takes them back, refusing a
 /// state of another compressor, element type or count.
@@ -24,6 +28,7 @@
 ///   then       u64 low-rank bytes S (0 without), then S bytes of the low-rank state's
 ///              `save()` (`powersgd_state<T>::save()` for PowerSGD)
 
+#include <squall/backend/host.hpp>
 #include <squall/compress/error_feedback.hpp>
 #include <squall/compress/payload.hpp>
 #include <squall/compress/sketch.hpp>
@@ -70,10 +75,23 @@ template <class C>
 inline constexpr bool uses_low_rank =
     compression_traits<inner_compressor_t<C>>::aggregations.contains(aggregation::low_rank);
 
-/// The state a low-rank compressor keeps per tensor (`Inner::make_state<T>(count)`).
-template <class C, class T>
-using low_rank_state_t =
-    decltype(std::declval<const inner_compressor_t<C>&>().template make_state<T>(std::size_t{}));
+namespace detail {
+/// A low-rank compressor's state on backend `b`: `make_state<T>(count, b)` where the
+/// compressor takes a backend (PowerSGD), else `make_state<T>(count)`.
+template <class T, class I, class B>
+auto make_low_rank_state(const I& inner, std::size_t count, const B& b) {
+  if constexpr (requires { inner.template make_state<T>(count, b); }) {
+    return inner.template make_state<T>(count, b);
+  } else {
+    return inner.template make_state<T>(count);
+  }
+}
+}  // namespace detail
+
+/// The state a low-rank compressor keeps per tensor on `Backend` (`Inner::make_state`).
+template <class C, class T, class Backend = host_backend>
+using low_rank_state_t = decltype(detail::make_low_rank_state<T>(
+    std::declval<const inner_compressor_t<C>&>(), std::size_t{}, std::declval<const Backend&>()));
 
 /// The compressor `c` wraps (`c.inner` for error feedback), or `c` itself.
 template <class C>
@@ -87,12 +105,12 @@ const inner_compressor_t<C>& inner_of(const C& c) {
 
 namespace detail {
 /// The low-rank state `compression_state` keeps: `low_rank_state_t`, or nothing.
-template <class C, class T, bool = uses_low_rank<C>>
+template <class C, class T, class Backend, bool = uses_low_rank<C>>
 struct low_rank_slot {
-  using type = low_rank_state_t<C, T>;
+  using type = low_rank_state_t<C, T, Backend>;
 };
-template <class C, class T>
-struct low_rank_slot<C, T, false> {
+template <class C, class T, class Backend>
+struct low_rank_slot<C, T, Backend, false> {
   struct type {};
 };
 }  // namespace detail
@@ -120,24 +138,30 @@ constexpr std::uint8_t compressor_kind() {
 }
 
 /// The per-tensor state of a compressed collective with compressor `C` over `count` elements
-/// of `T` (float or double). See the file comment.
-template <compressor C, real_gradient T>
+/// of `T` (float or double), in `Backend`'s memory. See the file comment.
+template <compressor C, real_gradient T, class Backend = host_backend>
 class compression_state {
  public:
   using compressor_type = C;
   using value_type = T;
-  /// The low-rank compressor's state (`low_rank_state_t<C, T>`; an empty type for others).
-  using low_rank_type = typename detail::low_rank_slot<C, T>::type;
+  using backend_type = Backend;
+  /// The low-rank compressor's state (`low_rank_state_t<C, T, Backend>`; an empty type for
+  /// others).
+  using low_rank_type = typename detail::low_rank_slot<C, T, Backend>::type;
 
-  /// A fresh state at step 0: a zero residual, and PowerSGD's Q drawn from the compressor's
-  /// seed (the same on every rank). Throws `invalid_argument` for a PowerSGD rank outside
-  /// 1..65535.
-  compression_state(const C& c, std::size_t count) : count_(count) {
-    if constexpr (is_error_feedback<C>) residual_.emplace(count);
-    if constexpr (uses_low_rank<C>) low_rank_.emplace(inner_of(c).template make_state<T>(count));
+  /// A fresh state at step 0 on backend `b`: a zero residual, and PowerSGD's Q drawn from
+  /// the compressor's seed (the same on every rank). Throws `invalid_argument` for a
+  /// PowerSGD rank outside 1..65535.
+  compression_state(const C& c, std::size_t count, const Backend& b = {})
+      : count_(count), backend_(b) {
+    if constexpr (is_error_feedback<C>) residual_.emplace(count, b);
+    if constexpr (uses_low_rank<C>) {
+      low_rank_.emplace(detail::make_low_rank_state<T>(inner_of(c), count, b));
+    }
   }
   /// A fresh state for a default-constructed `C`.
-  explicit compression_state(std::size_t count) : compression_state(C{}, count) {}
+  explicit compression_state(std::size_t count, const Backend& b = {})
+      : compression_state(C{}, count, b) {}
 
   /// The elements of the tensor this state belongs to.
   std::size_t count() const { return count_; }
@@ -151,8 +175,8 @@ class compression_state {
   random_stream stream(int rank) const { return {step_, static_cast<std::uint32_t>(rank)}; }
 
   /// The error-feedback residual (only with `error_feedback<Inner>`).
-  error_feedback_state<T>& residual() requires is_error_feedback<C> { return *residual_; }
-  const error_feedback_state<T>& residual() const requires is_error_feedback<C> {
+  error_feedback_state<T, Backend>& residual() requires is_error_feedback<C> { return *residual_; }
+  const error_feedback_state<T, Backend>& residual() const requires is_error_feedback<C> {
     return *residual_;
   }
   /// The low-rank state, Q (only with a low-rank compressor: PowerSGD).
@@ -231,9 +255,9 @@ class compression_state {
       throw invalid_argument(where,
                              std::to_string(bytes.count() - at) + " bytes after the sub-states");
     }
-    std::optional<error_feedback_state<T>> residual;
+    std::optional<error_feedback_state<T, Backend>> residual;
     if constexpr (is_error_feedback<C>) {
-      residual.emplace(error_feedback_state<T>::restore(residual_bytes));
+      residual.emplace(error_feedback_state<T, Backend>::restore(residual_bytes, backend_));
       if (residual->count() != count_) {
         throw invalid_argument(where, "a residual of " + std::to_string(residual->count()) +
                                           " elements for " + std::to_string(count_));
@@ -243,7 +267,11 @@ class compression_state {
     }
     std::optional<low_rank_type> low_rank;
     if constexpr (uses_low_rank<C>) {
-      low_rank.emplace(low_rank_type::restore(low_rank_bytes));
+      if constexpr (requires { low_rank_type::restore(low_rank_bytes, backend_); }) {
+        low_rank.emplace(low_rank_type::restore(low_rank_bytes, backend_));
+      } else {
+        low_rank.emplace(low_rank_type::restore(low_rank_bytes));
+      }
       if (low_rank->rows() != low_rank_->rows() || low_rank->columns() != low_rank_->columns() ||
           low_rank->rank() != low_rank_->rank()) {
         throw invalid_argument(where, "a low-rank state of " + std::to_string(low_rank->rows()) +
@@ -292,7 +320,8 @@ class compression_state {
 
   std::size_t count_ = 0;
   std::uint64_t step_ = 0;
-  std::optional<error_feedback_state<T>> residual_;
+  Backend backend_;
+  std::optional<error_feedback_state<T, Backend>> residual_;
   std::optional<low_rank_type> low_rank_;
 };
 

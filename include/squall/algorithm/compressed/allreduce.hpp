@@ -36,21 +36,31 @@ struct compressed_workspace {
 
 /// The aggregation a compressed allreduce runs, for a compressor (`compressor`) that allows
 /// `allowed`, on `size` ranks, where per-hop requantization runs or not (`per_hop_runs`, with
-/// `per_hop_why` saying why not): `tuning.aggregation` when the compressor allows it and it
-/// runs here; `automatic`: the compressor's first allowed aggregation that runs here. Throws
+/// `per_hop_why` saying why not), over a staged core or not (`staged`: the backend's memory
+/// is not the transport's; per_hop and gtopk move payloads over the transport themselves and
+/// do not run there): `tuning.aggregation` when the compressor allows it and it runs here;
+/// `automatic`: the compressor's first allowed aggregation that runs here. Throws
 /// `invalid_argument` naming the compressor and what it allows for one it does not, and
-/// saying why for per_hop where it cannot run. Not a template (see `aggregation_of`).
+/// saying why for one that cannot run here. Not a template (see `aggregation_of`).
 inline aggregation choose_aggregation(const collective_tuning& tuning, aggregation_set allowed,
                                       std::string_view compressor, bool per_hop_runs,
-                                      const std::string& per_hop_why, int rank) {
+                                      const std::string& per_hop_why, bool staged, int rank) {
   const error_context where{.operation = "compressed allreduce", .rank = rank};
-  const auto runs_here = [&](aggregation a) { return a != aggregation::per_hop || per_hop_runs; };
+  const auto why_not = [&](aggregation a) -> std::string {
+    if (staged && (a == aggregation::per_hop || a == aggregation::gtopk)) {
+      return "aggregation " + std::string(to_string(a)) +
+             " moves payloads over the transport itself and does not run staged (a Backend "
+             "whose memory the Transport does not carry): linear, low_rank and gather do";
+    }
+    if (a == aggregation::per_hop && !per_hop_runs) return per_hop_why;
+    return {};
+  };
   const aggregation asked = tuning.aggregation;
   if (asked == aggregation::automatic) {
     for (std::size_t i = 0; i < allowed.size(); ++i) {
-      if (runs_here(allowed[i])) return allowed[i];
+      if (why_not(allowed[i]).empty()) return allowed[i];
     }
-    throw invalid_argument(where, per_hop_why);
+    throw invalid_argument(where, why_not(allowed[0]));
   }
   if (!allowed.contains(asked)) {
     throw invalid_argument(where, "collective_tuning::aggregation is " +
@@ -58,14 +68,15 @@ inline aggregation choose_aggregation(const collective_tuning& tuning, aggregati
                                       std::string(compressor) + "' does not allow (it allows " +
                                       allowed.names() + ")");
   }
-  if (!runs_here(asked)) throw invalid_argument(where, per_hop_why);
+  if (const std::string why = why_not(asked); !why.empty()) throw invalid_argument(where, why);
   return asked;
 }
 
-/// The aggregation the compressed allreduce of `C` over `Topology` on `size` ranks runs
-/// (`choose_aggregation`); states at compile time what `C`'s traits promise.
+/// The aggregation the compressed allreduce of `C` over `Topology` on `size` ranks runs, over
+/// a staged core or not (`choose_aggregation`); states at compile time what `C`'s traits
+/// promise.
 template <class C, class Topology>
-aggregation aggregation_of(const collective_tuning& tuning, int rank, int size) {
+aggregation aggregation_of(const collective_tuning& tuning, int rank, int size, bool staged) {
   using Inner = inner_compressor_t<C>;
   constexpr aggregation_set allowed = compression_traits<Inner>::aggregations;
   if constexpr (allowed.contains(aggregation::linear)) {
@@ -79,16 +90,17 @@ aggregation aggregation_of(const collective_tuning& tuning, int rank, int size) 
   std::string why;
   const bool per_hop =
       allowed.contains(aggregation::per_hop) && per_hop_runs<Topology, Inner>(size, &why);
-  return choose_aggregation(tuning, allowed, Inner::name, per_hop, why, rank);
+  return choose_aggregation(tuning, allowed, Inner::name, per_hop, why, staged, rank);
 }
 
 /// Runs `how` (from `aggregation_of`) on `data`; the sum, before any finalize. Only the
-/// aggregations `C` allows are instantiated.
+/// aggregations `C` allows (and that run on `Dense`: not per_hop or gtopk when it stages)
+/// are instantiated.
 template <class Dense, class C, class T>
 void compressed_allreduce(aggregation how, Dense& dense, const C& c,
                           compressed_workspace<typename Dense::backend_type>& w,
                           buffer_view<T, typename Dense::memory_space> data,
-                          compression_state<C, T>& state) {
+                          compression_state<C, T, typename Dense::backend_type>& state) {
   constexpr aggregation_set allowed = compression_traits<inner_compressor_t<C>>::aggregations;
   switch (how) {
     case aggregation::low_rank:
@@ -106,13 +118,13 @@ void compressed_allreduce(aggregation how, Dense& dense, const C& c,
       }
       break;
     case aggregation::per_hop:
-      if constexpr (allowed.contains(aggregation::per_hop)) {
+      if constexpr (allowed.contains(aggregation::per_hop) && !Dense::staged) {
         per_hop_allreduce(dense, c, w.per_hop, data, state);
         return;
       }
       break;
     case aggregation::gtopk:
-      if constexpr (allowed.contains(aggregation::gtopk)) {
+      if constexpr (allowed.contains(aggregation::gtopk) && !Dense::staged) {
         sparse_merge_allreduce(dense, c, w.payload, w.sparse_merge, data, state);
         return;
       }

@@ -65,7 +65,7 @@ template <class Dense, class C, class T>
 void gather_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense::backend_type>& pw,
                       gather_workspace<typename Dense::backend_type>& w,
                       buffer_view<T, typename Dense::memory_space> data,
-                      compression_state<C, T>& state) {
+                      compression_state<C, T, typename Dense::backend_type>& state) {
   using M = typename Dense::memory_space;
   const auto& b = dense.backend();
   const std::size_t count = data.count();
@@ -98,7 +98,7 @@ void compressed_allgather(Dense& dense, const C& c,
                           gather_workspace<typename Dense::backend_type>& w,
                           buffer_view<const T, typename Dense::memory_space> in,
                           buffer_view<T, typename Dense::memory_space> out,
-                          compression_state<C, T>& state) {
+                          compression_state<C, T, typename Dense::backend_type>& state) {
   const auto& b = dense.backend();
   const std::size_t count = in.count();
   const std::size_t bytes = encode_payload(b, c, pw, dense.rank(), in, state);

@@ -33,7 +33,7 @@ struct linear_pairing {
 template <class Dense, class C, class T>
 void linear_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense::backend_type>& w,
                       buffer_view<T, typename Dense::memory_space> data,
-                      compression_state<C, T>& state) {
+                      compression_state<C, T, typename Dense::backend_type>& state) {
   using Inner = inner_compressor_t<C>;
   using E = typename linear_body<Inner>::template element<T>;
   using M = typename Dense::memory_space;

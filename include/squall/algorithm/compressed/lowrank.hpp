@@ -16,6 +16,7 @@
 #include <squall/core/ops.hpp>
 #include <squall/detail/math.hpp>
 
+#include <concepts>  // same_as
 #include <cstddef>
 #include <string>
 #include <type_traits>  // remove_cvref_t
@@ -36,13 +37,16 @@ void lowrank_allreduce(Dense& dense, const C& compressor,
                        lowrank_workspace<typename Dense::backend_type>& w,
                        payload_workspace<typename Dense::backend_type>& scratch,
                        buffer_view<T, typename Dense::memory_space> data,
-                       compression_state<C, T>& state) {
+                       compression_state<C, T, typename Dense::backend_type>& state) {
   using M = typename Dense::memory_space;
   using view = buffer_view<T, M>;
   using const_view = buffer_view<const T, M>;
   const auto& c = inner_of(compressor);
   static_assert(low_rank_compressor<std::remove_cvref_t<decltype(c)>, T>);
   auto& ps = state.low_rank();
+  static_assert(std::same_as<typename decltype(ps.q())::memory_space, M>,
+                "squall: this low-rank compressor keeps Q in host memory (its make_state<T>(count) "
+                "takes no backend): give it make_state<T>(count, backend) for this Backend");
   const std::size_t count = data.count();
   const auto shape = c.shape(count);
   if (ps.rows() != shape.rows || ps.columns() != shape.columns || ps.rank() != c.rank) {

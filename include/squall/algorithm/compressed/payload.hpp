@@ -27,7 +27,7 @@ struct payload_workspace {
 template <class Backend, class C, class T>
 std::size_t encode_payload(const Backend& b, const C& c, payload_workspace<Backend>& w, int rank,
                            buffer_view<const T, typename Backend::memory_space> in,
-                           compression_state<C, T>& state) {
+                           compression_state<C, T, Backend>& state) {
   using M = typename Backend::memory_space;
   const std::size_t capacity = c.max_payload_bytes(dtype_of<T>, in.count());
   const buffer_view<std::byte, M> out(w.payload.reserve(b, capacity), capacity);

@@ -15,7 +15,7 @@ template <class Dense, class C, class T>
 void per_hop_allreduce(Dense& dense, const C& c,
                        requantize_buffers<typename Dense::backend_type>& w,
                        buffer_view<T, typename Dense::memory_space> data,
-                       compression_state<C, T>& state) {
+                       compression_state<C, T, typename Dense::backend_type>& state) {
   using Transport = typename Dense::transport_type;
   using Backend = typename Dense::backend_type;
   dense.settle();

@@ -19,7 +19,7 @@ void sparse_merge_allreduce(Dense& dense, const C& c,
                             payload_workspace<typename Dense::backend_type>& pw,
                             gtopk_workspace<typename Dense::backend_type>& w,
                             buffer_view<T, typename Dense::memory_space> data,
-                            compression_state<C, T>& state) {
+                            compression_state<C, T, typename Dense::backend_type>& state) {
   using M = typename Dense::memory_space;
   const auto& b = dense.backend();
   const std::size_t bytes =
