@@ -12,30 +12,43 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 source scripts/cuda-path.sh
+# Each phase says how long it took (seconds since the last mark), so the test command's time
+# can be read phase by phase.
+mark=$SECONDS
+took() {
+  echo "== $1 took $((SECONDS - mark)) s"
+  mark=$SECONDS
+}
+took "setup"
 
 echo "== formatting (scripts/format.sh --check)"
 ./scripts/format.sh --check
 
 jobs=$(nproc)
+took "formatting"
 echo "== build (preset ci)"
-start=$SECONDS
 cmake --preset ci >/dev/null
 cmake --build --preset ci -j "$jobs"
-echo "== build (preset ci) took $((SECONDS - start)) s on $jobs jobs"
+took "build (preset ci) on $jobs jobs"
 echo "== tests (preset ci)"
 ctest --preset ci -j "$jobs"
+took "tests (preset ci)"
 
 echo "== unit and shared-memory tests under ASan + UBSan (preset asan)"
 cmake --preset asan >/dev/null
 cmake --build --preset asan -j "$jobs" --target squall_unit_tests squall_compress_tests squall_shm_tests
+took "build (preset asan)"
 ctest --preset asan -j "$jobs"
+took "tests (preset asan)"
 
 # The README's main command and the training script, short, so that neither breaks unnoticed.
 echo "== the main job, short: scripts/bench.sh -n 2 -b 4K -e 1M (release preset)"
 SQUALL_WARNINGS_AS_ERRORS=ON ./scripts/bench.sh -n 2 -b 4K -e 1M
+took "the main job, short (build and run)"
 echo "== the training script, short: scripts/train.sh at 2 ranks, one epoch of 6,000 images"
 SQUALL_WARNINGS_AS_ERRORS=ON OUT=build/ci-train ./scripts/train.sh -n 2 --epochs 1 \
   --train-subset 6000 --test-subset 1000 -c none,topk:0.01+ef --require-accuracy 0.6
+took "the training script, short (build and run)"
 
 # doctest's own counts, summed over every doctest run of both presets.
 for preset in ci asan; do

@@ -254,6 +254,20 @@ TEST_SUITE("schedule") {
     CHECK(squall::tree_topology{}.allreduce_schedule(15, 16, 0).steps.size() == 2);
     CHECK(squall::tree_topology{}.allreduce_schedule(0, 16, 0).steps.size() == 4);
   }
+  TEST_CASE("binomial tree allreduce (gTop-k's merge tree), powers of two and the fold") {
+    check_allreduce([](int r, int p, std::size_t) {
+      return schedule{.name = "binomial_tree", .steps = squall::detail::binomial_tree_steps(r, p)};
+    });
+    // 8 ranks: rank 0 receives from 1, 2, 4 and sends back to 4, 2, 1; rank 5 sends to 4
+    // and receives from 4. 6 ranks: rank 4 folds into 0 (send, receive back).
+    CHECK(squall::detail::binomial_tree_steps(0, 8).size() == 6);
+    CHECK(squall::detail::binomial_tree_steps(5, 8).size() == 2);
+    const auto folded = squall::detail::binomial_tree_steps(4, 6);
+    REQUIRE(folded.size() == 2);
+    CHECK(folded[0].send_to == 0);
+    CHECK(folded[1].recv_from == 0);
+    CHECK(folded[1].new_phase);
+  }
   TEST_CASE("direct allreduce, reduce-scatter, allgather, flat reduce and broadcast") {
     check_allreduce([](int r, int p, std::size_t b) {
       return squall::direct_topology{}.allreduce_schedule(r, p, b);

@@ -126,6 +126,51 @@ inline std::vector<step> tree_broadcast_steps(int rank, int size, int root) {
   return steps;
 }
 
+/// The binomial tree's allreduce of the whole buffer, rooted at rank 0, with the fold for
+/// sizes that are not powers of two (P2 = bit_floor(P), extra = P - P2): reduce: rank
+/// r >= P2 sends to r - P2, which reduces it; then for d = 1, 2, ..., P2 / 2 rank r with
+/// r mod 2d = d sends to r - d and rank r with r mod 2d = 0 receives from r + d and reduces;
+/// broadcast (a new phase): each rank r < P2 but 0 receives from r - (r & -r), then sends to
+/// r + d for d from half its lowest set bit (P2 / 2 at rank 0) down to 1, and to r + P2 if
+/// r < extra; rank r >= P2 receives from r - P2. One send or one receive per step, so a
+/// walker may forward what it received. gTop-k's merge tree (algorithm/detail/gtopk.hpp)
+/// walks it with sparse sets in place of elements.
+inline std::vector<step> binomial_tree_steps(int rank, int size) {
+  std::vector<step> steps;
+  int p2 = 1;
+  while (p2 * 2 <= size) p2 *= 2;
+  const int extra = size - p2;
+  // reduce
+  if (rank >= p2) {
+    steps.push_back(send_step(rank - p2, whole_buffer));
+  } else {
+    if (rank < extra) steps.push_back(recv_step(rank + p2, whole_buffer, step_action::reduce));
+    for (int d = 1; d < p2; d *= 2) {
+      if (rank % (2 * d) == d) {
+        steps.push_back(send_step(rank - d, whole_buffer));
+        break;
+      }
+      steps.push_back(recv_step(rank + d, whole_buffer, step_action::reduce));
+    }
+  }
+  // broadcast
+  const std::size_t down = steps.size();
+  if (rank >= p2) {
+    steps.push_back(recv_step(rank - p2, whole_buffer, step_action::copy));
+  } else {
+    int d = p2 / 2;
+    if (rank != 0) {
+      const int low = rank & -rank;  // the round this rank sent in
+      steps.push_back(recv_step(rank - low, whole_buffer, step_action::copy));
+      d = low / 2;
+    }
+    for (; d >= 1; d /= 2) steps.push_back(send_step(rank + d, whole_buffer));
+    if (rank < extra) steps.push_back(send_step(rank + p2, whole_buffer));
+  }
+  if (down < steps.size()) steps[down].new_phase = true;
+  return steps;
+}
+
 /// The ring's `size - 1` steps over `size` blocks: step k sends block r-k-`lag` to r+1 and
 /// receives block r-k-`lag`-1 from r-1, applying `action`.
 inline std::vector<step> ring_steps(int rank, int size, int lag, step_action action) {

@@ -3,9 +3,13 @@
 /// The executor: walks a schedule over a transport, in pieces, pipelined. It moves bytes and
 /// calls a type-erased `reducer` (the backend's kernels and its ordering point), so one
 /// instantiation per transport serves every element type, op and backend (STYLE P3). It is
-/// one of the two loops over a topology's steps: the other is per-hop requantization's walk
-/// (detail/requantize.hpp), which moves payloads, decoding, adding and re-encoding between
-/// receive and send, one message per step. gTop-k's merge tree (detail/gtopk.hpp) is its own.
+/// one of three walkers of the schedules topology/ builds, each reading a step the same way
+/// (receive from `recv_from` and reduce or copy per `action`, send to `send_to`) over what
+/// it moves: this one elements, in pipelined pieces; per-hop requantization
+/// (detail/requantize.hpp) payloads, decoding, adding and re-encoding between receive and
+/// send, one message per step; gTop-k (detail/gtopk.hpp) sparse sets over the binomial
+/// tree's schedule, a reducing receive merging sets. They share the schedules, not one loop:
+/// a common set of verbs for the three is not written yet.
 
 #include <squall/backend/dispatch.hpp>
 #include <squall/concepts.hpp>

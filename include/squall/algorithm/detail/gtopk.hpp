@@ -20,6 +20,9 @@
 ///                       sends G to r + P2.
 ///   step 4 (result):    data = G's values at G's indices, zero elsewhere.
 ///
+/// Steps 1-3 are the binomial tree's schedule (`binomial_tree_steps`, topology/schedule.hpp),
+/// walked with sets in place of elements.
+///
 /// Merge (receiver a, sender b): the union of the indices, a's value + b's value (in that order)
 /// at an index in both; cap = max(a's cap, b's cap); if the union holds more than cap entries,
 /// the cap entries of largest magnitude stay (`kernels::select_topk`: ties at the cut go to the
@@ -61,10 +64,10 @@
 #include <squall/core/types.hpp>
 #include <squall/kernels/host/select.hpp>
 #include <squall/kernels/host/sparse_merge.hpp>
+#include <squall/topology/schedule.hpp>
 
 #include <algorithm>  // max, min
 #include <array>
-#include <bit>      // bit_floor
 #include <cstddef>  // byte, size_t
 #include <cstdint>
 #include <limits>
@@ -212,7 +215,8 @@ gtopk_set gtopk_merge(const Backend& b, gtopk_buffers<Backend, T>& w, gtopk_set 
   return {.at = out, .n = n, .cap = cap};
 }
 
-/// gTop-k's tree over sets of `Index`es (the file comment), from this rank's set `local`.
+/// gTop-k's tree over sets of `Index`es (the file comment), from this rank's set `local`:
+/// steps 1-3 are `binomial_tree_steps`, the schedule topology/schedule.hpp builds.
 template <class Index, class Transport, class Backend, real_gradient T>
 void gtopk_tree(Transport& t, executor_buffers<Transport>& counters, const Backend& b,
                 gtopk_set local, buffer_view<T, typename Backend::memory_space> data,
@@ -220,48 +224,23 @@ void gtopk_tree(Transport& t, executor_buffers<Transport>& counters, const Backe
                 gtopk_buffers<Backend, T>& w) {
   using M = typename Backend::memory_space;
   const std::size_t count = data.count();
-  const int me = t.rank();
-  const int size = t.size();
-  const int p2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(size)));
-  const int extra = size - p2;
   gtopk_set s = local;
   std::array<std::size_t, gtopk_max_merges> dropped_n{};  // entries merge i cut off
   std::size_t merges = 0;
-  const auto send_to = [&](int peer) { gtopk_send<Index, T, M>(t, counters, peer, s); };
-  const auto receive_from = [&](int peer, scratch_bytes<Backend>& into) {
-    return gtopk_recv<Index, T>(t, counters, b, peer, into, count);
-  };
-  const auto merge_from = [&](int peer) {
-    const gtopk_set in = receive_from(peer, w.incoming);
-    s = gtopk_merge<Index>(b, w, s, in, w.dropped[merges], dropped_n[merges]);
-    ++merges;
-  };
-  // step 1: fold the extra ranks into their partners
-  if (me >= p2) {
-    send_to(me - p2);
-  } else {
-    if (me < extra) merge_from(me + p2);
-    // step 2: merge up the binomial tree to rank 0
-    for (int d = 1; d < p2; d *= 2) {
-      if (me % (2 * d) == d) {
-        send_to(me - d);
-        break;
+  // steps 1-3: the binomial tree's schedule (topology/schedule.hpp), sets in place of
+  // elements: a reducing receive merges the set into this rank's, a copying one takes G, a
+  // send sends this rank's set (its partial union, or G on the way down).
+  for (const step& st : binomial_tree_steps(t.rank(), t.size())) {
+    if (st.recv_from != nobody) {
+      if (st.action == step_action::reduce) {
+        const gtopk_set in = gtopk_recv<Index, T>(t, counters, b, st.recv_from, w.incoming, count);
+        s = gtopk_merge<Index>(b, w, s, in, w.dropped[merges], dropped_n[merges]);
+        ++merges;
+      } else {
+        s = gtopk_recv<Index, T>(t, counters, b, st.recv_from, w.current, count);
       }
-      merge_from(me + d);
     }
-  }
-  // step 3: G down the same tree, then to the extra ranks
-  if (me >= p2) {
-    s = receive_from(me - p2, w.current);
-  } else {
-    int d = p2 / 2;
-    if (me != 0) {
-      const int low = me & -me;  // the round this rank sent in: it receives G from me - low
-      s = receive_from(me - low, w.current);
-      d = low / 2;
-    }
-    for (; d >= 1; d /= 2) send_to(me + d);
-    if (me < extra) send_to(me + p2);
+    if (st.send_to != nobody) gtopk_send<Index, T, M>(t, counters, st.send_to, s);
   }
   // step 4: error feedback, then the result
   if (!residual.empty()) {
