@@ -8,11 +8,11 @@
 
 #include <squall/backend/dispatch.hpp>
 #include <squall/core/buffer.hpp>
-#include <squall/core/error.hpp>
 
-#include <cstddef>  // size_t
-#include <string>
+#include <cstddef>  // byte, size_t
+#include <cstring>  // memcpy
 #include <utility>  // declval
+#include <vector>
 
 namespace squall::detail {
 
@@ -33,30 +33,24 @@ class backend_array {
   buffer_view<T, memory_space> view() { return {data(), count_}; }
   buffer_view<const T, memory_space> view() const { return {data(), count_}; }
 
-  /// `dst` = the elements, after the backend's earlier work; complete when it returns.
-  void read(host_view<T> dst) const {
-    require_count(dst.count());
-    dispatch::copy_across_on(backend_, dst, view());
+  /// The elements' bytes into host memory at `dst` (`count() * sizeof(T)` bytes, aligned for
+  /// `T`: a saved state's values), after the backend's earlier work; complete when it returns.
+  void save_to(std::byte* dst) const {
+    dispatch::copy_across_on(backend_, host_view<T>(reinterpret_cast<T*>(dst), count_), view());
     backend_.synchronize();
   }
-  /// The elements = `src`; complete when it returns.
-  void write(host_view<const T> src) {
-    require_count(src.count());
-    dispatch::copy_across_on(backend_, view(), src);
+  /// The elements from `count() * sizeof(T)` bytes of host memory at `src`, which need not be
+  /// aligned for `T` (a restored state's values); complete when it returns.
+  void load_from(const std::byte* src) {
+    std::vector<T> values(count_);
+    if (count_ != 0) std::memcpy(values.data(), src, count_ * sizeof(T));
+    dispatch::copy_across_on(backend_, view(), host_view<const T>(values.data(), count_));
     backend_.synchronize();
   }
 
  private:
   T* data() { return static_cast<T*>(storage_.data()); }
   const T* data() const { return static_cast<const T*>(storage_.data()); }
-
-  void require_count(std::size_t host) const {
-    if (host != count_) {
-      throw invalid_argument(
-          {.operation = "backend_array"},
-          std::to_string(host) + " host elements for an array of " + std::to_string(count_));
-    }
-  }
 
   Backend backend_;
   decltype(dispatch::allocate_on<T>(std::declval<const Backend&>(), 0)) storage_;

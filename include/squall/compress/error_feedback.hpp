@@ -54,8 +54,7 @@ class error_feedback_state {
     std::memcpy(out.data(), &magic, 4);
     std::memcpy(out.data() + 4, &head, 4);
     std::memcpy(out.data() + 8, &count, 8);
-    // the values land in the bytes (16-byte aligned) as a copy kernel writes them
-    residual_.read(host_view<T>(reinterpret_cast<T*>(out.data() + 16), n));
+    residual_.save_to(out.data() + 16);  // 16-byte aligned (operator new)
     return out;
   }
 
@@ -83,9 +82,7 @@ class error_feedback_state {
           where, std::to_string(bytes.count()) + " bytes for " + std::to_string(n) + " elements");
     }
     error_feedback_state s(static_cast<std::size_t>(n), b);
-    std::vector<T> values(static_cast<std::size_t>(n));  // the bytes need not be aligned for T
-    if (n != 0) std::memcpy(values.data(), bytes.data() + 16, values.size() * sizeof(T));
-    s.residual_.write(host_view<const T>(values.data(), values.size()));
+    s.residual_.load_from(bytes.data() + 16);
     return s;
   }
 

@@ -288,8 +288,7 @@ class powersgd_state {
     std::memcpy(out.data(), &magic, 4);
     std::memcpy(out.data() + 4, &head, 4);
     std::memcpy(out.data() + 8, fields, 24);
-    // the values land in the bytes (32-byte offset, aligned) as a copy kernel writes them
-    q_.read(host_view<T>(reinterpret_cast<T*>(out.data() + header_bytes), q_.count()));
+    q_.save_to(out.data() + header_bytes);  // 32 bytes in: aligned (operator new)
     return out;
   }
 
@@ -330,9 +329,7 @@ class powersgd_state {
     }
     powersgd_state s(powersgd_shape{static_cast<std::size_t>(m), static_cast<std::size_t>(c)},
                      static_cast<std::size_t>(r), 0, b);
-    std::vector<T> q(s.q_.count());  // the bytes need not be aligned for T
-    if (!q.empty()) std::memcpy(q.data(), bytes.data() + header_bytes, q.size() * sizeof(T));
-    s.q_.write(host_view<const T>(q.data(), q.size()));
+    s.q_.load_from(bytes.data() + header_bytes);
     return s;
   }
 
