@@ -135,9 +135,8 @@ void run_on_processes_with(const shared_hashes& hashes, const C& c, bool exact, 
 
 /// `run_on_processes_with` on host_backend and on the deferred backend (kernels queued until
 /// the algorithms' ordering points), and where the aggregation runs staged (not per_hop or
-/// gtopk) on
-/// the deferred device backend (payloads staged through host memory): every rank holds
-/// bitwise the same result, and the deferred runs' results are bitwise the host run's.
+/// gtopk) on the deferred device backend (payloads staged through host memory): every rank
+/// holds bitwise the same result, and the deferred runs' results are bitwise the host run's.
 template <class Topology, class C, class Check>
 void run_on_processes(const C& c, bool exact, Check check,
                       const squall::collective_tuning& tuning = {}) {
