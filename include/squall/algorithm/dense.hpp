@@ -162,7 +162,7 @@ class dense_core {
   const Backend& backend() const { return backend_; }
   const schedule_source& schedules() const { return *schedules_; }
   const collective_tuning& tuning() const { return tuning_; }
-  transfer_stats last_transfer() const { return {buffers_.bytes_sent, buffers_.bytes_received}; }
+  transfer_stats last_transfer() const { return {buffers_.moved.sent, buffers_.moved.received}; }
   /// The core whose memory is the transport's (calibration runs there): this one.
   dense_core& transport_core() { return *this; }
 
@@ -278,8 +278,7 @@ class dense_core {
   /// Starts a call: resets the byte counts and states the call for the mismatch check.
   void begin_call(collective kind, dtype type, std::string_view op, std::size_t count,
                   int root = -1, std::optional<aggregation> compressed = std::nullopt) {
-    buffers_.bytes_sent = 0;
-    buffers_.bytes_received = 0;
+    buffers_.moved = {};
     check_.begin(
         transport_, executor(),
         {.count = count,
@@ -293,8 +292,8 @@ class dense_core {
   /// Completes a pending mismatch check (a barrier): before anything touches a peer.
   void settle() { check_.settle(transport_); }
 
-  /// The byte counters and scratch the executor keeps.
-  executor_buffers<Transport>& counters() { return buffers_; }
+  /// The transport's verbs, counting into this call's byte counts.
+  detail::wire<Transport> wire() { return {transport_, buffers_.moved}; }
 
   /// The sum over ranks of `count` elements at `x` (in the backend's memory, written by its
   /// kernels: the ordering point comes first), in place, with the topology's schedule.

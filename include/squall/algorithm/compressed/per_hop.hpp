@@ -19,14 +19,11 @@ void per_hop_allreduce(Dense& dense, const C& c,
   using Transport = typename Dense::transport_type;
   using Backend = typename Dense::backend_type;
   dense.settle();
-  requantize_hops<Transport, Backend, inner_compressor_t<C>, T> hops{
-      .transport = dense.transport(),
-      .backend = dense.backend(),
-      .c = inner_of(c),
-      .buffers = w,
-      .sent = dense.counters().bytes_sent,
-      .received = dense.counters().bytes_received,
-      .step = state.step()};
+  requantize_hops<Transport, Backend, inner_compressor_t<C>, T> hops{.link = dense.wire(),
+                                                                     .backend = dense.backend(),
+                                                                     .c = inner_of(c),
+                                                                     .buffers = w,
+                                                                     .step = state.step()};
   if constexpr (is_error_feedback<C>) hops.residual = state.residual().residual().data();
   const std::size_t bytes = inner_of(c).max_payload_bytes(dtype_of<T>, data.count());
   const auto schedule_of = [&](int rank) {

@@ -33,9 +33,8 @@ void sparse_merge_allreduce(Dense& dense, const C& c,
   if constexpr (requires { inner_of(c).entries(data.count()); }) {
     cap = inner_of(c).entries(data.count());
   }
-  gtopk_allreduce(dense.transport(), dense.counters(), b,
-                  buffer_view<const std::byte, M>(pw.payload.data(), bytes), cap, data, residual,
-                  w);
+  gtopk_allreduce(dense.wire(), b, buffer_view<const std::byte, M>(pw.payload.data(), bytes), cap,
+                  data, residual, w);
 }
 
 }  // namespace squall::detail

@@ -2,15 +2,12 @@
 #pragma once
 /// The executor: walks a schedule over a transport, in pieces, pipelined. It moves bytes and
 /// calls a type-erased `reducer` (the backend's kernels and its ordering point), so one
-/// instantiation per transport serves every element type, op and backend (STYLE P3). It is
-/// one of three walkers of the schedules topology/ builds, each reading a step the same way
-/// (receive from `recv_from` and reduce or copy per `action`, send to `send_to`) over what
-/// it moves: this one elements, in pipelined pieces; per-hop requantization
-/// (detail/requantize.hpp) payloads, decoding, adding and re-encoding between receive and
-/// send, one message per step; gTop-k (detail/gtopk.hpp) sparse sets over the binomial
-/// tree's schedule, a reducing receive merging sets. They share the schedules, not one loop:
-/// a common set of verbs for the three is not written yet.
+/// instantiation per transport serves every element type, op and backend (STYLE P3). Its
+/// steps go through `walk_steps` and its bytes through `wire` (detail/verbs.hpp), the verbs
+/// per-hop requantization (detail/requantize.hpp) and gTop-k (detail/gtopk.hpp) use too:
+/// here a block of a step is a piece of elements, there a payload or a sparse set.
 
+#include <squall/algorithm/detail/verbs.hpp>
 #include <squall/backend/dispatch.hpp>
 #include <squall/concepts.hpp>
 #include <squall/core/error.hpp>
@@ -22,8 +19,8 @@
 #include <array>
 #include <cstddef>  // byte, size_t
 #include <cstdint>  // uint64_t
-#include <cstring>  // memcpy
 #include <deque>
+#include <span>
 #include <string>
 #include <utility>  // move
 #include <vector>
@@ -103,9 +100,6 @@ std::size_t window_data_bytes(Transport& t) {
   return window > signature_area ? window - signature_area : 0;
 }
 
-template <class Transport>
-using completion_of = decltype(std::declval<Transport&>().send(0, buffer_view<const std::byte>{}));
-
 /// Scratch bytes in the backend's memory, reached without naming the backend (the executor
 /// is not a template on it): `get(bytes)` gives at least `bytes`, 16-byte aligned; growing
 /// drops the contents. The owner is the communicator's `scratch_bytes<Backend>`.
@@ -124,13 +118,7 @@ struct executor_buffers {
   std::vector<std::uint64_t> addresses;
   std::vector<completion_of<Transport>> pending;  ///< a step's receives, or an exchange
   std::deque<completion_of<Transport>> sends;     ///< sends in flight
-  /// Bytes this rank moved to peers since the last reset (the communicator resets them at
-  /// the start of every collective): what it sent, wrote into peers' memory, or published
-  /// in its window or memory for peers to read, counted once per peer that reads it.
-  std::uint64_t bytes_sent = 0;
-  /// Bytes this rank got from peers since the last reset: what it received, read out of
-  /// peers' memory or windows, or had written into its memory by peers.
-  std::uint64_t bytes_received = 0;
+  traffic moved;  ///< bytes moved since the communicator's last reset (every collective)
 };
 
 /// Runs schedules for one communicator, over its transport and `executor_buffers`. Built per
@@ -144,12 +132,11 @@ class executor {
   executor(Transport& transport, executor_buffers<Transport>& buffers, scratch_ref scratch,
            const collective_tuning& tuning)
       : transport_(transport),
+        wire_(transport, buffers.moved),
         scratch_(scratch),
         addresses_(buffers.addresses),
         pending_(buffers.pending),
         sends_(buffers.sends),
-        sent_(buffers.bytes_sent),
-        received_(buffers.bytes_received),
         tuning_(tuning) {}
   executor(const executor&) = delete;
   executor& operator=(const executor&) = delete;
@@ -199,7 +186,7 @@ class executor {
       // step 0: publish this rank's data.
       r.copy(window(me), chunk, m * r.element_bytes);
       r.settle();
-      transport_.barrier().wait();
+      wire_.barrier();
       if (offset == 0) after_first_barrier();
       // step 1: reduce slice `me` out of every window into this rank's own window, in
       // cache-sized pieces so the destination stays in cache across the P-1 sources.
@@ -209,8 +196,7 @@ class executor {
       // from their owners; the peers read as much out of its window.
       const std::uint64_t moved =
           (static_cast<std::uint64_t>(size - 1) * mine.count + (m - mine.count)) * r.element_bytes;
-      sent_ += moved;
-      received_ += moved;
+      wire_.count(moved, moved);
       for (std::size_t i = 0; i < mine.count; i += sub) {
         const std::size_t n = std::min(sub, mine.count - i);
         std::byte* dst = window(me) + (mine.begin + i) * r.element_bytes;
@@ -220,7 +206,7 @@ class executor {
         }
       }
       r.settle();  // the reduced slice is complete before the peers read it
-      transport_.barrier().wait();
+      wire_.barrier();
       // step 2: copy every reduced slice back.
       for (int q = 0; q < size; ++q) {
         const index_range slice =
@@ -253,20 +239,18 @@ class executor {
         split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
     // Accounting: the peers read the other blocks of this rank's input and write their
     // reduced blocks into its output (its own reads and writes count where they happen).
-    sent_ += (count - block.count) * e;
-    received_ += (count - block.count) * e;
+    wire_.count((count - block.count) * e, (count - block.count) * e);
     // step 0, per piece of block `me`: reduce every rank's piece into this rank's output,
     // then write the result, still in cache, into every peer's output.
     reduce_block_from_peers(2, in + block.begin * e, out + block.begin * e, block, r,
                             [&](std::size_t at, std::size_t n) {
                               for (int k = 1; k < size; ++k) {
                                 const int q = wrap(me + k, size);
-                                transport_.write_peer(q, output_of(q) + at, {out + at, n * e});
-                                sent_ += n * e;
+                                wire_.write_peer(q, output_of(q) + at, {out + at, n * e});
                               }
                             });
     // step 1: every block is everywhere once every rank is here.
-    transport_.barrier().wait();
+    wire_.barrier();
   }
 
   /// Reduce-scatter through the peers' own memory: rank r reads block r of every rank's
@@ -282,10 +266,10 @@ class executor {
     exchange(&mine, sizeof mine, addresses_.data());
     const index_range block =
         split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
-    sent_ += (count - block.count) * r.element_bytes;  // the peers read the other blocks
+    wire_.count((count - block.count) * r.element_bytes, 0);  // the peers read the other blocks
     reduce_block_from_peers(1, in + block.begin * r.element_bytes, out, block, r,
                             [](std::size_t, std::size_t) {});
-    transport_.barrier().wait();
+    wire_.barrier();
   }
 
   /// Allgather through the peers' own memory: every rank writes its `block_bytes` into block
@@ -300,15 +284,14 @@ class executor {
     const std::size_t at = static_cast<std::size_t>(me) * block_bytes;
     for (int k = 1; k < size; ++k) {
       const int q = wrap(me + k, size);
-      transport_.write_peer(q, addresses_[static_cast<std::size_t>(q)] + at, {in, block_bytes});
+      wire_.write_peer(q, addresses_[static_cast<std::size_t>(q)] + at, {in, block_bytes});
     }
-    sent_ += static_cast<std::uint64_t>(size - 1) * block_bytes;
-    received_ += static_cast<std::uint64_t>(size - 1) * block_bytes;  // the peers' writes
+    wire_.count(0, static_cast<std::uint64_t>(size - 1) * block_bytes);  // the peers' writes
     if (in != out + at) {
       r.copy(out + at, in, block_bytes);
       r.settle();
     }
-    transport_.barrier().wait();
+    wire_.barrier();
   }
 
   /// Broadcast through the root's own memory: every other rank reads the root's `bytes`
@@ -319,35 +302,16 @@ class executor {
     addresses_.resize(static_cast<std::size_t>(transport_.size()));
     exchange(&mine, sizeof mine, addresses_.data());
     if (transport_.rank() != root) {
-      transport_.read_peer(root, addresses_[static_cast<std::size_t>(root)], {data, bytes});
-      received_ += bytes;
+      wire_.read_peer(root, addresses_[static_cast<std::size_t>(root)], {data, bytes});
     } else {
-      sent_ += static_cast<std::uint64_t>(transport_.size() - 1) * bytes;  // the peers' reads
+      wire_.count(static_cast<std::uint64_t>(transport_.size() - 1) * bytes, 0);  // their reads
     }
-    transport_.barrier().wait();
+    wire_.barrier();
   }
 
   /// Every rank sends `mine` (`bytes` long) to every other; `all` gets rank q's at q * bytes.
   void exchange(const void* mine, std::size_t bytes, void* all) {
-    auto* into = static_cast<std::byte*>(all);
-    const int me = transport_.rank();
-    const int size = transport_.size();
-    std::memcpy(into + static_cast<std::size_t>(me) * bytes, mine, bytes);
-    std::vector<completion_type>& pending = pending_;
-    pending.clear();
-    for (int k = 1; k < size; ++k) {
-      const int from = wrap(me - k, size);
-      pending.push_back(
-          transport_.recv(from, {into + static_cast<std::size_t>(from) * bytes, bytes}));
-    }
-    for (int k = 1; k < size; ++k) {
-      pending.push_back(
-          transport_.send(wrap(me + k, size), {static_cast<const std::byte*>(mine), bytes}));
-    }
-    for (auto& c : pending) c.wait();
-    pending.clear();
-    sent_ += static_cast<std::uint64_t>(size - 1) * bytes;
-    received_ += static_cast<std::uint64_t>(size - 1) * bytes;
+    wire_.exchange(mine, bytes, all, pending_);
   }
 
  private:
@@ -368,9 +332,7 @@ class executor {
       const std::size_t at = (block.begin + i) * e;
       for (int k = 1; k < size; ++k) {
         const int q = wrap(me + k, size);
-        transport_.read_peer(q, addresses_[stride * static_cast<std::size_t>(q)] + at,
-                             {scratch, n * e});
-        received_ += n * e;
+        wire_.read_peer(q, addresses_[stride * static_cast<std::size_t>(q)] + at, {scratch, n * e});
         if (k == 1 && own != out) {
           r.reduce(out + i * e, own + i * e, scratch, n);
         } else {
@@ -403,46 +365,48 @@ class executor {
     }
     const std::size_t slot_bytes = piece * r.element_bytes;
     std::byte* const scratch = scratch_.get(widest * slot_bytes);
+    const std::size_t e = r.element_bytes;
     std::vector<completion_type>& recvs = pending_;
-    for (std::size_t j = 0; j < pieces; ++j) {
-      for (std::size_t i = begin; i < end; ++i) {
-        const step& st = s.steps[i];
-        // Post the receives first, so a message finds its buffer waiting.
-        recvs.clear();
-        if (st.recv_from != nobody) {
-          for (std::size_t b = 0; b < st.recv.count; ++b) {
-            const index_range p = piece_of(count, st.recv, b, j, piece);
-            if (p.count == 0) continue;
-            std::byte* into = st.action == step_action::reduce ? scratch + b * slot_bytes
-                                                               : data + p.begin * r.element_bytes;
-            recvs.push_back(transport_.recv(st.recv_from, {into, p.count * r.element_bytes}));
-            received_ += p.count * r.element_bytes;
-          }
-        }
-        if (st.send_to != nobody) {
-          for (std::size_t b = 0; b < st.send.count; ++b) {
-            const index_range p = piece_of(count, st.send, b, j, piece);
-            if (p.count == 0) continue;
-            sends_.push_back(transport_.send(
-                st.send_to, {data + p.begin * r.element_bytes, p.count * r.element_bytes}));
-            sent_ += p.count * r.element_bytes;
-          }
-        }
-        std::size_t k = 0;
-        for (std::size_t b = 0; b < st.recv.count && st.recv_from != nobody; ++b) {
-          const index_range p = piece_of(count, st.recv, b, j, piece);
-          if (p.count == 0) continue;
-          recvs[k++].wait();
-          if (st.action == step_action::reduce) {
-            r.reduce_into(data + p.begin * r.element_bytes, scratch + b * slot_bytes, p.count);
-          }
-        }
-        // the ordering point: the reduced pieces are complete before a later step sends them,
-        // and the scratch they were reduced from is free for the next receive
-        if (st.action == step_action::reduce && k != 0) r.settle();
-        wait_sends(tuning_.pipeline_depth);
+    std::size_t j = 0;  // the piece of every block the steps move
+    // Piece j of each of a step's blocks, `visit(b, piece)` for the non-empty ones.
+    const auto for_pieces = [&](const block_range& blocks, auto&& visit) {
+      for (std::size_t b = 0; b < blocks.count; ++b) {
+        const index_range p = piece_of(count, blocks, b, j, piece);
+        if (p.count != 0) visit(b, p);
       }
-    }
+    };
+    const step_hooks hooks{
+        .post_recv =
+            [&](const step& st) {
+              recvs.clear();
+              for_pieces(st.recv, [&](std::size_t b, index_range p) {
+                std::byte* into = st.action == step_action::reduce ? scratch + b * slot_bytes
+                                                                   : data + p.begin * e;
+                recvs.push_back(wire_.recv(st.recv_from, {into, p.count * e}));
+              });
+            },
+        .post_send =
+            [&](const step& st) {
+              for_pieces(st.send, [&](std::size_t, index_range p) {
+                sends_.push_back(wire_.send(st.send_to, {data + p.begin * e, p.count * e}));
+              });
+            },
+        .finish_recv =
+            [&](const step& st) {
+              std::size_t k = 0;
+              for_pieces(st.recv, [&](std::size_t b, index_range p) {
+                recvs[k++].wait();
+                if (st.action == step_action::reduce) {
+                  r.reduce_into(data + p.begin * e, scratch + b * slot_bytes, p.count);
+                }
+              });
+              // the ordering point: the reduced pieces are complete before a later step sends
+              // them, and the scratch they were reduced from is free for the next receive
+              if (st.action == step_action::reduce && k != 0) r.settle();
+            },
+        .end_step = [&](const step&) { wait_sends(tuning_.pipeline_depth); }};
+    const std::span<const step> phase(s.steps.data() + begin, end - begin);
+    for (; j < pieces; ++j) walk_steps(phase, hooks);
   }
 
   // Piece j of block `first + b` of `blocks`, as elements of the whole buffer.
@@ -462,12 +426,11 @@ class executor {
   }
 
   Transport& transport_;
+  wire<Transport> wire_;
   scratch_ref scratch_;
   std::vector<std::uint64_t>& addresses_;
   std::vector<completion_type>& pending_;
   std::deque<completion_type>& sends_;
-  std::uint64_t& sent_;
-  std::uint64_t& received_;
   collective_tuning tuning_;
 };
 

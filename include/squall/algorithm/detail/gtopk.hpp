@@ -53,8 +53,8 @@
 /// called with the backend (`sparse_union`, `sparse_keep_largest`, `sparse_add_back`,
 /// `scatter_sparse`, `check_sparse_indices`); the host keeps only the counts and caps.
 
-#include <squall/algorithm/detail/executor.hpp>
 #include <squall/algorithm/detail/scratch.hpp>
+#include <squall/algorithm/detail/verbs.hpp>
 #include <squall/compress/payload.hpp>
 #include <squall/compress/sparsify.hpp>
 #include <squall/compress/traits.hpp>
@@ -71,6 +71,7 @@
 #include <cstddef>  // byte, size_t
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>  // is_same_v
@@ -148,46 +149,32 @@ gtopk_set gtopk_local_set(const Backend& b,
   return {.at = payload.data() + 24, .n = n, .cap = cap == 0 ? n : cap};
 }
 
-/// Sends `s` (entries of `Index` and `T`, in memory space `M`) to `peer`: the head, then the
-/// body; counts the bytes.
-template <class Index, class T, class M, class Transport>
-void gtopk_send(Transport& t, executor_buffers<Transport>& counters, int peer, gtopk_set s) {
-  const std::size_t body = s.n * (sizeof(Index) + sizeof(T));
-  const std::uint64_t head[2] = {s.n, s.cap};
-  auto first =
-      t.send(peer, host_view<const std::byte>(reinterpret_cast<const std::byte*>(head), 16));
-  if (body != 0) {
-    auto second = t.send(peer, buffer_view<const std::byte, M>(s.at, body));
-    first.wait();
-    second.wait();
-  } else {
-    first.wait();
-  }
-  counters.bytes_sent += 16 + body;
-}
+/// The 16-byte head that goes before a set's body: entries n, merge cap.
+struct gtopk_head {
+  std::uint64_t n = 0;
+  std::uint64_t cap = 0;
+  host_view<std::byte> bytes() { return {reinterpret_cast<std::byte*>(this), sizeof *this}; }
+};
+static_assert(sizeof(gtopk_head) == 16);
 
-/// Receives a set from `peer` into `into`, checking it: n <= cap <= count, indices in range
-/// and strictly increasing (`invalid_argument` naming the fault otherwise).
+/// The body of a set from `peer` whose head `head` has arrived, into `into`, checking it:
+/// n <= cap <= count, indices in range and strictly increasing (`invalid_argument` naming
+/// the fault otherwise).
 template <class Index, class T, class Transport, class Backend>
-gtopk_set gtopk_recv(Transport& t, executor_buffers<Transport>& counters, const Backend& b,
-                     int peer, scratch_bytes<Backend>& into, std::size_t count) {
-  std::uint64_t head[2] = {};
-  t.recv(peer, host_view<std::byte>(reinterpret_cast<std::byte*>(head), 16)).wait();
-  if (head[0] > head[1] || head[1] > count) {
+gtopk_set gtopk_recv_body(wire<Transport>& link, const Backend& b, int peer, gtopk_head head,
+                          scratch_bytes<Backend>& into, std::size_t count) {
+  if (head.n > head.cap || head.cap > count) {
     throw invalid_argument({.operation = gtopk_name, .peer = peer},
-                           "a set of " + std::to_string(head[0]) + " entries capped at " +
-                               std::to_string(head[1]) + " for " + std::to_string(count) +
+                           "a set of " + std::to_string(head.n) + " entries capped at " +
+                               std::to_string(head.cap) + " for " + std::to_string(count) +
                                " elements");
   }
-  const auto n = static_cast<std::size_t>(head[0]);
+  const auto n = static_cast<std::size_t>(head.n);
   const std::size_t body = n * (sizeof(Index) + sizeof(T));
   std::byte* at = into.reserve(b, body);
-  if (body != 0) {
-    t.recv(peer, buffer_view<std::byte, typename Backend::memory_space>(at, body)).wait();
-  }
-  counters.bytes_received += 16 + body;
+  if (body != 0) link.recv(peer, {at, body}).wait();
   check_sparse_indices<Index>(b, gtopk_name, at, n, count);
-  return {.at = at, .n = n, .cap = static_cast<std::size_t>(head[1])};
+  return {.at = at, .n = n, .cap = static_cast<std::size_t>(head.cap)};
 }
 
 /// merge(a, b) (see the file comment), written to `w.current`; the entries cut off go to
@@ -216,32 +203,59 @@ gtopk_set gtopk_merge(const Backend& b, gtopk_buffers<Backend, T>& w, gtopk_set 
 }
 
 /// gTop-k's tree over sets of `Index`es (the file comment), from this rank's set `local`:
-/// steps 1-3 are `binomial_tree_steps`, the schedule topology/schedule.hpp builds.
+/// steps 1-3 are `binomial_tree_steps`, the schedule topology/schedule.hpp builds, walked by
+/// `walk_steps` (detail/verbs.hpp) with sets in place of elements.
 template <class Index, class Transport, class Backend, real_gradient T>
-void gtopk_tree(Transport& t, executor_buffers<Transport>& counters, const Backend& b,
-                gtopk_set local, buffer_view<T, typename Backend::memory_space> data,
+void gtopk_tree(wire<Transport>& link, const Backend& b, gtopk_set local,
+                buffer_view<T, typename Backend::memory_space> data,
                 buffer_view<T, typename Backend::memory_space> residual,
                 gtopk_buffers<Backend, T>& w) {
-  using M = typename Backend::memory_space;
   const std::size_t count = data.count();
   gtopk_set s = local;
   std::array<std::size_t, gtopk_max_merges> dropped_n{};  // entries merge i cut off
   std::size_t merges = 0;
-  // steps 1-3: the binomial tree's schedule (topology/schedule.hpp), sets in place of
-  // elements: a reducing receive merges the set into this rank's, a copying one takes G, a
-  // send sends this rank's set (its partial union, or G on the way down).
-  for (const step& st : binomial_tree_steps(t.rank(), t.size())) {
-    if (st.recv_from != nobody) {
-      if (st.action == step_action::reduce) {
-        const gtopk_set in = gtopk_recv<Index, T>(t, counters, b, st.recv_from, w.incoming, count);
-        s = gtopk_merge<Index>(b, w, s, in, w.dropped[merges], dropped_n[merges]);
-        ++merges;
-      } else {
-        s = gtopk_recv<Index, T>(t, counters, b, st.recv_from, w.current, count);
-      }
-    }
-    if (st.send_to != nobody) gtopk_send<Index, T, M>(t, counters, st.send_to, s);
-  }
+  using completion = typename wire<Transport>::completion_type;
+  gtopk_head head_in;
+  gtopk_head head_out;
+  std::optional<completion> got;
+  std::optional<completion> sent_head;
+  std::optional<completion> sent_body;
+  // steps 1-3: a set travels as its head, then its body (the file comment). A reducing
+  // receive merges the set into this rank's, a copying one takes G, a send sends this rank's
+  // set (its partial union, or G on the way down). A step of this schedule sends or
+  // receives, never both, so a receive never overwrites a set in flight.
+  walk_steps(
+      binomial_tree_steps(link.rank(), link.size()),
+      step_hooks{.post_recv =
+                     [&](const step& st) { got.emplace(link.recv(st.recv_from, head_in.bytes())); },
+                 .post_send =
+                     [&](const step& st) {
+                       head_out = {.n = s.n, .cap = s.cap};
+                       sent_head.emplace(link.send(st.send_to, head_out.bytes()));
+                       const std::size_t body = s.n * (sizeof(Index) + sizeof(T));
+                       if (body != 0) sent_body.emplace(link.send(st.send_to, {s.at, body}));
+                     },
+                 .finish_recv =
+                     [&](const step& st) {
+                       got->wait();
+                       got.reset();
+                       if (st.action == step_action::reduce) {
+                         const gtopk_set in = gtopk_recv_body<Index, T>(link, b, st.recv_from,
+                                                                        head_in, w.incoming, count);
+                         s = gtopk_merge<Index>(b, w, s, in, w.dropped[merges], dropped_n[merges]);
+                         ++merges;
+                       } else {
+                         s = gtopk_recv_body<Index, T>(link, b, st.recv_from, head_in, w.current,
+                                                       count);
+                       }
+                     },
+                 .end_step =
+                     [&](const step&) {
+                       if (sent_head) sent_head->wait();
+                       if (sent_body) sent_body->wait();
+                       sent_head.reset();
+                       sent_body.reset();
+                     }});
   // step 4: error feedback, then the result
   if (!residual.empty()) {
     sparse_add_back<Index>(b, residual, local.at, local.n, s.at, s.n,
@@ -258,10 +272,10 @@ void gtopk_tree(Transport& t, executor_buffers<Transport>& counters, const Backe
 /// `data.count()` elements, with merge cap `cap` (0 for "the payload's own entry count"), and
 /// writes G into `data`. With a non-empty `residual` (error feedback: the residual after the
 /// local encode, `data.count()` elements), adds back the entries the file comment says. Every
-/// rank must call it with the same count; bytes are counted into `counters` (the executor's).
+/// rank must call it with the same count; `link` counts the bytes.
 /// Throws the transport's errors and `invalid_argument` for a malformed set received.
 template <class Transport, class Backend, real_gradient T>
-void gtopk_allreduce(Transport& t, executor_buffers<Transport>& counters, const Backend& b,
+void gtopk_allreduce(wire<Transport> link, const Backend& b,
                      buffer_view<const std::byte, typename Backend::memory_space> payload,
                      std::size_t cap, buffer_view<T, typename Backend::memory_space> data,
                      buffer_view<T, typename Backend::memory_space> residual,
@@ -270,9 +284,9 @@ void gtopk_allreduce(Transport& t, executor_buffers<Transport>& counters, const 
   if (count == 0) return;  // every rank knows: nothing to send
   const gtopk_set local = gtopk_local_set<T>(b, payload, count, cap);
   if (sparse_index_bytes(count) == 4) {
-    gtopk_tree<std::uint32_t>(t, counters, b, local, data, residual, w.template of<T>());
+    gtopk_tree<std::uint32_t>(link, b, local, data, residual, w.template of<T>());
   } else {
-    gtopk_tree<std::uint64_t>(t, counters, b, local, data, residual, w.template of<T>());
+    gtopk_tree<std::uint64_t>(link, b, local, data, residual, w.template of<T>());
   }
 }
 

@@ -21,11 +21,14 @@
 /// old residuals (up to the rounding of the additions), the error-compensated compressed
 /// allreduce of 1-bit Adam (Tang et al., ICML 2021) generalized from two hops to P.
 ///
-/// Deviation from STYLE A3 (one executor walks every schedule): the executor moves elements
-/// through a type-erased reducer; these hops move payloads that must be decoded and encoded
-/// between receive and send, so they loop over their own steps, one message per block.
+/// The hops walk the topology's schedule through `walk_steps` and `wire` (detail/verbs.hpp),
+/// as the executor does, with a payload in place of a piece of elements: the send encodes
+/// (the transform in flight), the reducing receive decodes and adds. STYLE A3 (one executor
+/// walks every schedule) holds for the loop and the verbs; the executor itself stays a
+/// mover of elements through a type-erased reducer.
 
 #include <squall/algorithm/detail/scratch.hpp>
+#include <squall/algorithm/detail/verbs.hpp>
 #include <squall/backend/dispatch.hpp>
 #include <squall/compress/traits.hpp>
 #include <squall/concepts.hpp>
@@ -124,8 +127,8 @@ struct requantize_buffers {
 };
 
 /// One per-hop requantized allreduce (sum) on one rank, its kernels on `backend`: `c` is the
-/// bare compressor (no error feedback), `residual` the rank's residual or null, `sent` and
-/// `received` the communicator's byte counters.
+/// bare compressor (no error feedback), `residual` the rank's residual or null; `link` moves
+/// the payloads and counts their bytes.
 template <transport Transport, class Backend, class C, real_gradient T>
 struct requantize_hops {
   using memory_space = typename Backend::memory_space;
@@ -133,12 +136,10 @@ struct requantize_hops {
   using const_view = buffer_view<const T, memory_space>;
   using bytes_view = buffer_view<std::byte, memory_space>;
 
-  Transport& transport;
+  wire<Transport> link;
   const Backend& backend;
   const C& c;
   requantize_buffers<Backend>& buffers;
-  std::uint64_t& sent;
-  std::uint64_t& received;
   std::uint64_t step = 0;
   T* residual = nullptr;
 
@@ -159,8 +160,8 @@ struct requantize_hops {
   // halving-doubling folds in) takes its peers', so the final payloads it relays line up.
   template <class ScheduleOf>
   void walk(const schedule& s, ScheduleOf&& schedule_of, T* data, std::size_t count) {
-    const int r = transport.rank();
-    const int p = transport.size();
+    const int r = link.rank();
+    const int p = link.size();
     if (count == 0) return;
     const auto partition = [&](const schedule& of) {
       std::size_t n = 1;
@@ -255,55 +256,69 @@ struct requantize_hops {
     int hop = 0;
     const auto next_stream = [&] { return hop_stream(step, r, p, hop++); };
     bool distribute = false;
-    for (const squall::step& st : s.steps) {
+    // the phase a step is in: distributing from the first step that copies or starts a phase
+    const auto distributing = [&](const squall::step& st) {
       if (st.new_phase || st.action == step_action::copy) distribute = true;
-      using completion = decltype(transport.recv(0, buffer_view<std::byte>{}));
-      std::optional<completion> got;
-      std::optional<completion> gone;
-      std::pair<std::size_t, std::size_t> in{};
-      std::size_t in_bytes = 0;
-      if (st.recv_from != nobody) {
-        in = blocks_of(st.recv);
-        std::byte* into = recv;
-        if (distribute) {
-          in_bytes = finals_bytes(in);
-          into = finals + at[in.first];
-        } else {
-          in_bytes = c.max_payload_bytes(dtype_of<T>, span_of(in).count);
-        }
-        got.emplace(transport.recv(st.recv_from, {into, in_bytes}));
-        received += in_bytes;
-      }
-      if (st.send_to != nobody) {
-        const auto out = blocks_of(st.send);
-        if (distribute) {
-          for (std::size_t b = out.first; b < out.second; ++b) {
-            if (final_here[b] != 0) continue;
-            encode(data, block(b), finals + at[b], next_stream(), decoded);
-            final_here[b] = 1;
-          }
-          const std::size_t n = finals_bytes(out);
-          gone.emplace(transport.send(st.send_to, {finals + at[out.first], n}));
-          sent += n;
-        } else {
-          const std::size_t n = encode(data, span_of(out), send, next_stream(), decoded);
-          gone.emplace(transport.send(st.send_to, {send, n}));
-          sent += n;
-        }
-      }
-      if (got) {
-        got->wait();
-        if (distribute) {
-          for (std::size_t b = in.first; b < in.second; ++b) final_here[b] = 1;
-        } else {
-          const index_range range = span_of(in);
-          decode(recv, in_bytes, decoded, range.count);
-          dispatch::reduce_into_on(backend, sum_op{}, view(data + range.begin, range.count),
-                                   const_view(decoded, range.count));
-        }
-      }
-      if (gone) gone->wait();
-    }
+      return distribute;
+    };
+    using completion = typename wire<Transport>::completion_type;
+    std::optional<completion> got;
+    std::optional<completion> gone;
+    std::pair<std::size_t, std::size_t> in{};
+    std::size_t in_bytes = 0;
+    walk_steps(
+        s.steps,
+        step_hooks{// receive a partial's payload, or (distributing) final payloads in place
+                   .post_recv =
+                       [&](const squall::step& st) {
+                         in = blocks_of(st.recv);
+                         std::byte* into = recv;
+                         if (distributing(st)) {
+                           in_bytes = finals_bytes(in);
+                           into = finals + at[in.first];
+                         } else {
+                           in_bytes = c.max_payload_bytes(dtype_of<T>, span_of(in).count);
+                         }
+                         got.emplace(link.recv(st.recv_from, {into, in_bytes}));
+                       },
+                   // encode the partial sum (a hop), or send final payloads, encoding a block's own
+                   .post_send =
+                       [&](const squall::step& st) {
+                         const auto out = blocks_of(st.send);
+                         if (distributing(st)) {
+                           for (std::size_t b = out.first; b < out.second; ++b) {
+                             if (final_here[b] != 0) continue;
+                             encode(data, block(b), finals + at[b], next_stream(), decoded);
+                             final_here[b] = 1;
+                           }
+                           gone.emplace(
+                               link.send(st.send_to, {finals + at[out.first], finals_bytes(out)}));
+                         } else {
+                           const std::size_t n =
+                               encode(data, span_of(out), send, next_stream(), decoded);
+                           gone.emplace(link.send(st.send_to, {send, n}));
+                         }
+                       },
+                   // decode and add the partial, or keep the final payloads
+                   .finish_recv =
+                       [&](const squall::step&) {
+                         got->wait();
+                         got.reset();
+                         if (distribute) {
+                           for (std::size_t b = in.first; b < in.second; ++b) final_here[b] = 1;
+                         } else {
+                           const index_range range = span_of(in);
+                           decode(recv, in_bytes, decoded, range.count);
+                           dispatch::reduce_into_on(backend, sum_op{},
+                                                    view(data + range.begin, range.count),
+                                                    const_view(decoded, range.count));
+                         }
+                       },
+                   .end_step =
+                       [&](const squall::step&) {
+                         if (gone) gone->wait();
+                         gone.reset();
+                       }});
     for (std::size_t b = 0; b < parts; ++b) {
       if (final_here[b] == 0) {  // one rank: it holds the whole sum
         encode(data, block(b), finals + at[b], next_stream(), decoded);
@@ -314,7 +329,7 @@ struct requantize_hops {
   }
 
   [[noreturn]] void refuse(const schedule& s, std::string_view what) const {
-    throw invalid_argument({.operation = "compressed allreduce", .rank = transport.rank()},
+    throw invalid_argument({.operation = "compressed allreduce", .rank = link.rank()},
                            "per-hop requantization over schedule '" + std::string(s.name) +
                                "', which " + std::string(what) +
                                " (a topology declaring per_hop_schedule must not)");
