@@ -66,15 +66,13 @@ void check_cast(std::size_t count) {
   test::check_codec_twin(squall::cast_compressor<To>{}, mixed_values<T>(count, 400 + count));
 }
 
-constexpr std::size_t counts[] = {0, 1, 1000, 1024 * 1024 + 3};
-
 }  // namespace
 
 TEST_SUITE("cuda") {
   TEST_CASE_TEMPLATE(
       "device cast equals its host twin byte for byte" * doctest::skip(test::no_cuda_device()), T,
       float, double, squall::float16, squall::bfloat16) {
-    for (const std::size_t count : counts) {
+    for (const std::size_t count : test::device_test_counts) {
       check_cast<squall::float16, T>(count);
       check_cast<squall::bfloat16, T>(count);
     }

@@ -67,15 +67,13 @@ void check_feedback(const C& inner, std::size_t count) {
   }
 }
 
-constexpr std::size_t counts[] = {0, 1, 1000, 1024 * 1024 + 3};
-
 }  // namespace
 
 TEST_SUITE("cuda") {
   TEST_CASE_TEMPLATE(
       "device error feedback equals the host bit for bit" * doctest::skip(test::no_cuda_device()),
       T, float, double) {
-    for (const std::size_t count : counts) {
+    for (const std::size_t count : test::device_test_counts) {
       check_feedback<squall::cast_compressor<squall::float16>, T>({}, count);
       check_feedback<squall::topk_compressor, T>({.ratio = 0.01}, count);
       check_feedback<squall::randomk_compressor, T>({.ratio = 0.05, .seed = 3}, count);
@@ -86,7 +84,7 @@ TEST_SUITE("cuda") {
   TEST_CASE_TEMPLATE("device error feedback of 16-bit elements equals the host bit for bit" *
                          doctest::skip(test::no_cuda_device()),
                      T, squall::float16, squall::bfloat16) {
-    for (const std::size_t count : counts) {
+    for (const std::size_t count : test::device_test_counts) {
       check_feedback<squall::cast_compressor<squall::bfloat16>, T>({}, count);
       check_feedback<squall::cast_compressor<squall::float16>, T>({}, count);
     }

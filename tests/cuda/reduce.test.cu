@@ -42,15 +42,13 @@ void check_twin(Op op, std::size_t count) {
     REQUIRE(test::bits_of(got[i]) == test::bits_of(expected[i]));
 }
 
-constexpr std::size_t counts[] = {0, 1, 1000, 1024 * 1024 + 3};
-
 }  // namespace
 
 TEST_SUITE("cuda") {
   TEST_CASE_TEMPLATE(
       "device reduce_into equals the host twin bitwise" * doctest::skip(test::no_cuda_device()), T,
       SQUALL_TEST_ELEMENT_TYPES) {
-    for (const std::size_t count : counts) {
+    for (const std::size_t count : test::device_test_counts) {
       check_twin<T>(squall::sum_op{}, count);
       check_twin<T>(squall::min_op{}, count);
       check_twin<T>(squall::max_op{}, count);

@@ -120,8 +120,6 @@ void check_count_sketch(std::size_t count) {
   }
 }
 
-constexpr std::size_t counts[] = {0, 1, 1000, 1024 * 1024 + 3};
-
 // ---- PowerSGD --------------------------------------------------------------------------------
 
 /// |got - expected| <= eps_T |expected| + 2 n eps_double scale, entry by entry.
@@ -312,7 +310,7 @@ TEST_SUITE("cuda") {
   TEST_CASE_TEMPLATE("device count sketch: estimates bit for bit, sketch within reassociation" *
                          doctest::skip(test::no_cuda_device()),
                      T, float, double) {
-    for (const std::size_t count : counts) {
+    for (const std::size_t count : test::device_test_counts) {
       check_count_sketch<3, 4096, T>(count);
       check_count_sketch<5, 1024, T>(count);
       if (count <= 1000) check_count_sketch<1, 1, T>(count);
@@ -344,7 +342,7 @@ TEST_SUITE("cuda") {
   TEST_CASE_TEMPLATE("device PowerSGD equals the host within its documented tolerances" *
                          doctest::skip(test::no_cuda_device()),
                      T, float, double) {
-    for (const std::size_t count : counts) {
+    for (const std::size_t count : test::device_test_counts) {
       check_powersgd<T>(count, 1);
       check_powersgd<T>(count, 4);
     }

@@ -47,7 +47,6 @@ std::vector<T> make_data(data_kind kind, std::size_t count, std::uint64_t seed) 
   return out;
 }
 
-constexpr std::size_t counts[] = {0, 1, 1000, 1024 * 1024 + 3};
 constexpr data_kind kinds[] = {data_kind::ties, data_kind::continuous, data_kind::non_finite};
 
 /// A message the call throws (empty if none).
@@ -67,7 +66,7 @@ TEST_SUITE("cuda") {
   TEST_CASE_TEMPLATE(
       "device top-k equals its host twin byte for byte" * doctest::skip(test::no_cuda_device()), T,
       float, double) {
-    for (const std::size_t count : counts) {
+    for (const std::size_t count : test::device_test_counts) {
       for (const data_kind kind : kinds) {
         CAPTURE(count);
         CAPTURE(static_cast<int>(kind));
@@ -92,7 +91,7 @@ TEST_SUITE("cuda") {
   TEST_CASE_TEMPLATE("device random-k and threshold equal their host twins byte for byte" *
                          doctest::skip(test::no_cuda_device()),
                      T, float, double) {
-    for (const std::size_t count : counts) {
+    for (const std::size_t count : test::device_test_counts) {
       for (const data_kind kind : kinds) {
         CAPTURE(count);
         CAPTURE(static_cast<int>(kind));

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <vector>
 
@@ -50,5 +51,9 @@ class device_vector {
   T* data_ = nullptr;
   std::size_t count_;
 };
+
+/// The element counts the kernel tests try: empty, one, a small odd size, and a large one that
+/// is not a multiple of any block or tile.
+inline constexpr std::size_t device_test_counts[] = {0, 1, 1000, 1024 * 1024 + 3};
 
 }  // namespace squall::test
