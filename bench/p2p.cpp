@@ -2,13 +2,14 @@
 // squall-p2p: point-to-point latency and bandwidth, osu_latency / osu_bw style, of
 // shm_transport beside the MPI library's own path between the same two processes, in one run.
 //
-//   mpirun -n 2 squall-p2p [--iterations N]
+//   mpirun -n 2 squall-p2p [--iterations N] [--mpi-only]
 //
 // Latency: half the round trip of a ping-pong, averaged over N iterations after warm-up.
 // Bandwidth: rank 0 sends a window of 64 messages back to back, rank 1 answers with one byte
 // once all arrived; bytes / time. Both transports run on the same two ranks, alternating per
 // size, so the machine's noise hits them alike. shm_transport joins through the variables
-// mpiexec sets (shm_job::from_environment).
+// mpiexec sets (shm_job::from_environment). --mpi-only measures MPI alone: between two hosts
+// (scripts/cluster.sh), where it checks that the links' shaping limits MPI's traffic.
 #include <squall/transport/shm.hpp>
 
 #include <mpi.h>
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -122,8 +124,12 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int iterations = 2000;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--iterations") == 0) iterations = std::atoi(argv[i + 1]);
+  bool mpi_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc)
+      iterations = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--mpi-only") == 0)
+      mpi_only = true;
   }
   if (size != 2) {
     if (rank == 0) std::fprintf(stderr, "squall-p2p: run with exactly 2 ranks (mpirun -n 2)\n");
@@ -132,14 +138,19 @@ int main(int argc, char** argv) {
   }
   int status = 0;
   try {
-    squall::shm_transport transport;  // from Open MPI's / MPICH's local-rank variables
-    const shm_side shm{&transport};
+    std::optional<squall::shm_transport> transport;  // from the launcher's local-rank variables
+    if (!mpi_only) transport.emplace();
+    const shm_side shm{transport ? &*transport : nullptr};
     const mpi_side mpi{rank};
     const std::size_t sizes[] = {8, 4096, 65536, std::size_t{1} << 20, std::size_t{64} << 20};
     std::vector<std::byte> buf(std::size_t{64} << 20, std::byte{1});
     if (rank == 0) {
-      std::printf("%10s %12s %12s %8s %12s %12s %8s\n", "bytes", "shm_lat_us", "mpi_lat_us",
-                  "lat_x", "shm_bw_GBs", "mpi_bw_GBs", "bw_x");
+      if (mpi_only) {
+        std::printf("%10s %12s %12s %12s\n", "bytes", "mpi_lat_us", "mpi_bw_GBs", "mpi_bw_Gbits");
+      } else {
+        std::printf("%10s %12s %12s %8s %12s %12s %8s\n", "bytes", "shm_lat_us", "mpi_lat_us",
+                    "lat_x", "shm_bw_GBs", "mpi_bw_GBs", "bw_x");
+      }
     }
     for (const std::size_t bytes : sizes) {
       const int iters =
@@ -147,12 +158,15 @@ int main(int argc, char** argv) {
       const int rounds = bytes >= (std::size_t{16} << 20) ? 3 : 10;
       MPI_Barrier(MPI_COMM_WORLD);
       const double mpi_lat = latency_us(mpi, rank, buf, bytes, iters);
-      const double shm_lat = latency_us(shm, rank, buf, bytes, iters);
+      const double shm_lat = mpi_only ? 0 : latency_us(shm, rank, buf, bytes, iters);
       MPI_Barrier(MPI_COMM_WORLD);
       const std::size_t window_bytes = bytes >= (std::size_t{64} << 20) ? bytes / 8 : bytes;
       const double mpi_bw = bandwidth_gbs(mpi, rank, buf, window_bytes, rounds);
-      const double shm_bw = bandwidth_gbs(shm, rank, buf, window_bytes, rounds);
-      if (rank == 0) {
+      const double shm_bw = mpi_only ? 0 : bandwidth_gbs(shm, rank, buf, window_bytes, rounds);
+      if (rank == 0 && mpi_only) {
+        std::printf("%10zu %12.2f %12.3f %12.3f\n", bytes, mpi_lat, mpi_bw, mpi_bw * 8);
+        std::fflush(stdout);
+      } else if (rank == 0) {
         std::printf("%10zu %12.2f %12.2f %8.2f %12.2f %12.2f %8.2f\n", bytes, shm_lat, mpi_lat,
                     shm_lat / mpi_lat, shm_bw, mpi_bw, shm_bw / mpi_bw);
         std::fflush(stdout);
