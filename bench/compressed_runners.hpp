@@ -44,7 +44,8 @@ struct compressed_runner final : runner_base<float> {
   double across(double v, bool sum) override { return across_ranks(comm, j_, v, sum); }
   void barrier() override { comm.transport().barrier().wait(); }
   std::size_t block_offset(std::size_t count) const override { return comm.block_offset(count); }
-  std::uint64_t bytes_sent() const override { return comm.last_transfer().bytes_sent; }
+  squall::transfer_stats moved() const override { return comm.last_transfer(); }
+  squall::phase_split split() const override { return comm.last_split(); }
   void reset(std::size_t count) override { state = comm.template make_state<float>(count); }
 
   squall::communicator<Transport, Topology, C> comm;

@@ -9,6 +9,7 @@
 //                [--peer-memory BYTES] [--no-check] [--calibrate] [--csv FILE] [--json FILE]
 //                [--compressor none|cast:bf16|topk:0.01+ef|qsgd:4|powersgd:4|...[,..]]
 //                [--aggregation automatic|linear|low_rank|per_hop|gtopk|gather]
+//                [--link-rate 1gbit]
 //
 // --chunk and --peer-memory override collective_tuning's chunk_bytes and peer_memory_bytes.
 // --calibrate measures automatic's cost model before its rows (communicator::calibrate, 4 KiB
@@ -21,7 +22,13 @@
 // dense allreduce's bytes over these (compression ratio) and ||result - exact|| / ||exact||
 // of a first call from a fresh state (rel_error), in place of #wrong. --aggregation sets
 // collective_tuning::aggregation of every compressor without its own @aggregation (one that
-// the compressor does not allow is refused, naming it).
+// the compressor does not allow is refused, naming it). A compressed row also splits its time
+// into encode, transfer and decode (communicator::last_split; the ranks' mean).
+//
+// --link-rate R (bits per second each way, tc's units: 100mbit, 1gbit, 10gbit; or a plain
+// number) adds to every row the wire-time bound, the most bytes any rank sent or received
+// in one call over R, and the fraction of it reached (bound / time): for one rank per host
+// on links of rate R (scripts/cluster.sh).
 //
 // It starts its own P ranks: when MPI is built it re-runs itself under mpiexec (so the same
 // processes can time MPI's collective), else it forks them (squall::launch) and the MPI
@@ -76,7 +83,7 @@ const std::vector<std::string> all_topologies = {
       "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
       "[--chunk BYTES] [--peer-memory BYTES] [--no-check] [--calibrate] [--csv FILE] [--json FILE] "
       "[--compressor NAME[:PARAMETER][+ef][@ALGORITHM][,...]] (%s) "
-      "[--aggregation automatic|linear|low_rank|per_hop|gtopk|gather]\n",
+      "[--aggregation automatic|linear|low_rank|per_hop|gtopk|gather] [--link-rate 1gbit]\n",
       why.c_str(), squall::compressor_usage().c_str());
   std::exit(2);
 }
@@ -110,6 +117,25 @@ std::size_t parse_size(const std::string& text) {
     usage("bad size '" + text + "'");
   if (end == text.c_str() || !(v >= 0)) usage("bad size '" + text + "'");
   return static_cast<std::size_t>(v * static_cast<double>(scale));
+}
+
+// A link rate in bits per second: a number with tc's unit (kbit, mbit, gbit; 1000-based) or
+// none.
+double parse_rate(const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  const std::string unit(end);
+  double scale = 1;
+  if (unit == "kbit")
+    scale = 1e3;
+  else if (unit == "mbit")
+    scale = 1e6;
+  else if (unit == "gbit")
+    scale = 1e9;
+  else if (!unit.empty())
+    usage("bad link rate '" + text + "' (e.g. 100mbit, 1gbit, 10gbit)");
+  if (end == text.c_str() || !(v > 0)) usage("bad link rate '" + text + "'");
+  return v * scale;
 }
 
 settings parse(int argc, char** argv) {
@@ -150,6 +176,8 @@ settings parse(int argc, char** argv) {
       s.check = false;
     else if (a == "--calibrate")
       s.calibrate = true;
+    else if (a == "--link-rate")
+      s.link_bits = parse_rate(value());
     else if (a == "--csv")
       s.csv = value();
     else if (a == "--json")
@@ -268,7 +296,7 @@ struct runner final : runner_base<T> {
   double across(double v, bool sum) override { return across_ranks(comm, j_, v, sum); }
   void barrier() override { comm.transport().barrier().wait(); }
   std::size_t block_offset(std::size_t count) const override { return comm.block_offset(count); }
-  std::uint64_t bytes_sent() const override { return comm.last_transfer().bytes_sent; }
+  squall::transfer_stats moved() const override { return comm.last_transfer(); }
 
   squall::communicator<Transport, Topology> comm;
   const settings& s_;
@@ -427,6 +455,18 @@ std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string&
   }
   auto r = std::make_unique<runner<Transport, Topology, T>>(name, make_transport(job_name), s_, j_,
                                                             opts, tuning);
+  if constexpr (std::is_same_v<Topology, squall::hierarchical_topology<>>) {
+    // the nodes the communicator found (host names, or SQUALL_RANKS_PER_NODE)
+    const std::vector<int>& node_of = r->comm.topology().node_of;
+    if (j_.rank == 0 && index == 0) {
+      std::vector<int> distinct = node_of;
+      std::sort(distinct.begin(), distinct.end());
+      const auto nodes = std::unique(distinct.begin(), distinct.end()) - distinct.begin();
+      std::printf("# hierarchical: %d nodes, node of each rank:", static_cast<int>(nodes));
+      for (const int n : node_of) std::printf(" %d", n);
+      std::printf("\n");
+    }
+  }
   if constexpr (std::is_same_v<Topology, squall::automatic_topology>) {
     // The model automatic chooses from: each candidate's measured time per size, or the
     // transport's link costs.
@@ -459,7 +499,7 @@ void bench<Transport>::first_call(runner_base<T>& run, std::vector<T>& in, std::
   const int p = j_.size;
   run.reset(count);
   run.call(in, out, count);
-  r.wire_bytes = run.across(static_cast<double>(run.bytes_sent()), false);
+  r.wire_bytes = run.across(static_cast<double>(run.moved().bytes_sent), false);
   // every rank hashes its result; rank 0 alone (all hold the same bits, checked below)
   // recomputes the exact sum
   double error = 0;
@@ -502,15 +542,33 @@ row bench<Transport>::measure(runner_base<T>& run, const compressor_spec& spec, 
   }
   for (int w = 0; w < s_.warmup; ++w) run.call(in, out, count);
   run.barrier();
+  squall::phase_split spent;
   const auto start = clock_type::now();
-  for (int it = 0; it < iters; ++it) run.call(in, out, count);
+  for (int it = 0; it < iters; ++it) {
+    run.call(in, out, count);
+    const squall::phase_split last = run.split();
+    spent.encode += last.encode;
+    spent.transfer += last.transfer;
+    spent.decode += last.decode;
+  }
   const double mine = std::chrono::duration<double>(clock_type::now() - start).count() / iters;
   const double t = run.across(mine, false);
+  const squall::transfer_stats moved = run.moved();
   if (!s_.compressed()) {
     const std::size_t offset = s_.op == "reduce_scatter" ? run.block_offset(count) : 0;
     r.wrong = static_cast<long>(
         run.across(static_cast<double>(count_wrong(in, out, count, offset)), true));
-    r.wire_bytes = run.across(static_cast<double>(run.bytes_sent()), false);
+    r.wire_bytes = run.across(static_cast<double>(moved.bytes_sent), false);
+  } else if (!spec.dense()) {
+    const double per_call_us = 1e6 / iters / p;  // the ranks' mean of the per-call mean
+    r.encode_us = run.across(spent.encode, true) * per_call_us;
+    r.transfer_us = run.across(spent.transfer, true) * per_call_us;
+    r.decode_us = run.across(spent.decode, true) * per_call_us;
+  }
+  if (s_.link_bits > 0) {
+    const double most =
+        run.across(static_cast<double>(std::max(moved.bytes_sent, moved.bytes_received)), false);
+    r.bound_us = most * 8 / s_.link_bits * 1e6;
   }
   r.topology = run.label(count * sizeof(T));
   r.bytes = bytes;
@@ -538,9 +596,15 @@ row bench<Transport>::measure(runner_base<T>& run, const compressor_spec& spec, 
                   s_.dtype.c_str(), r.topology.c_str(), r.time_us, r.algbw, r.busbw, r.wrong);
     }
     if (r.mpi_us > 0)
-      std::printf(" %11.1f %9.2f %8.2f\n", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
+      std::printf(" %11.1f %9.2f %8.2f", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
     else
-      std::printf(" %11s %9s %8s\n", "-", "-", "-");
+      std::printf(" %11s %9s %8s", "-", "-", "-");
+    if (s_.link_bits > 0) std::printf(" %11.1f %7.1f", r.bound_us, 100 * r.bound_us / r.time_us);
+    if (r.encode_us >= 0)
+      std::printf(" %10.1f %10.1f %10.1f", r.encode_us, r.transfer_us, r.decode_us);
+    else if (s_.compressed())
+      std::printf(" %10s %10s %10s", "-", "-", "-");
+    std::printf("\n");
     std::fflush(stdout);
   }
   return r;
@@ -581,13 +645,22 @@ std::vector<row> bench<Transport>::run() {
   }
   if (j_.rank == 0) {
     if (s_.compressed()) {
-      std::printf("# %10s %12s %16s %28s %11s %8s %8s %10s %13s %8s %6s %11s %9s %8s\n", "size",
+      std::printf("# %10s %12s %16s %28s %11s %8s %8s %10s %13s %8s %6s %11s %9s %8s", "size",
                   "count", "compressor", "topology", "time_us", "algbw", "busbw", "rel_err",
                   "wire_bytes", "ratio", "#wrong", "mpi_us", "mpi_busbw", "speedup");
     } else {
-      std::printf("# %10s %12s %9s %28s %11s %8s %8s %7s %11s %9s %8s\n", "size", "count", "type",
+      std::printf("# %10s %12s %9s %28s %11s %8s %8s %7s %11s %9s %8s", "size", "count", "type",
                   "topology", "time_us", "algbw", "busbw", "#wrong", "mpi_us", "mpi_busbw",
                   "speedup");
+    }
+    if (s_.link_bits > 0) std::printf(" %11s %7s", "bound_us", "%bound");
+    if (s_.compressed()) std::printf(" %10s %10s %10s", "encode_us", "xfer_us", "decode_us");
+    std::printf("\n");
+    if (s_.link_bits > 0) {
+      std::printf(
+          "# link rate %.3g Gbit/s each way: bound_us = the most bytes a rank sent or "
+          "received / rate\n",
+          s_.link_bits / 1e9);
     }
     std::fflush(stdout);
   }
@@ -649,7 +722,7 @@ void write_files(const settings& s, const job& j, const std::vector<row>& rows) 
     std::fprintf(f,
                  "op,transport,topology,compressor,dtype,ranks,size_bytes,count,time_us,algbw_gbs,"
                  "busbw_gbs,wrong,mpi_time_us,mpi_busbw_gbs,speedup_vs_mpi,wire_bytes_per_rank,"
-                 "compression_ratio,rel_error\n");
+                 "compression_ratio,rel_error,wire_bound_us,encode_us,transfer_us,decode_us\n");
     for (const row& r : rows) {
       std::fprintf(f, "%s,%s,%s,%s,%s,%d,%zu,%zu,%.3f,%.4f,%.4f,%ld,", s.op.c_str(),
                    s.transport.c_str(), r.topology.c_str(), r.compressor.c_str(), s.dtype.c_str(),
@@ -658,9 +731,13 @@ void write_files(const settings& s, const job& j, const std::vector<row>& rows) 
         std::fprintf(f, "%.3f,%.4f,%.4f,", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
       else
         std::fprintf(f, ",,,");
-      std::fprintf(f, "%s,%s,%s\n", optional_number(r.wire_bytes, "%.0f").c_str(),
+      std::fprintf(f, "%s,%s,%s,%s,%s,%s,%s\n", optional_number(r.wire_bytes, "%.0f").c_str(),
                    optional_number(r.compression_ratio, "%.3f").c_str(),
-                   optional_number(r.rel_error, "%.6g").c_str());
+                   optional_number(r.rel_error, "%.6g").c_str(),
+                   optional_number(r.bound_us, "%.3f").c_str(),
+                   optional_number(r.encode_us, "%.3f").c_str(),
+                   optional_number(r.transfer_us, "%.3f").c_str(),
+                   optional_number(r.decode_us, "%.3f").c_str());
     }
     std::fclose(f);
   }
@@ -681,11 +758,14 @@ void write_files(const settings& s, const job& j, const std::vector<row>& rows) 
                    "%s\n  {\"topology\": \"%s\", \"compressor\": \"%s\", \"size_bytes\": %zu, "
                    "\"count\": %zu, \"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, "
                    "\"wrong\": %ld, \"wire_bytes_per_rank\": %s, \"compression_ratio\": %s, "
-                   "\"rel_error\": %s, ",
+                   "\"rel_error\": %s, \"wire_bound_us\": %s, \"encode_us\": %s, "
+                   "\"transfer_us\": %s, \"decode_us\": %s, ",
                    i == 0 ? "" : ",", r.topology.c_str(), r.compressor.c_str(), r.bytes, r.count,
                    r.time_us, r.algbw, r.busbw, r.wrong, or_null(r.wire_bytes, "%.0f").c_str(),
                    or_null(r.compression_ratio, "%.3f").c_str(),
-                   or_null(r.rel_error, "%.6g").c_str());
+                   or_null(r.rel_error, "%.6g").c_str(), or_null(r.bound_us, "%.3f").c_str(),
+                   or_null(r.encode_us, "%.3f").c_str(), or_null(r.transfer_us, "%.3f").c_str(),
+                   or_null(r.decode_us, "%.3f").c_str());
       if (r.mpi_us > 0) {
         std::fprintf(f, "\"mpi_time_us\": %.3f, \"mpi_busbw_gbs\": %.4f, \"speedup_vs_mpi\": %.4f}",
                      r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);

@@ -45,6 +45,7 @@ struct settings {
   std::size_t peer_memory = 0;  // 0: the default collective_tuning
   bool check = true;
   bool calibrate = false;  // automatic: measure its model first (communicator::calibrate)
+  double link_bits = 0;    // --link-rate: bits per second each way of a rank's link; 0: none
   std::string csv;
   std::string json;
   bool compressed() const { return !compressors.empty(); }
@@ -77,6 +78,13 @@ struct row {
   double wire_bytes = -1;  // < 0: not measured
   double compression_ratio = -1;
   double rel_error = -1;
+  // with --link-rate: the wire-time bound, the most bytes any rank sent or received in one
+  // call over the link's rate
+  double bound_us = -1;
+  // compressed runs: communicator::last_split, the ranks' mean over the timed calls
+  double encode_us = -1;
+  double transfer_us = -1;
+  double decode_us = -1;
 };
 
 /// One communicator (one topology, one compressor) and what the benchmark asks of it.
@@ -91,8 +99,10 @@ struct runner_base {
   virtual double across(double v, bool sum) = 0;
   virtual void barrier() = 0;
   virtual std::size_t block_offset(std::size_t count) const = 0;
-  /// The bytes this rank sent in its last call.
-  virtual std::uint64_t bytes_sent() const = 0;
+  /// The bytes this rank sent and received in its last call.
+  virtual squall::transfer_stats moved() const = 0;
+  /// Where a compressed runner's last call spent its time (zeros for a dense one).
+  virtual squall::phase_split split() const { return {}; }
   /// Forgets what the calls so far left behind (a compressed runner's state: error-feedback
   /// residual, PowerSGD's Q, the step), so the next call starts as a first one.
   virtual void reset(std::size_t count) { (void)count; }

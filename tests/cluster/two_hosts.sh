@@ -3,8 +3,9 @@
 # ctest cluster.two_hosts: scripts/cluster.sh end to end (issue 16). Brings up 2 emulated hosts
 # on 200 Mbit/s links, checks that every rank runs on its own host name and that both ends of
 # every link are shaped, runs squall-bench over MPI across the hosts (2 ranks per host: every
-# topology, hierarchical with shared memory inside a host, each result checked, beside
-# MPI_Allreduce; the bench exits non-zero on a wrong result), then tears the hosts down and
+# topology, hierarchical with shared memory inside a host and the two hosts found by name,
+# each result checked, beside MPI_Allreduce; the bench exits non-zero on a wrong result),
+# then tears the hosts down and
 # checks that nothing stays behind: also after an interrupted run and after an `up` that fails
 # half way. Exit 77 (skipped) where it is not root, or namespaces or Open MPI are missing.
 #   two_hosts.sh SQUALL_BENCH
@@ -51,9 +52,14 @@ for i in 0 1; do
   ip netns exec sqct-sw tc qdisc show dev "p$i" | grep -q 'tbf .*rate 200Mbit' ||
     fail "host $i receives unshaped"
 done
-# squall across the hosts, every topology, 2 ranks per host
-"$cluster" run -n 4 --per-host 2 "$bench" --transport mpi -b 1K -e 64K -f 8 --iters 3 \
-  --warmup 1 || fail "squall-bench across the hosts"
+# squall across the hosts, every topology, 2 ranks per host; messages between the hosts travel
+# in 32 KiB pieces (mpi_transport's network pieces), within a host whole; hierarchical's node
+# discovery finds the two hosts by name: ranks 0, 1 on host 0 and 2, 3 on host 1
+out=$("$cluster" run -n 4 --per-host 2 "$bench" --transport mpi -b 1K -e 512K -f 8 --iters 3 \
+  --warmup 1) || fail "squall-bench across the hosts: $out"
+echo "$out"
+echo "$out" | grep -q '^# hierarchical: 2 nodes, node of each rank: 0 0 2 2$' ||
+  fail "node discovery did not find the two hosts"
 # an interrupted run leaves no process once the cluster is down
 "$cluster" run -n 2 sleep 31.5 &
 runner=$!

@@ -13,7 +13,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>  // printf
+#include <cstdio>   // printf
+#include <cstdlib>  // setenv, unsetenv
 #include <memory>
 #include <string>
 #include <thread>   // sleep_for
@@ -151,6 +152,46 @@ TEST_SUITE("mpi_transport") {
     CHECK(moved.rank() == world_rank);
     CHECK(t.comm() == MPI_COMM_NULL);  // NOLINT(bugprone-use-after-move): documented state
     moved.barrier().wait();
+  }
+
+  TEST_CASE("ranks on other nodes (by host name) get network pieces; bad piece sizes refused") {
+    squall::mpi_transport t(MPI_COMM_WORLD, test_options());
+    // the reference: every rank's processor name (its host name under Open MPI and MPICH)
+    std::vector<char> names(static_cast<std::size_t>(t.size()) * MPI_MAX_PROCESSOR_NAME);
+    std::vector<char> mine(MPI_MAX_PROCESSOR_NAME);
+    int length = 0;
+    MPI_Get_processor_name(mine.data(), &length);
+    MPI_Allgather(mine.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
+                  MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
+    for (int q = 0; q < t.size(); ++q) {
+      CAPTURE(q);
+      const bool same =
+          std::string(names.data() + static_cast<std::size_t>(q) * MPI_MAX_PROCESSOR_NAME) ==
+          std::string(mine.data());
+      CHECK(t.remote(q) == !same);
+      CHECK(t.piece_bytes(q) == (same ? squall::mpi_transport::max_piece_bytes
+                                      : squall::detail::mpi_network_piece_bytes));
+    }
+    CHECK(squall::detail::mpi_network_tag(0) == 1);
+    CHECK(squall::detail::mpi_network_tag(32749 + 5) == 6);
+    // every rank refuses alike, before any collective call
+    for (const char* bad : {"12k", "100", "-1", "", "2000000000"}) {
+      CAPTURE(bad);
+      setenv(squall::detail::mpi_piece_env_var, bad, 1);
+      CHECK_THROWS_WITH_AS(squall::mpi_transport(MPI_COMM_WORLD, test_options()),
+                           doctest::Contains("SQUALL_MPI_PIECE_BYTES"), squall::invalid_argument);
+    }
+    setenv(squall::detail::mpi_piece_env_var, "0", 1);
+    {
+      squall::mpi_transport whole(MPI_COMM_WORLD, test_options());
+      for (int q = 0; q < whole.size(); ++q) {
+        CHECK(whole.piece_bytes(q) == squall::mpi_transport::max_piece_bytes);
+      }
+    }
+    unsetenv(squall::detail::mpi_piece_env_var);
+    CHECK_THROWS_AS(
+        squall::mpi_transport(MPI_COMM_WORLD, test_options(), (std::size_t{1} << 30) + 1),
+        squall::invalid_argument);
   }
 
   TEST_CASE("ping-pong between ranks 0 and 1, 0 bytes to 256 MiB") {

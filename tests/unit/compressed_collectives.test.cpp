@@ -26,6 +26,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
@@ -806,6 +807,58 @@ TEST_SUITE("compressed_collectives") {
         const std::uint64_t addresses = through_memory ? 16 * up * (up - 1) : 0;
         CHECK(all_sent == 2 * (up - 1) * 4 * count + addresses);
         CHECK(all_received == all_sent);
+      }
+    }
+  }
+
+  TEST_CASE_TEMPLATE("phase split: each phase its algorithm has, adding up to within the call", C,
+                     squall::int8_compressor, squall::cast_compressor<squall::bfloat16>,
+                     squall::powersgd_compressor, squall::topk_compressor) {
+    // gather (int8 asked to gather), linear (cast), low_rank (powersgd) and gtopk (topk)
+    // mark encode, transfer and decode; per-hop requantization (int8 by default on a ring)
+    // counts all of its hops as transfer. Each call's split is its own (reset per call).
+    using clock = std::chrono::steady_clock;
+    const std::size_t count = 1 << 14;
+    for (const bool per_hop : {false, true}) {
+      if (per_hop && !std::same_as<C, squall::int8_compressor>) continue;
+      CAPTURE(per_hop);
+      squall::collective_tuning tuning = messages_only;
+      if constexpr (std::same_as<C, squall::topk_compressor>)
+        tuning.aggregation = squall::aggregation::gtopk;
+      if constexpr (std::same_as<C, squall::int8_compressor>) {
+        tuning.aggregation = per_hop ? squall::aggregation::per_hop : squall::aggregation::gather;
+      }
+      std::vector<std::vector<squall::phase_split>> splits(2);
+      std::vector<std::vector<double>> walls(2);
+      run_ranks(2, [&](inproc_transport& t) {
+        const int r = t.rank();
+        squall::communicator<inproc_transport, squall::ring_topology, C> comm(std::move(t), {}, C{},
+                                                                              {}, tuning);
+        auto state = comm.template make_state<float>(count);
+        CHECK(comm.last_split().encode + comm.last_split().transfer + comm.last_split().decode ==
+              0.0);
+        for (int step = 0; step < 2; ++step) {
+          std::vector<float> data = random_input(r, step, count);
+          const auto start = clock::now();
+          comm.allreduce(squall::host_view<float>(data), state);
+          walls[static_cast<std::size_t>(r)].push_back(
+              std::chrono::duration<double>(clock::now() - start).count());
+          splits[static_cast<std::size_t>(r)].push_back(comm.last_split());
+        }
+      });
+      for (std::size_t r = 0; r < 2; ++r) {
+        for (std::size_t step = 0; step < 2; ++step) {
+          CAPTURE(r);
+          CAPTURE(step);
+          const squall::phase_split& s = splits[r][step];
+          CHECK(s.encode + s.transfer + s.decode <= walls[r][step]);
+          CHECK(s.transfer > 0);
+          CHECK(s.decode > 0);  // at least the final scaling's check
+          if (per_hop)
+            CHECK(s.encode == 0.0);
+          else
+            CHECK(s.encode > 0);
+        }
       }
     }
   }

@@ -138,6 +138,9 @@ class communicator {
 
   /// The bytes this rank moved in its last collective (counted from its start).
   transfer_stats last_transfer() const { return dense_.last_transfer(); }
+  /// Where this rank's last compressed allreduce or allgather spent its time: encode,
+  /// transfer, decode (`phase_split`; zeros before the first).
+  phase_split last_split() const { return workspace_.clock.split(); }
 
   /// The schedule an allreduce of `bytes` runs: the topology's name, or
   /// "automatic:<chosen>" for `automatic_topology`.
@@ -199,9 +202,11 @@ class communicator {
     const squall::aggregation how = aggregation();
     dense_.begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count(),
                       static_cast<int>(state.step() & 0x7fffffff), how);
+    workspace_.clock.start();
     detail::compressed_allreduce(how, dense_.core(), compressor_, workspace_, data, state);
     detail::dispatch::finalize_on(backend(), op, data, static_cast<std::size_t>(size()));
     backend().synchronize();
+    workspace_.clock.mark(detail::phase::decode);
     state.advance();
   }
 
@@ -253,9 +258,11 @@ class communicator {
     require_state("compressed allgather", state.count(), count, "blocks");
     dense_.begin_call(collective::allgather, dtype_of<T>, "", count,
                       static_cast<int>(state.step() & 0x7fffffff), aggregation::gather);
+    workspace_.clock.start();
     detail::compressed_allgather(dense_.core(), compressor_, workspace_.payload, workspace_.gather,
-                                 in, out, state);
+                                 in, out, state, workspace_.clock);
     backend().synchronize();
+    workspace_.clock.mark(detail::phase::decode);
     state.advance();
   }
 

@@ -9,6 +9,7 @@
 #include <squall/algorithm/compressed/lowrank.hpp>
 #include <squall/algorithm/compressed/payload.hpp>
 #include <squall/algorithm/compressed/per_hop.hpp>
+#include <squall/algorithm/compressed/phases.hpp>
 #include <squall/algorithm/compressed/sparse_merge.hpp>
 #include <squall/compress/linear_body.hpp>
 #include <squall/compress/state.hpp>
@@ -32,6 +33,7 @@ struct compressed_workspace {
   lowrank_workspace<Backend> lowrank;
   requantize_buffers<Backend> per_hop;
   gtopk_workspace<Backend> sparse_merge;
+  phase_clock clock;  ///< the last call's split (communicator::last_split)
 };
 
 /// The aggregation a compressed allreduce runs, for a compressor (`compressor`) that allows
@@ -105,7 +107,7 @@ void compressed_allreduce(aggregation how, Dense& dense, const C& c,
   switch (how) {
     case aggregation::low_rank:
       if constexpr (allowed.contains(aggregation::low_rank)) {
-        lowrank_allreduce(dense, c, w.lowrank, w.payload, data, state);
+        lowrank_allreduce(dense, c, w.lowrank, w.payload, data, state, w.clock);
         return;
       }
       break;
@@ -113,25 +115,25 @@ void compressed_allreduce(aggregation how, Dense& dense, const C& c,
       // without a linear_body, aggregation_of's static_assert has said so: no second error
       if constexpr (allowed.contains(aggregation::linear) &&
                     has_linear_body<inner_compressor_t<C>>) {
-        linear_allreduce(dense, c, w.payload, data, state);
+        linear_allreduce(dense, c, w.payload, data, state, w.clock);
         return;
       }
       break;
     case aggregation::per_hop:
       if constexpr (allowed.contains(aggregation::per_hop) && !Dense::staged) {
-        per_hop_allreduce(dense, c, w.per_hop, data, state);
+        per_hop_allreduce(dense, c, w.per_hop, data, state, w.clock);
         return;
       }
       break;
     case aggregation::gtopk:
       if constexpr (allowed.contains(aggregation::gtopk) && !Dense::staged) {
-        sparse_merge_allreduce(dense, c, w.payload, w.sparse_merge, data, state);
+        sparse_merge_allreduce(dense, c, w.payload, w.sparse_merge, data, state, w.clock);
         return;
       }
       break;
     case aggregation::gather:
       if constexpr (allowed.contains(aggregation::gather)) {
-        gather_allreduce(dense, c, w.payload, w.gather, data, state);
+        gather_allreduce(dense, c, w.payload, w.gather, data, state, w.clock);
         return;
       }
       break;

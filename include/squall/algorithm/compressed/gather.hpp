@@ -8,6 +8,7 @@
 /// compressed allgather.
 
 #include <squall/algorithm/compressed/payload.hpp>
+#include <squall/algorithm/compressed/phases.hpp>
 #include <squall/algorithm/detail/scratch.hpp>
 #include <squall/backend/dispatch.hpp>
 #include <squall/compress/state.hpp>
@@ -65,15 +66,18 @@ template <class Dense, class C, class T>
 void gather_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense::backend_type>& pw,
                       gather_workspace<typename Dense::backend_type>& w,
                       buffer_view<T, typename Dense::memory_space> data,
-                      compression_state<C, T, typename Dense::backend_type>& state) {
+                      compression_state<C, T, typename Dense::backend_type>& state,
+                      phase_clock& clock) {
   using M = typename Dense::memory_space;
   const auto& b = dense.backend();
   const std::size_t count = data.count();
   const auto p = static_cast<std::size_t>(dense.size());
   const std::size_t bytes =
       encode_payload(b, c, pw, dense.rank(), buffer_view<const T, M>(data), state);
+  clock.mark(phase::encode);
   const std::size_t stride =
       gather_payloads<inner_compressor_t<C>>(dense, w, pw.payload.data(), bytes);
+  clock.mark(phase::transfer);
   const buffer_view<T, M> decoded = pw.decoded.template elements<T>(b, count);
   if constexpr (compression_traits<C>::majority_vote) {
     const auto votes = w.votes.template elements<std::int32_t>(b, count);
@@ -98,12 +102,15 @@ void compressed_allgather(Dense& dense, const C& c,
                           gather_workspace<typename Dense::backend_type>& w,
                           buffer_view<const T, typename Dense::memory_space> in,
                           buffer_view<T, typename Dense::memory_space> out,
-                          compression_state<C, T, typename Dense::backend_type>& state) {
+                          compression_state<C, T, typename Dense::backend_type>& state,
+                          phase_clock& clock) {
   const auto& b = dense.backend();
   const std::size_t count = in.count();
   const std::size_t bytes = encode_payload(b, c, pw, dense.rank(), in, state);
+  clock.mark(phase::encode);
   const std::size_t stride =
       gather_payloads<inner_compressor_t<C>>(dense, w, pw.payload.data(), bytes);
+  clock.mark(phase::transfer);
   for (std::size_t q = 0; q < static_cast<std::size_t>(dense.size()); ++q) {
     c.decode(b, gathered_payload(w, stride, q), out.subview(q * count, count));
   }

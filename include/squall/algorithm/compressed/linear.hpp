@@ -4,6 +4,7 @@
 /// so their bodies are reduced through the topology's own allreduce schedule.
 
 #include <squall/algorithm/compressed/payload.hpp>
+#include <squall/algorithm/compressed/phases.hpp>
 #include <squall/compress/linear_body.hpp>
 #include <squall/compress/state.hpp>
 #include <squall/core/buffer.hpp>
@@ -33,7 +34,8 @@ struct linear_pairing {
 template <class Dense, class C, class T>
 void linear_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense::backend_type>& w,
                       buffer_view<T, typename Dense::memory_space> data,
-                      compression_state<C, T, typename Dense::backend_type>& state) {
+                      compression_state<C, T, typename Dense::backend_type>& state,
+                      phase_clock& clock) {
   using Inner = inner_compressor_t<C>;
   using E = typename linear_body<Inner>::template element<T>;
   using M = typename Dense::memory_space;
@@ -41,12 +43,14 @@ void linear_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense
   const linear_body_range body = linear_body<Inner>::template of<T>(inner_of(c), data.count());
   const std::size_t bytes =
       encode_payload(b, c, w, dense.rank(), buffer_view<const T, M>(data), state);
+  clock.mark(phase::encode);
   if (body.offset > bytes || body.count > (bytes - body.offset) / sizeof(E)) {
     throw error(make_error_code(errc::internal), {.operation = "compressed allreduce"},
                 "a payload of " + std::to_string(bytes) + " bytes has no body of " +
                     std::to_string(body.count) + " elements at " + std::to_string(body.offset));
   }
   dense.sum_in_place(reinterpret_cast<E*>(w.payload.data() + body.offset), body.count);
+  clock.mark(phase::transfer);
   c.decode(b, buffer_view<const std::byte, M>(w.payload.data(), bytes), data);
 }
 

@@ -6,6 +6,7 @@
 /// (compress/traits.hpp says what is called).
 
 #include <squall/algorithm/compressed/payload.hpp>
+#include <squall/algorithm/compressed/phases.hpp>
 #include <squall/algorithm/detail/scratch.hpp>
 #include <squall/backend/dispatch.hpp>
 #include <squall/compress/sketch.hpp>
@@ -37,7 +38,8 @@ void lowrank_allreduce(Dense& dense, const C& compressor,
                        lowrank_workspace<typename Dense::backend_type>& w,
                        payload_workspace<typename Dense::backend_type>& scratch,
                        buffer_view<T, typename Dense::memory_space> data,
-                       compression_state<C, T, typename Dense::backend_type>& state) {
+                       compression_state<C, T, typename Dense::backend_type>& state,
+                       phase_clock& clock) {
   using M = typename Dense::memory_space;
   using view = buffer_view<T, M>;
   using const_view = buffer_view<const T, M>;
@@ -75,11 +77,15 @@ void lowrank_allreduce(Dense& dense, const C& compressor,
     matrix = const_view(residual);
   }
   c.multiply(b, matrix, const_view(q), p);
+  clock.mark(phase::encode);
   dense.sum_in_place(p.data(), p_count);
+  clock.mark(phase::transfer);
   c.orthogonalize(b, p);
   c.multiply_transposed(b, matrix, const_view(p), mine);
   dispatch::copy_on(b, q, const_view(mine));
+  clock.mark(phase::encode);
   dense.sum_in_place(q.data(), q_count);
+  clock.mark(phase::transfer);
   if constexpr (is_error_feedback<C>) {
     const view share = scratch.decoded.template elements<T>(b, count);
     c.decompress(b, const_view(p), const_view(mine), share);

@@ -3,6 +3,7 @@
 /// Per-hop requantization on the ring or tree (CGX): decode, add and re-encode at every hop;
 /// the hops themselves are in algorithm/detail/requantize.hpp.
 
+#include <squall/algorithm/compressed/phases.hpp>
 #include <squall/algorithm/detail/requantize.hpp>
 #include <squall/compress/state.hpp>
 #include <squall/core/buffer.hpp>
@@ -11,11 +12,13 @@ namespace squall::detail {
 
 /// Walks the topology's own allreduce schedule for the payload's bytes (`per_hop_runs` allows
 /// topologies declaring `per_hop_schedule`); error feedback through the state's residual.
+/// Encoding and decoding happen at every hop, between messages: all of it counts as transfer.
 template <class Dense, class C, class T>
 void per_hop_allreduce(Dense& dense, const C& c,
                        requantize_buffers<typename Dense::backend_type>& w,
                        buffer_view<T, typename Dense::memory_space> data,
-                       compression_state<C, T, typename Dense::backend_type>& state) {
+                       compression_state<C, T, typename Dense::backend_type>& state,
+                       phase_clock& clock) {
   using Transport = typename Dense::transport_type;
   using Backend = typename Dense::backend_type;
   dense.settle();
@@ -30,6 +33,7 @@ void per_hop_allreduce(Dense& dense, const C& c,
     return dense.schedules().allreduce_schedule(rank, dense.size(), bytes);
   };
   hops.walk(schedule_of(dense.rank()), schedule_of, data.data(), data.count());
+  clock.mark(phase::transfer);
 }
 
 }  // namespace squall::detail

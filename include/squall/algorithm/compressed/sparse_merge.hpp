@@ -4,6 +4,7 @@
 /// keeping the k largest sums, the global set broadcast down (algorithm/detail/gtopk.hpp).
 
 #include <squall/algorithm/compressed/payload.hpp>
+#include <squall/algorithm/compressed/phases.hpp>
 #include <squall/algorithm/detail/gtopk.hpp>
 #include <squall/compress/state.hpp>
 #include <squall/core/buffer.hpp>
@@ -13,17 +14,20 @@
 namespace squall::detail {
 
 // step 0: encode (through error feedback); step 1: merge the sparse sets up a tree to rank 0
-// keeping the k largest, broadcast G back down; data = G.
+// keeping the k largest, broadcast G back down; data = G (the merges and writing G count as
+// transfer).
 template <class Dense, class C, class T>
 void sparse_merge_allreduce(Dense& dense, const C& c,
                             payload_workspace<typename Dense::backend_type>& pw,
                             gtopk_workspace<typename Dense::backend_type>& w,
                             buffer_view<T, typename Dense::memory_space> data,
-                            compression_state<C, T, typename Dense::backend_type>& state) {
+                            compression_state<C, T, typename Dense::backend_type>& state,
+                            phase_clock& clock) {
   using M = typename Dense::memory_space;
   const auto& b = dense.backend();
   const std::size_t bytes =
       encode_payload(b, c, pw, dense.rank(), buffer_view<const T, M>(data), state);
+  clock.mark(phase::encode);
   dense.settle();
   buffer_view<T, M> residual;
   if constexpr (is_error_feedback<C>) {
@@ -35,6 +39,7 @@ void sparse_merge_allreduce(Dense& dense, const C& c,
   }
   gtopk_allreduce(dense.wire(), b, buffer_view<const std::byte, M>(pw.payload.data(), bytes), cap,
                   data, residual, w);
+  clock.mark(phase::transfer);
 }
 
 }  // namespace squall::detail
