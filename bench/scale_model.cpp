@@ -11,7 +11,8 @@
 //       the model is told, not what it predicts), so predicted against measured is the
 //       schedule's part of the time.
 //   squall-scale-model --paper [--rate 1gbit] [--ranks 8,16,32] [--density 0.001]
-//       [--encode-gbs X] [--decode-gbs Y] [--merge-gbs Z] [--fill-gbs W] [--latency-us 20]
+//       [--encode-gbs X] [--decode-gbs Y] [--merge-gbs Z] [--fill-gbs W] [--scatter-meps S]
+//       [--latency-us 20]
 //       the gTop-k paper's models (Shi et al., ICDCS 2019: their gradient sizes and single-GPU
 //       iteration times, from the gtopkssgd repository's scripts) on P hosts: each
 //       algorithm's communication time, the scaling efficiency of synchronous SGD
@@ -38,11 +39,12 @@ using squall_model::machine;
 using squall_model::prediction;
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "squall-scale-model: %s\nusage: squall-scale-model --check FILE.csv | --paper "
-               "[--rate 1gbit] [--latency-us 20] [--ranks 8,16,32] [--density 0.001] "
-               "[--encode-gbs X] [--decode-gbs Y] [--merge-gbs Z] [--fill-gbs W]\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "squall-scale-model: %s\nusage: squall-scale-model --check FILE.csv | --paper "
+      "[--rate 1gbit] [--latency-us 20] [--ranks 8,16,32] [--density 0.001] "
+      "[--encode-gbs X] [--decode-gbs Y] [--merge-gbs Z] [--fill-gbs W] [--scatter-meps S]\n",
+      why.c_str());
   std::exit(2);
 }
 
@@ -115,21 +117,18 @@ int check(const std::string& file, machine m) {
       got.encode = std::atof(f[at["encode_us"]].c_str()) * 1e-6;
       got.transfer = std::atof(f[at["transfer_us"]].c_str()) * 1e-6;
       got.decode = std::atof(f[at["decode_us"]].c_str()) * 1e-6;
-      // the compute the row measured is what the model is told
-      machine told = m;
-      told.encode_rate = static_cast<double>(bytes) / std::max(got.encode, 1e-9);
       const std::size_t k = entries(density, bytes / 4);
+      const std::string ratio(compressor.c_str() + 5, compressor.find('+') - 5);
       if (merged) {
-        algorithm = "gtopk " + std::string(compressor.c_str() + 5, compressor.find('+') - 5);
-        told.decode_rate = m.decode_rate;
-        model = squall_model::gtopk(p, bytes, k, 4, told);
-        model.decode = got.decode;
+        algorithm = "gtopk " + ratio;
+        model = squall_model::gtopk(p, bytes, k, 4, m);
       } else {
-        algorithm = "gather " + std::string(compressor.c_str() + 5, compressor.find('+') - 5);
-        told.decode_rate =
-            static_cast<double>(p) * static_cast<double>(bytes) / std::max(got.decode, 1e-9);
-        model = squall_model::gather_topk(squall::ring_topology{}, p, bytes, k, 4, told);
+        algorithm = "gather " + ratio;
+        model = squall_model::gather_topk(squall::ring_topology{}, p, bytes, k, 4, m);
       }
+      // the compute the row measured is what the model is told: the transfer is predicted
+      model.encode = got.encode;
+      model.decode = got.decode;
     } else {
       continue;
     }
@@ -196,10 +195,10 @@ const paper_model paper_models[] = {
 
 int paper(const machine& m, const std::vector<int>& ranks, double density) {
   std::printf(
-      "# link %.3f Gbit/s of payload, latency %.1f us; encode %.2f GB/s, decode %.2f "
-      "GB/s a payload, merge %.2f GB/s, fill %.1f GB/s; density %g\n",
+      "# link %.3f Gbit/s of payload, latency %.1f us; encode %.2f GB/s, decode %.2f GB/s, "
+      "scatter-add %.0f M entries/s, merge %.2f GB/s, fill %.1f GB/s; density %g\n",
       m.rate * 8 / 1e9, m.latency * 1e6, m.encode_rate / 1e9, m.decode_rate / 1e9,
-      m.merge_rate / 1e9, m.fill_rate / 1e9, density);
+      m.scatter_rate / 1e6, m.merge_rate / 1e9, m.fill_rate / 1e9, density);
   std::printf(
       "# efficiency = compute / (compute + communication); paper: its measured "
       "per-worker throughput over one GPU's\n");
@@ -266,6 +265,8 @@ int main(int argc, char** argv) {
       m.merge_rate = number(value(), "merge rate") * 1e9;
     else if (a == "--fill-gbs")
       m.fill_rate = number(value(), "fill rate") * 1e9;
+    else if (a == "--scatter-meps")
+      m.scatter_rate = number(value(), "scatter rate") * 1e6;
     else if (a == "--density")
       density = number(value(), "density");
     else if (a == "--ranks") {

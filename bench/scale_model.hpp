@@ -19,8 +19,8 @@
 //   dense     the topology's allreduce schedule over the gradient's bytes;
 //   gather    encode the gradient; exchange the payload sizes (P - 1 messages of 8 bytes out
 //             and in); the topology's allgather schedule over P blocks of the padded payload;
-//             decode P payloads, each a pass over the gradient (decode into a dense buffer,
-//             add);
+//             decode payload 0 (a pass over the gradient: zero, scatter), then add the k
+//             entries of each of the other P - 1 (`decode_add`);
 //   gtopk     encode; the binomial tree's steps (binomial_tree_steps), each message a 16-byte
 //             head and a set of k (index, value) pairs; every reducing receive merges two sets
 //             of k; at the end the gradient is zeroed and the set scattered into it.
@@ -47,7 +47,8 @@ struct machine {
   double latency = 20e-6;     ///< seconds from posting a message to its first byte arriving
   double reduce_rate = 4e9;   ///< bytes of a received block reduced per second
   double encode_rate = 1e9;   ///< gradient bytes encoded per second
-  double decode_rate = 1e9;   ///< gradient bytes per second one payload's decode-and-add takes
+  double decode_rate = 1e9;   ///< gradient bytes per second a dense decode (zero, scatter) takes
+  double scatter_rate = 1e8;  ///< sparse entries added into the gradient per second
   double merge_rate = 1e9;    ///< bytes of two sets merged per second (gTop-k)
   double fill_rate = 10e9;    ///< gradient bytes zeroed per second (gTop-k's result)
 };
@@ -173,7 +174,8 @@ prediction gather_topk(const Topology& topology, int p, std::size_t bytes, std::
                                return block_bytes(b, stride * static_cast<std::size_t>(p), stride);
                              },
                              m, {});
-  out.decode = static_cast<double>(p) * static_cast<double>(bytes) / m.decode_rate;
+  out.decode = static_cast<double>(bytes) / m.decode_rate +
+               static_cast<double>(p - 1) * static_cast<double>(k) / m.scatter_rate;
   return out;
 }
 

@@ -157,7 +157,9 @@ concept compressor =
 
 /// A compressor that can encode and decode elements of `T` with backend `B`: exactly what
 /// the compressed algorithms call (every encode gets the rank's stream of the step; a
-/// deterministic compressor ignores it).
+/// deterministic compressor ignores it). Optional: `c.decode_add(b, received, out)`, `out +=`
+/// the decoded payload, which the gather path then calls for every payload after the first
+/// instead of a decode into scratch and an add (topk and threshold: only their k entries).
 template <class C, class T, class B>
 concept compressor_for = compressor<C> && backend<B> && element<T> &&
     requires(const C& c, const B& b, buffer_view<const T, typename B::memory_space> in,

@@ -20,6 +20,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../support/host_codec.hpp"
@@ -466,6 +467,45 @@ TEST_SUITE("sparsify") {
     CHECK_THROWS_AS(c.decode(host_backend{}, host_view<const std::byte>(p), host_view<float>(out)),
                     squall::invalid_argument);
     for (float x : out) CHECK(x == 9.0f);
+  }
+
+  TEST_CASE_TEMPLATE("decode_add: out + decode, on the k entries only; a bad payload adds nothing",
+                     T, float, double) {
+    std::mt19937 rng(7);
+    std::normal_distribution<double> normal;
+    const std::size_t count = 1000;
+    std::vector<T> g(count);
+    std::vector<T> base(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      g[i] = static_cast<T>(normal(rng));
+      base[i] = static_cast<T>(normal(rng));
+    }
+    const auto check = [&](const auto& c) {
+      const auto payload = encode(c, g);
+      const std::vector<T> decoded = decode<std::decay_t<decltype(c)>, T>(c, payload, count);
+      std::vector<T> sum = base;
+      c.decode_add(host_backend{}, host_view<const std::byte>(payload), host_view<T>(sum));
+      for (std::size_t i = 0; i < count; ++i) {
+        CAPTURE(i);
+        CHECK(sum[i] == static_cast<T>(base[i] + decoded[i]));  // the same rounding as an add
+      }
+      // error feedback forwards it
+      const squall::error_feedback<std::decay_t<decltype(c)>> ef{c};
+      std::vector<T> again = base;
+      ef.decode_add(host_backend{}, host_view<const std::byte>(payload), host_view<T>(again));
+      CHECK(again == sum);
+      // a malformed payload (a repeated index) throws and adds nothing
+      auto bad = payload;
+      REQUIRE(parse<T>(bad).index.size() >= 2);
+      std::memcpy(bad.data() + 24 + 4, bad.data() + 24, 4);
+      std::vector<T> untouched = base;
+      CHECK_THROWS_AS(
+          c.decode_add(host_backend{}, host_view<const std::byte>(bad), host_view<T>(untouched)),
+          squall::invalid_argument);
+      CHECK(untouched == base);
+    };
+    check(topk_compressor{.ratio = 0.05});
+    check(threshold_compressor{.tau = 1.5});
   }
 
   TEST_CASE("randomk decode rejects a short payload, a wrong k and a wrong size") {

@@ -25,6 +25,7 @@ machine link(double rate, double latency) {
   m.decode_rate = 1e30;
   m.merge_rate = 1e30;
   m.fill_rate = 1e30;
+  m.scatter_rate = 1e30;
   return m;
 }
 
@@ -56,17 +57,18 @@ TEST_SUITE("scale_model") {
           doctest::Approx(want).epsilon(1e-12));
   }
 
-  TEST_CASE("allgather top-k: encode, sizes, (P - 1) padded payloads, P decodes") {
+  TEST_CASE("allgather top-k: encode, sizes, (P - 1) padded payloads, one decode and P - 1 adds") {
     for (int p = 2; p <= 8; ++p) {
       CAPTURE(p);
       machine m = link(1e8, 20e-6);
       m.encode_rate = 2e9;
       m.decode_rate = 1e9;
+      m.scatter_rate = 1e8;
       const std::size_t bytes = 40000000;
       const std::size_t k = 10001;  // 24 + 8 k = 80032 bytes, a multiple of 8
       const auto got = squall_model::gather_topk(squall::ring_topology{}, p, bytes, k, 4, m);
       CHECK(got.encode == doctest::Approx(bytes / 2e9));
-      CHECK(got.decode == doctest::Approx(p * (bytes / 1e9)));
+      CHECK(got.decode == doctest::Approx(bytes / 1e9 + (p - 1) * (k / 1e8)));
       const double sizes = 20e-6 + (p - 1) * 8 / 1e8;
       CHECK(got.transfer ==
             doctest::Approx(sizes + (p - 1) * (20e-6 + 80032 / 1e8)).epsilon(1e-12));

@@ -176,6 +176,13 @@ struct error_feedback {
               buffer_view<T, typename B::memory_space> out) const {
     inner.decode(backend, payload, out);
   }
+  /// `out += decode(payload)`, where `C` has a `decode_add`.
+  template <class B, element T>
+  void decode_add(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
+                  buffer_view<T, typename B::memory_space> out) const requires requires {
+    inner.decode_add(backend, payload, out);
+  }
+  { inner.decode_add(backend, payload, out); }
 };
 
 }  // namespace squall

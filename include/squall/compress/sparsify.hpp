@@ -154,11 +154,12 @@ void check_sparse_indices(const B& backend, std::string_view operation, const st
 
 /// Decodes a sparse payload of `kind` into `out`: checks the header, k <= count, the exact
 /// size and every index (in range, strictly increasing) before writing anything, then zeroes
-/// `out` and scatters. Throws `invalid_argument` naming the first fault; `out` is untouched then.
+/// `out` and scatters, or with `add` adds each entry to `out` (`decode_add`). Throws
+/// `invalid_argument` naming the first fault; `out` is untouched then.
 template <class B, real_gradient T>
 void decode_sparse(const B& backend, std::string_view operation, payload_kind kind,
                    buffer_view<const std::byte, typename B::memory_space> payload,
-                   buffer_view<T, typename B::memory_space> out) {
+                   buffer_view<T, typename B::memory_space> out, bool add = false) {
   const std::size_t size = payload.count();
   const std::size_t count = out.count();
   std::byte head[24] = {};  // header and k, copied to the host and checked there
@@ -187,10 +188,16 @@ void decode_sparse(const B& backend, std::string_view operation, payload_kind ki
   const std::byte* values = indices + k * index_bytes;
   if (index_bytes == 4) {
     check_sparse_indices<std::uint32_t>(backend, operation, indices, k, count);
-    scatter_sparse<std::uint32_t>(backend, indices, values, k, out);
+    if (add)
+      scatter_add_sparse<std::uint32_t>(backend, indices, values, k, out);
+    else
+      scatter_sparse<std::uint32_t>(backend, indices, values, k, out);
   } else {
     check_sparse_indices<std::uint64_t>(backend, operation, indices, k, count);
-    scatter_sparse<std::uint64_t>(backend, indices, values, k, out);
+    if (add)
+      scatter_add_sparse<std::uint64_t>(backend, indices, values, k, out);
+    else
+      scatter_sparse<std::uint64_t>(backend, indices, values, k, out);
   }
 }
 
@@ -279,6 +286,13 @@ struct topk_compressor {
   void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
     detail::decode_sparse(backend, name, kind, payload, out);
+  }
+  /// `out += decode(payload)`, touching only the payload's k elements (the gather path's sum:
+  /// one pass over the result instead of one per rank); checks as `decode` does.
+  template <class B, real_gradient T>
+  void decode_add(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
+                  buffer_view<T, typename B::memory_space> out) const {
+    detail::decode_sparse(backend, name, kind, payload, out, true);
   }
 };
 static_assert(compressor<topk_compressor>);
@@ -434,6 +448,12 @@ struct threshold_compressor {
   void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
     detail::decode_sparse(backend, name, kind, payload, out);
+  }
+  /// `out += decode(payload)` on the payload's entries only, as topk's `decode_add`.
+  template <class B, real_gradient T>
+  void decode_add(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
+                  buffer_view<T, typename B::memory_space> out) const {
+    detail::decode_sparse(backend, name, kind, payload, out, true);
   }
 };
 static_assert(compressor<threshold_compressor>);

@@ -89,8 +89,13 @@ void gather_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense
   } else {
     c.decode(b, gathered_payload(w, stride, 0), data);
     for (std::size_t q = 1; q < p; ++q) {
-      c.decode(b, gathered_payload(w, stride, q), decoded);
-      dispatch::reduce_into_on(b, sum_op{}, data, buffer_view<const T, M>(decoded));
+      if constexpr (requires { c.decode_add(b, gathered_payload(w, stride, q), data); }) {
+        // a sparse payload adds its k entries: no pass over the whole result per rank
+        c.decode_add(b, gathered_payload(w, stride, q), data);
+      } else {
+        c.decode(b, gathered_payload(w, stride, q), decoded);
+        dispatch::reduce_into_on(b, sum_op{}, data, buffer_view<const T, M>(decoded));
+      }
     }
   }
 }

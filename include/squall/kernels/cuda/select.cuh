@@ -299,6 +299,18 @@ __global__ void __launch_bounds__(select_threads)
   }
 }
 
+template <class Index, class T>
+__global__ void __launch_bounds__(select_threads)
+    scatter_add_sparse_kernel(const std::byte* indices, const std::byte* values, std::size_t k,
+                              T* out) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
+  for (std::size_t j = static_cast<std::size_t>(blockIdx.x) * select_threads + threadIdx.x; j < k;
+       j += stride) {
+    const auto index = static_cast<std::size_t>(load_unaligned<Index>(indices + j * sizeof(Index)));
+    out[index] = static_cast<T>(out[index] + load_unaligned<T>(values + j * sizeof(T)));
+  }
+}
+
 }  // namespace detail
 
 /// Device twin of the host `first_non_finite`: the first NaN or infinite element of `in`, or
@@ -471,6 +483,19 @@ void scatter_sparse(const cuda_backend& backend, const std::byte* indices, const
   if (k == 0) return;
   squall::detail::device_guard guard(backend.device);
   detail::scatter_sparse_kernel<Index>
+      <<<detail::select_grid(k), detail::select_threads, 0, backend.stream>>>(indices, values, k,
+                                                                              out.data());
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Device twin of the host `scatter_add_sparse`: `out[index_j] += value_j`. The indices are
+/// distinct, so no two threads touch one element.
+template <class Index, real_gradient T>
+void scatter_add_sparse(const cuda_backend& backend, const std::byte* indices,
+                        const std::byte* values, std::size_t k, device_view<T> out) {
+  if (k == 0) return;
+  squall::detail::device_guard guard(backend.device);
+  detail::scatter_add_sparse_kernel<Index>
       <<<detail::select_grid(k), detail::select_threads, 0, backend.stream>>>(indices, values, k,
                                                                               out.data());
   SQUALL_CUDA_CHECK(cudaGetLastError());

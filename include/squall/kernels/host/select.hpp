@@ -411,6 +411,21 @@ void scatter_sparse(const host_backend& /*backend*/, const std::byte* indices,
   }
 }
 
+/// Adds value j at index j of `out` (`out[index_j] += value_j`), for j < k: a sparse payload
+/// decoded into a sum without a pass over `out`. Indices as for `scatter_sparse`.
+template <class Index, real_gradient T>
+void scatter_add_sparse(const host_backend& /*backend*/, const std::byte* indices,
+                        const std::byte* values, std::size_t k, host_view<T> out) {
+  for (std::size_t j = 0; j < k; ++j) {
+    Index index;
+    T value;
+    std::memcpy(&index, indices + j * sizeof(Index), sizeof index);
+    std::memcpy(&value, values + j * sizeof(T), sizeof value);
+    T& at = out[static_cast<std::size_t>(index)];
+    at = static_cast<T>(at + value);
+  }
+}
+
 /// The stratum layout of random-k: [0, count) split into k strata, the first count % k of
 /// size count / k + 1, the rest of size count / k.
 struct strata {
