@@ -287,7 +287,8 @@ __global__ void __launch_bounds__(select_threads)
   }
 }
 
-template <class Index, class T>
+// Writes (or with `Add` adds) value j at index j, for j < k; the indices are distinct.
+template <bool Add, class Index, class T>
 __global__ void __launch_bounds__(select_threads)
     scatter_sparse_kernel(const std::byte* indices, const std::byte* values, std::size_t k,
                           T* out) {
@@ -295,19 +296,11 @@ __global__ void __launch_bounds__(select_threads)
   for (std::size_t j = static_cast<std::size_t>(blockIdx.x) * select_threads + threadIdx.x; j < k;
        j += stride) {
     const auto index = static_cast<std::size_t>(load_unaligned<Index>(indices + j * sizeof(Index)));
-    out[index] = load_unaligned<T>(values + j * sizeof(T));
-  }
-}
-
-template <class Index, class T>
-__global__ void __launch_bounds__(select_threads)
-    scatter_add_sparse_kernel(const std::byte* indices, const std::byte* values, std::size_t k,
-                              T* out) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
-  for (std::size_t j = static_cast<std::size_t>(blockIdx.x) * select_threads + threadIdx.x; j < k;
-       j += stride) {
-    const auto index = static_cast<std::size_t>(load_unaligned<Index>(indices + j * sizeof(Index)));
-    out[index] = static_cast<T>(out[index] + load_unaligned<T>(values + j * sizeof(T)));
+    const T value = load_unaligned<T>(values + j * sizeof(T));
+    if constexpr (Add)
+      out[index] = static_cast<T>(out[index] + value);
+    else
+      out[index] = value;
   }
 }
 
@@ -482,7 +475,7 @@ void scatter_sparse(const cuda_backend& backend, const std::byte* indices, const
   fill_zero(backend, out);
   if (k == 0) return;
   squall::detail::device_guard guard(backend.device);
-  detail::scatter_sparse_kernel<Index>
+  detail::scatter_sparse_kernel<false, Index>
       <<<detail::select_grid(k), detail::select_threads, 0, backend.stream>>>(indices, values, k,
                                                                               out.data());
   SQUALL_CUDA_CHECK(cudaGetLastError());
@@ -495,7 +488,7 @@ void scatter_add_sparse(const cuda_backend& backend, const std::byte* indices,
                         const std::byte* values, std::size_t k, device_view<T> out) {
   if (k == 0) return;
   squall::detail::device_guard guard(backend.device);
-  detail::scatter_add_sparse_kernel<Index>
+  detail::scatter_sparse_kernel<true, Index>
       <<<detail::select_grid(k), detail::select_threads, 0, backend.stream>>>(indices, values, k,
                                                                               out.data());
   SQUALL_CUDA_CHECK(cudaGetLastError());
