@@ -78,12 +78,14 @@ void gather_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense
   const std::size_t stride =
       gather_payloads<inner_compressor_t<C>>(dense, w, pw.payload.data(), bytes);
   clock.mark(phase::transfer);
-  const buffer_view<T, M> decoded = pw.decoded.template elements<T>(b, count);
+  // a decoded payload's scratch, reserved only where a payload is decoded apart from the sum
+  const auto decoded = [&] { return pw.decoded.template elements<T>(b, count); };
   if constexpr (compression_traits<C>::majority_vote) {
+    const buffer_view<T, M> one = decoded();
     const auto votes = w.votes.template elements<std::int32_t>(b, count);
     for (std::size_t q = 0; q < p; ++q) {
-      c.decode(b, gathered_payload(w, stride, q), decoded);
-      dispatch::vote_add_on(b, votes, data, buffer_view<const T, M>(decoded), q == 0);
+      c.decode(b, gathered_payload(w, stride, q), one);
+      dispatch::vote_add_on(b, votes, data, buffer_view<const T, M>(one), q == 0);
     }
     dispatch::vote_finish_on(b, buffer_view<const std::int32_t, M>(votes), data);
   } else {
@@ -93,8 +95,9 @@ void gather_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense
         // a sparse payload adds its k entries: no pass over the whole result per rank
         c.decode_add(b, gathered_payload(w, stride, q), data);
       } else {
-        c.decode(b, gathered_payload(w, stride, q), decoded);
-        dispatch::reduce_into_on(b, sum_op{}, data, buffer_view<const T, M>(decoded));
+        const buffer_view<T, M> one = decoded();
+        c.decode(b, gathered_payload(w, stride, q), one);
+        dispatch::reduce_into_on(b, sum_op{}, data, buffer_view<const T, M>(one));
       }
     }
   }
