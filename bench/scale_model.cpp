@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "link_rate.hpp"
+
 namespace {
 
 using squall_model::machine;
@@ -58,12 +60,9 @@ double number(const std::string& text, const std::string& what) {
 }
 
 double rate_bits(const std::string& text) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  const std::string unit(end);
-  const double scale = unit == "gbit" ? 1e9 : unit == "mbit" ? 1e6 : unit == "kbit" ? 1e3 : 0;
-  if (end == text.c_str() || scale == 0 || !(v > 0)) usage("bad rate '" + text + "'");
-  return v * scale;
+  const double bits = squall_bench::link_rate_bits(text, false);
+  if (bits == 0) usage("bad rate '" + text + "' (e.g. 100mbit, 1gbit, 10gbit)");
+  return bits;
 }
 
 std::vector<std::string> split(const std::string& line, char by) {

@@ -67,6 +67,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "link_rate.hpp"
 #include "squall_bench.hpp"
 
 namespace squall_bench {
@@ -119,25 +120,6 @@ std::size_t parse_size(const std::string& text) {
   return static_cast<std::size_t>(v * static_cast<double>(scale));
 }
 
-// A link rate in bits per second: a number with tc's unit (kbit, mbit, gbit; 1000-based) or
-// none.
-double parse_rate(const std::string& text) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  const std::string unit(end);
-  double scale = 1;
-  if (unit == "kbit")
-    scale = 1e3;
-  else if (unit == "mbit")
-    scale = 1e6;
-  else if (unit == "gbit")
-    scale = 1e9;
-  else if (!unit.empty())
-    usage("bad link rate '" + text + "' (e.g. 100mbit, 1gbit, 10gbit)");
-  if (end == text.c_str() || !(v > 0)) usage("bad link rate '" + text + "'");
-  return v * scale;
-}
-
 settings parse(int argc, char** argv) {
   settings s;
   std::string topology = "all";
@@ -176,9 +158,11 @@ settings parse(int argc, char** argv) {
       s.check = false;
     else if (a == "--calibrate")
       s.calibrate = true;
-    else if (a == "--link-rate")
-      s.link_bits = parse_rate(value());
-    else if (a == "--csv")
+    else if (a == "--link-rate") {
+      const std::string rate = value();
+      s.link_bits = link_rate_bits(rate, true);
+      if (s.link_bits == 0) usage("bad link rate '" + rate + "' (e.g. 100mbit, 1gbit, 10gbit)");
+    } else if (a == "--csv")
       s.csv = value();
     else if (a == "--json")
       s.json = value();
