@@ -100,6 +100,22 @@ TEST_SUITE("compress") {
     CHECK(squall::parse_compressor("int8").tuned(base) == base);
   }
 
+  TEST_CASE("/chunks sets overlap_chunks, after +ef and @aggregation") {
+    const auto c = squall::parse_compressor("topk:0.01+ef@gather/4");
+    CHECK(c.name == "topk");
+    CHECK(c.parameter == "0.01");
+    CHECK(c.error_feedback);
+    CHECK(c.aggregation == squall::aggregation::gather);
+    CHECK(c.chunks == std::size_t{4});
+    CHECK(squall::parse_compressor("cast:bf16/1").tuned({}).overlap_chunks == 1);
+    CHECK(squall::parse_compressor("cast:bf16").tuned({}).overlap_chunks == 0);
+    for (const char* bad : {"topk/0", "topk/33", "topk/x", "topk/", "topk/-2", "topk/4x"}) {
+      CAPTURE(bad);
+      CHECK(fault_of(bad).find("is not a number from 1 to 32") != std::string::npos);
+    }
+    CHECK(fault_of("none/2").find("none takes no") != std::string::npos);
+  }
+
   TEST_CASE("bad texts throw invalid_argument naming the text and the fault") {
     CHECK(fault_of("topk:0.01") == "");
     CHECK(fault_of("zstd").find("unknown compressor 'zstd'") != std::string::npos);

@@ -58,9 +58,16 @@ struct call_signature {
   std::uint8_t kind = 0;
   std::uint8_t type = 0;
   std::uint8_t op = 0;
-  std::uint8_t compressed = 0;  ///< a compressed collective's `aggregation`, 0 if dense
+  std::uint8_t compressed = 0;  ///< `compressed_code`, 0 if dense
 };
 static_assert(sizeof(call_signature) == 24);
+
+/// A compressed collective's `aggregation` (bits 0-2) and the chunks it overlaps in, 1 to 32
+/// (bits 3-7: chunks - 1; `collective_tuning::overlap_chunks`).
+constexpr std::uint8_t compressed_code(aggregation how, std::size_t chunks) {
+  return static_cast<std::uint8_t>(static_cast<unsigned>(how) |
+                                   (static_cast<unsigned>(chunks - 1) & 31u) << 3);
+}
 
 constexpr std::uint8_t op_code(std::string_view name) {
   if (name == "sum") return 1;
@@ -79,7 +86,9 @@ inline std::string describe(const call_signature& s) {
       " of " + std::to_string(s.count) + " " + std::string(to_string(static_cast<dtype>(s.type)));
   if (s.op != 0) text += " " + std::string(ops[std::min<std::size_t>(s.op, 4)]);
   if (s.compressed != 0) {
-    text += ", compressed (" + std::string(to_string(static_cast<aggregation>(s.compressed))) +
+    const unsigned chunks = (s.compressed >> 3) + 1u;
+    text += ", compressed (" + std::string(to_string(static_cast<aggregation>(s.compressed & 7))) +
+            (chunks > 1 ? " in " + std::to_string(chunks) + " chunks" : std::string()) +
             "), at step " + std::to_string(s.root) + " (mod 2^31)";
   } else if (s.root >= 0) {
     text += " from root " + std::to_string(s.root);

@@ -200,10 +200,12 @@ class communicator {
     require_state("compressed allreduce", state.count(), data.count(), "data");
     // the step goes in the signature: ranks at different steps would draw differently
     const squall::aggregation how = aggregation();
+    const detail::chunk_plan plan = detail::overlap_plan<core_type, Compressor, T>(
+        how, dense_.tuning(), compressor_, data.count(), rank());
     dense_.begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count(),
-                      static_cast<int>(state.step() & 0x7fffffff), how);
+                      static_cast<int>(state.step() & 0x7fffffff), how, plan.chunks);
     workspace_.clock.start();
-    detail::compressed_allreduce(how, dense_.core(), compressor_, workspace_, data, state);
+    detail::compressed_allreduce(how, plan, dense_.core(), compressor_, workspace_, data, state);
     detail::dispatch::finalize_on(backend(), op, data, static_cast<std::size_t>(size()));
     backend().synchronize();
     workspace_.clock.mark(detail::phase::decode);

@@ -277,7 +277,8 @@ class dense_core {
 
   /// Starts a call: resets the byte counts and states the call for the mismatch check.
   void begin_call(collective kind, dtype type, std::string_view op, std::size_t count,
-                  int root = -1, std::optional<aggregation> compressed = std::nullopt) {
+                  int root = -1, std::optional<aggregation> compressed = std::nullopt,
+                  std::size_t chunks = 1) {
     buffers_.moved = {};
     check_.begin(
         transport_, executor(),
@@ -286,7 +287,7 @@ class dense_core {
          .kind = static_cast<std::uint8_t>(kind),
          .type = static_cast<std::uint8_t>(type),
          .op = op_code(op),
-         .compressed = compressed ? static_cast<std::uint8_t>(*compressed) : std::uint8_t{0}});
+         .compressed = compressed ? compressed_code(*compressed, chunks) : std::uint8_t{0}});
   }
 
   /// Completes a pending mismatch check (a barrier): before anything touches a peer.

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// Compressors by name, the way a command line names them: "name[:parameter][+ef][@aggregation]",
-/// e.g. "topk:0.01+ef", "qsgd:4", "cast:bf16", "powersgd:4+ef", "topk:0.001+ef@gtopk",
-/// "int8@gather", "none". `parse_compressor` reads the text (and says what is wrong with it);
-/// `visit_compressor` calls a generic callable with the policy the text names, so a program
-/// instantiates its compressed path once per policy and picks one at run time.
-/// squall-bench and examples/train_fashion_mnist choose their compressors through it.
+/// Compressors by name, the way a command line names them:
+/// "name[:parameter][+ef][@aggregation][/chunks]", e.g. "topk:0.01+ef", "qsgd:4", "cast:bf16",
+/// "powersgd:4+ef", "topk:0.001+ef@gtopk", "int8@gather", "topk:0.01+ef/4" (overlapped in 4
+/// chunks: `collective_tuning::overlap_chunks`), "none". `parse_compressor` reads the text (and
+/// says what is wrong with it); `visit_compressor` calls a generic callable with the policy the
+/// text names, so a program instantiates its compressed path once per policy and picks one at run
+/// time. squall-bench and examples/train_fashion_mnist choose their compressors through it.
 
 #include <squall/compress/cast.hpp>
 #include <squall/compress/error_feedback.hpp>
@@ -18,7 +19,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>  // strtod
+#include <cstddef>  // size_t
+#include <cstdlib>  // strtod, strtoul
 #include <optional>
 #include <string>
 #include <string_view>
@@ -26,21 +28,23 @@
 
 namespace squall {
 
-/// One compressor as named on a command line. `parameter` is "" and `aggregation` empty when
-/// absent.
+/// One compressor as named on a command line. `parameter` is "", `aggregation` and `chunks`
+/// empty when absent.
 struct compressor_choice {
   std::string text;                                ///< as given: "topk:0.001+ef@gtopk"
   std::string name;                                ///< "topk"
   std::string parameter;                           ///< "0.001"
   std::optional<squall::aggregation> aggregation;  ///< aggregation::gtopk
+  std::optional<std::size_t> chunks;               ///< "/4": overlap_chunks 4
   bool error_feedback = false;
 
   /// "none": the dense collective.
   bool dense() const { return name == "none"; }
 
-  /// `tuning` with this choice's aggregation; unchanged without one.
+  /// `tuning` with this choice's aggregation and chunks; unchanged without them.
   collective_tuning tuned(collective_tuning tuning) const {
     if (aggregation) tuning.aggregation = *aggregation;
+    if (chunks) tuning.overlap_chunks = *chunks;
     return tuning;
   }
 };
@@ -75,7 +79,7 @@ inline std::string compressor_usage() {
       out += parameter.substr(0, parameter.find(' '));
     }
   }
-  out += " [+ef] [@automatic|linear|low_rank|per_hop|gtopk|gather]";
+  out += " [+ef] [@automatic|linear|low_rank|per_hop|gtopk|gather] [/chunks 1..32]";
   return out;
 }
 
@@ -107,12 +111,22 @@ decltype(auto) visit_with_feedback(const compressor_choice& choice, C c, F&& f) 
 }  // namespace detail
 
 /// Reads "name[:parameter][+ef][@aggregation]"; throws `invalid_argument` naming the text and
-/// what is wrong (unknown name or aggregation, a parameter the name does not take, "none" with a
-/// suffix). The parameter's value is checked by `visit_compressor`.
+/// what is wrong (unknown name or aggregation, a parameter the name does not take, chunks not
+/// from 1 to 32, "none" with a suffix). The parameter's value is checked by `visit_compressor`.
 inline compressor_choice parse_compressor(std::string_view text) {
   compressor_choice choice;
   choice.text = std::string(text);
   std::string body(text);
+  if (const std::size_t slash = body.rfind('/'); slash != std::string::npos) {
+    const std::string asked = body.substr(slash + 1);
+    body.resize(slash);
+    char* end = nullptr;
+    const unsigned long n = std::strtoul(asked.c_str(), &end, 10);
+    if (asked.empty() || asked[0] < '0' || asked[0] > '9' || *end != '\0' || n < 1 || n > 32) {
+      detail::bad_compressor(text, "chunks '" + asked + "' is not a number from 1 to 32");
+    }
+    choice.chunks = static_cast<std::size_t>(n);
+  }
   if (const std::size_t at = body.find('@'); at != std::string::npos) {
     const std::string asked = body.substr(at + 1);
     body.resize(at);
@@ -141,8 +155,8 @@ inline compressor_choice parse_compressor(std::string_view text) {
   if (colon != std::string::npos && known->second.empty()) {
     detail::bad_compressor(text, choice.name + " takes no parameter");
   }
-  if (choice.dense() && (choice.error_feedback || choice.aggregation)) {
-    detail::bad_compressor(text, "none takes no +ef or @algorithm");
+  if (choice.dense() && (choice.error_feedback || choice.aggregation || choice.chunks)) {
+    detail::bad_compressor(text, "none takes no +ef, @algorithm or /chunks");
   }
   return choice;
 }

@@ -41,6 +41,9 @@ struct cast_compressor {
   static constexpr payload_kind kind =
       std::same_as<To, float16> ? payload_kind::cast_float16 : payload_kind::cast_bfloat16;
 
+  /// Element by element: any chunk encodes as the whole tensor does.
+  std::size_t chunk_alignment() const { return 1; }
+
   /// 16 + 2 x `count` bytes; throws `invalid_argument` if that overflows.
   std::size_t max_payload_bytes(dtype /*type*/, std::size_t count) const {
     if (count > (std::numeric_limits<std::size_t>::max() - payload_header::bytes) / sizeof(To)) {

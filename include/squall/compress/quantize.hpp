@@ -68,6 +68,10 @@ struct quantize_compressor {
   std::uint64_t seed = 0;
   bool check_finite = false;
 
+  /// Chunks starting at multiples of the bucket quantize as the whole tensor does (each bucket
+  /// has its own scale); 0 with a bucket of the whole tensor (`collective_tuning::overlap_chunks`).
+  std::size_t chunk_alignment() const { return static_cast<std::size_t>(bucket); }
+
   /// The exact payload size for `count` elements of `type` (float32 or float64); throws
   /// `invalid_argument` for another type, a bucket that is not a multiple of 8, or overflow.
   std::size_t max_payload_bytes(dtype type, std::size_t count) const {

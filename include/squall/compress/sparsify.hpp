@@ -412,6 +412,9 @@ struct threshold_compressor {
   /// When set, encode throws `invalid_argument` naming the first NaN or infinite element.
   bool check_finite = false;
 
+  /// Element by element: any chunk encodes as the whole tensor does.
+  std::size_t chunk_alignment() const { return 1; }
+
   /// 24 + count x (index bytes + element bytes): every element passing; throws
   /// `invalid_argument` on overflow.
   std::size_t max_payload_bytes(dtype type, std::size_t count) const {

@@ -41,6 +41,21 @@ struct compression_traits {
   }();
 };
 
+/// The element alignment at which compressor `c` may cut a tensor into chunks that encode to
+/// what the whole tensor does (`c.chunk_alignment()`, used by `collective_tuning::
+/// overlap_chunks`); 0 where chunking changes what it computes: its `chunk_alignment()`
+/// says 0, or it has none (top-k's k is per tensor).
+template <class C>
+std::size_t chunk_alignment(const C& c) {
+  if constexpr (requires {
+                  { c.chunk_alignment() } -> std::convertible_to<std::size_t>;
+                }) {
+    return c.chunk_alignment();
+  } else {
+    return 0;
+  }
+}
+
 /// What the low-rank aggregation (algorithm/compressed/lowrank.hpp) calls of a compressor
 /// that allows it, with elements `T` on backend `B`: the m x c view of a tensor
 /// (`shape(count)`), the factors' rank `rank`, a per-tensor state holding Q (c x r, the

@@ -42,6 +42,17 @@ struct collective_tuning {
   /// sign_vote. Naming one the compressor does not allow, or per_hop where the schedule does
   /// not allow it, throws `invalid_argument` at the call.
   squall::aggregation aggregation = squall::aggregation::automatic;
+  /// How many chunks a compressed allreduce on the linear or gather aggregation cuts a tensor
+  /// into on the host backend, so that a second thread encodes chunk c + 1 and decodes chunk
+  /// c - 1 while the calling thread moves chunk c (algorithm/compressed/overlap.hpp). 1: no
+  /// overlap. 0 (automatic): one chunk per 4 MiB of the tensor, at most 8, for a compressor
+  /// whose chunks encode as the whole tensor does (cast, threshold, the quantizers with a
+  /// bucket), none for the others. 2 to 32: that many, also where a chunk means something
+  /// else (top-k then keeps the k x n_c / n largest of each chunk); more throws
+  /// `invalid_argument` at the call. Every rank must ask for the same (a mismatch check
+  /// compares the chunks). The other aggregations (per_hop, gtopk, low_rank), the compressed
+  /// allgather and other backends do not overlap.
+  std::size_t overlap_chunks = 0;
   friend constexpr bool operator==(const collective_tuning&, const collective_tuning&) = default;
 };
 

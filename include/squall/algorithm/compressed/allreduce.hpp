@@ -7,10 +7,12 @@
 #include <squall/algorithm/compressed/gather.hpp>
 #include <squall/algorithm/compressed/linear.hpp>
 #include <squall/algorithm/compressed/lowrank.hpp>
+#include <squall/algorithm/compressed/overlap.hpp>
 #include <squall/algorithm/compressed/payload.hpp>
 #include <squall/algorithm/compressed/per_hop.hpp>
 #include <squall/algorithm/compressed/phases.hpp>
 #include <squall/algorithm/compressed/sparse_merge.hpp>
+#include <squall/backend/host.hpp>
 #include <squall/compress/linear_body.hpp>
 #include <squall/compress/state.hpp>
 #include <squall/compress/traits.hpp>
@@ -18,6 +20,7 @@
 #include <squall/core/error.hpp>
 #include <squall/tuning/tuning.hpp>
 
+#include <concepts>  // same_as
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -33,8 +36,24 @@ struct compressed_workspace {
   lowrank_workspace<Backend> lowrank;
   requantize_buffers<Backend> per_hop;
   gtopk_workspace<Backend> sparse_merge;
-  phase_clock clock;  ///< the last call's split (communicator::last_split)
+  overlap_workspace<Backend> overlap;       ///< the worker and second payload slot of overlap
+  gather_workspace<Backend> gather_second;  ///< gather's second slot with overlap
+  phase_clock clock;                        ///< the last call's split (communicator::last_split)
 };
+
+/// The chunks a compressed allreduce running `how` cuts `count` elements of `T` into (see
+/// `collective_tuning::overlap_chunks`): `plan_chunks` at `c`'s chunk alignment for linear and
+/// gather on the host backend, else one. Throws `invalid_argument` for more than
+/// `max_overlap_chunks` asked, also where it would not overlap.
+template <class Dense, class C, class T>
+chunk_plan overlap_plan(aggregation how, const collective_tuning& tuning, const C& c,
+                        std::size_t count, int rank) {
+  const chunk_plan asked =
+      plan_chunks(count, sizeof(T), tuning.overlap_chunks, chunk_alignment(inner_of(c)), rank);
+  constexpr bool host = !Dense::staged && std::same_as<typename Dense::backend_type, host_backend>;
+  if (host && (how == aggregation::linear || how == aggregation::gather)) return asked;
+  return {.count = count, .length = count, .chunks = 1};
+}
 
 /// The aggregation a compressed allreduce runs, for a compressor (`compressor`) that allows
 /// `allowed`, on `size` ranks, where per-hop requantization runs or not (`per_hop_runs`, with
@@ -95,11 +114,12 @@ aggregation aggregation_of(const collective_tuning& tuning, int rank, int size, 
   return choose_aggregation(tuning, allowed, Inner::name, per_hop, why, staged, rank);
 }
 
-/// Runs `how` (from `aggregation_of`) on `data`; the sum, before any finalize. Only the
+/// Runs `how` (from `aggregation_of`) on `data` in the chunks of `plan` (`overlap_plan`);
+/// the sum, before any finalize. Only the
 /// aggregations `C` allows (and that run on `Dense`: not per_hop or gtopk when it stages)
 /// are instantiated.
 template <class Dense, class C, class T>
-void compressed_allreduce(aggregation how, Dense& dense, const C& c,
+void compressed_allreduce(aggregation how, const chunk_plan& plan, Dense& dense, const C& c,
                           compressed_workspace<typename Dense::backend_type>& w,
                           buffer_view<T, typename Dense::memory_space> data,
                           compression_state<C, T, typename Dense::backend_type>& state) {
@@ -115,7 +135,7 @@ void compressed_allreduce(aggregation how, Dense& dense, const C& c,
       // without a linear_body, aggregation_of's static_assert has said so: no second error
       if constexpr (allowed.contains(aggregation::linear) &&
                     has_linear_body<inner_compressor_t<C>>) {
-        linear_allreduce(dense, c, w.payload, data, state, w.clock);
+        linear_allreduce(dense, c, w.payload, w.overlap, plan, data, state, w.clock);
         return;
       }
       break;
@@ -133,7 +153,8 @@ void compressed_allreduce(aggregation how, Dense& dense, const C& c,
       break;
     case aggregation::gather:
       if constexpr (allowed.contains(aggregation::gather)) {
-        gather_allreduce(dense, c, w.payload, w.gather, data, state, w.clock);
+        gather_allreduce(dense, c, w.payload, w.gather, w.overlap, w.gather_second, plan, data,
+                         state, w.clock);
         return;
       }
       break;

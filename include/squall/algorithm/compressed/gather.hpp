@@ -7,6 +7,7 @@
 /// walked per hop (or when asked), topk and threshold by default, sign_vote; and the
 /// compressed allgather.
 
+#include <squall/algorithm/compressed/overlap.hpp>
 #include <squall/algorithm/compressed/payload.hpp>
 #include <squall/algorithm/compressed/phases.hpp>
 #include <squall/algorithm/detail/scratch.hpp>
@@ -15,6 +16,7 @@
 #include <squall/compress/traits.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/ops.hpp>
+#include <squall/core/random.hpp>
 #include <squall/detail/math.hpp>
 
 #include <algorithm>  // max
@@ -60,47 +62,65 @@ buffer_view<const std::byte, typename Backend::memory_space> gathered_payload(
   return {w.gathered.data() + q * stride, static_cast<std::size_t>(w.sizes[q])};
 }
 
-// step 0: encode once; step 1: exchange sizes (unless fixed size) and gather every payload;
-// step 2: decode each and sum in rank order (a vote: count signs, add magnitudes).
+// Per chunk of `plan` (the whole tensor without overlap): step 0: encode once; step 1:
+// exchange sizes (unless fixed size) and gather every payload; step 2: decode each and sum in
+// rank order (a vote: count signs, add magnitudes). Chunk k in slot k % 2 of the payloads
+// (`pw`, `o.payload`) and of the gathered ones (`w`, `second`): `run_phases`.
 template <class Dense, class C, class T>
 void gather_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense::backend_type>& pw,
                       gather_workspace<typename Dense::backend_type>& w,
-                      buffer_view<T, typename Dense::memory_space> data,
+                      overlap_workspace<typename Dense::backend_type>& o,
+                      gather_workspace<typename Dense::backend_type>& second,
+                      const chunk_plan& plan, buffer_view<T, typename Dense::memory_space> data,
                       compression_state<C, T, typename Dense::backend_type>& state,
                       phase_clock& clock) {
+  using Backend = typename Dense::backend_type;
   using M = typename Dense::memory_space;
   const auto& b = dense.backend();
-  const std::size_t count = data.count();
   const auto p = static_cast<std::size_t>(dense.size());
-  const std::size_t bytes =
-      encode_payload(b, c, pw, dense.rank(), buffer_view<const T, M>(data), state);
-  clock.mark(phase::encode);
-  const std::size_t stride =
-      gather_payloads<inner_compressor_t<C>>(dense, w, pw.payload.data(), bytes);
-  clock.mark(phase::transfer);
-  // a decoded payload's scratch, reserved only where a payload is decoded apart from the sum
-  const auto decoded = [&] { return pw.decoded.template elements<T>(b, count); };
-  if constexpr (compression_traits<C>::majority_vote) {
-    const buffer_view<T, M> one = decoded();
-    const auto votes = w.votes.template elements<std::int32_t>(b, count);
-    for (std::size_t q = 0; q < p; ++q) {
-      c.decode(b, gathered_payload(w, stride, q), one);
-      dispatch::vote_add_on(b, votes, data, buffer_view<const T, M>(one), q == 0);
-    }
-    dispatch::vote_finish_on(b, buffer_view<const std::int32_t, M>(votes), data);
-  } else {
-    c.decode(b, gathered_payload(w, stride, 0), data);
-    for (std::size_t q = 1; q < p; ++q) {
-      if constexpr (requires { c.decode_add(b, gathered_payload(w, stride, q), data); }) {
-        // a sparse payload adds its k entries: no pass over the whole result per rank
-        c.decode_add(b, gathered_payload(w, stride, q), data);
-      } else {
-        const buffer_view<T, M> one = decoded();
-        c.decode(b, gathered_payload(w, stride, q), one);
-        dispatch::reduce_into_on(b, sum_op{}, data, buffer_view<const T, M>(one));
+  payload_workspace<Backend>* const payloads[2] = {&pw, &o.payload};
+  gather_workspace<Backend>* const gathered[2] = {&w, &second};
+  std::size_t strides[2] = {0, 0};
+  const auto encode = [&](std::size_t k) {
+    const random_stream stream = chunk_stream(state.step(), dense.rank(), dense.size(), k);
+    const buffer_view<const T, M> in(data.subview(plan.offset(k), plan.count_of(k)));
+    return encode_chunk(b, c, *payloads[k % 2], stream, in, state, plan.offset(k));
+  };
+  const auto transfer = [&](std::size_t k, std::size_t bytes) {
+    strides[k % 2] = gather_payloads<inner_compressor_t<C>>(dense, *gathered[k % 2],
+                                                            payloads[k % 2]->payload.data(), bytes);
+  };
+  const auto decode = [&](std::size_t k, std::size_t) {
+    gather_workspace<Backend>& g = *gathered[k % 2];
+    const std::size_t stride = strides[k % 2];
+    const buffer_view<T, M> out = data.subview(plan.offset(k), plan.count_of(k));
+    // a decoded payload's scratch, reserved only where a payload is decoded apart from the sum
+    const auto decoded = [&] {
+      return payloads[k % 2]->decoded.template elements<T>(b, out.count());
+    };
+    if constexpr (compression_traits<C>::majority_vote) {
+      const buffer_view<T, M> one = decoded();
+      const auto votes = g.votes.template elements<std::int32_t>(b, out.count());
+      for (std::size_t q = 0; q < p; ++q) {
+        c.decode(b, gathered_payload(g, stride, q), one);
+        dispatch::vote_add_on(b, votes, out, buffer_view<const T, M>(one), q == 0);
+      }
+      dispatch::vote_finish_on(b, buffer_view<const std::int32_t, M>(votes), out);
+    } else {
+      c.decode(b, gathered_payload(g, stride, 0), out);
+      for (std::size_t q = 1; q < p; ++q) {
+        if constexpr (requires { c.decode_add(b, gathered_payload(g, stride, q), out); }) {
+          // a sparse payload adds its k entries: no pass over the whole result per rank
+          c.decode_add(b, gathered_payload(g, stride, q), out);
+        } else {
+          const buffer_view<T, M> one = decoded();
+          c.decode(b, gathered_payload(g, stride, q), one);
+          dispatch::reduce_into_on(b, sum_op{}, out, buffer_view<const T, M>(one));
+        }
       }
     }
-  }
+  };
+  run_phases(plan, o.worker(), clock, encode, transfer, decode);
 }
 
 // step 0: encode; step 1: gather the payloads; step 2: decode rank q's into block q of `out`.

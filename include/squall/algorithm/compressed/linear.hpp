@@ -3,12 +3,14 @@
 /// The compressed allreduce of linear compressors (cast, randomk, count_sketch): payloads add,
 /// so their bodies are reduced through the topology's own allreduce schedule.
 
+#include <squall/algorithm/compressed/overlap.hpp>
 #include <squall/algorithm/compressed/payload.hpp>
 #include <squall/algorithm/compressed/phases.hpp>
 #include <squall/compress/linear_body.hpp>
 #include <squall/compress/state.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
+#include <squall/core/random.hpp>
 
 #include <cstddef>
 #include <string>
@@ -29,10 +31,12 @@ struct linear_pairing {
   static constexpr bool possible = true;
 };
 
-// step 0: encode; step 1: allreduce the payload's body (elements E) with the topology's
-// schedule, the header fields being equal on every rank; step 2: decode the sum.
+// Per chunk of `plan` (the whole tensor without overlap): step 0: encode; step 1: allreduce
+// the payload's body (elements E) with the topology's schedule, the header fields being equal
+// on every rank; step 2: decode the sum. Chunk k in payload slot k % 2 (`run_phases`).
 template <class Dense, class C, class T>
 void linear_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense::backend_type>& w,
+                      overlap_workspace<typename Dense::backend_type>& o, const chunk_plan& plan,
                       buffer_view<T, typename Dense::memory_space> data,
                       compression_state<C, T, typename Dense::backend_type>& state,
                       phase_clock& clock) {
@@ -40,18 +44,27 @@ void linear_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense
   using E = typename linear_body<Inner>::template element<T>;
   using M = typename Dense::memory_space;
   const auto& b = dense.backend();
-  const linear_body_range body = linear_body<Inner>::template of<T>(inner_of(c), data.count());
-  const std::size_t bytes =
-      encode_payload(b, c, w, dense.rank(), buffer_view<const T, M>(data), state);
-  clock.mark(phase::encode);
-  if (body.offset > bytes || body.count > (bytes - body.offset) / sizeof(E)) {
-    throw error(make_error_code(errc::internal), {.operation = "compressed allreduce"},
-                "a payload of " + std::to_string(bytes) + " bytes has no body of " +
-                    std::to_string(body.count) + " elements at " + std::to_string(body.offset));
-  }
-  dense.sum_in_place(reinterpret_cast<E*>(w.payload.data() + body.offset), body.count);
-  clock.mark(phase::transfer);
-  c.decode(b, buffer_view<const std::byte, M>(w.payload.data(), bytes), data);
+  payload_workspace<typename Dense::backend_type>* const slots[2] = {&w, &o.payload};
+  const auto chunk = [&](std::size_t k) { return data.subview(plan.offset(k), plan.count_of(k)); };
+  const auto encode = [&](std::size_t k) {
+    const random_stream stream = chunk_stream(state.step(), dense.rank(), dense.size(), k);
+    return encode_chunk(b, c, *slots[k % 2], stream, buffer_view<const T, M>(chunk(k)), state,
+                        plan.offset(k));
+  };
+  const auto transfer = [&](std::size_t k, std::size_t bytes) {
+    const linear_body_range body =
+        linear_body<Inner>::template of<T>(inner_of(c), plan.count_of(k));
+    if (body.offset > bytes || body.count > (bytes - body.offset) / sizeof(E)) {
+      throw error(make_error_code(errc::internal), {.operation = "compressed allreduce"},
+                  "a payload of " + std::to_string(bytes) + " bytes has no body of " +
+                      std::to_string(body.count) + " elements at " + std::to_string(body.offset));
+    }
+    dense.sum_in_place(reinterpret_cast<E*>(slots[k % 2]->payload.data() + body.offset),
+                       body.count);
+  };
+  const auto decode = [&](std::size_t k, std::size_t bytes) {
+    c.decode(b, buffer_view<const std::byte, M>(slots[k % 2]->payload.data(), bytes), chunk(k));
+  };
+  run_phases(plan, o.worker(), clock, encode, transfer, decode);
 }
-
 }  // namespace squall::detail

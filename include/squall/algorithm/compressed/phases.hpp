@@ -4,6 +4,7 @@
 /// (`communicator::last_split`), marked by the algorithms of algorithm/compressed/.
 
 #include <chrono>
+#include <cstddef>  // size_t
 
 namespace squall {
 
@@ -15,11 +16,14 @@ namespace squall {
 /// per-hop requantization's decode-add-encode at every hop, which all count here);
 /// `decode`: making the result from what arrived, and the final scaling. On a backend whose
 /// kernels run asynchronously the split is the host's view: a kernel counts where the host
-/// waited for it.
+/// waited for it. With overlap (`chunks` > 1, `collective_tuning::overlap_chunks`) encoding
+/// and decoding ran on a second thread while the calling thread moved payloads: each phase
+/// is its own thread's busy time, and their sum exceeds the call's time by what overlap hid.
 struct phase_split {
   double encode = 0;
   double transfer = 0;
   double decode = 0;
+  std::size_t chunks = 1;  ///< the chunks the tensor was cut into (1: no overlap)
 };
 
 namespace detail {
@@ -43,6 +47,15 @@ class phase_clock {
     (p == phase::encode     ? split_.encode
      : p == phase::transfer ? split_.transfer
                             : split_.decode) += seconds;
+  }
+  /// The phases of an overlapped call, each timed on its own thread (`run_phases`); the next
+  /// `mark` counts from now.
+  void overlapped(const phase_split& split) {
+    split_.encode += split.encode;
+    split_.transfer += split.transfer;
+    split_.decode += split.decode;
+    split_.chunks = split.chunks;
+    last_ = clock::now();
   }
   const phase_split& split() const { return split_; }
 
