@@ -469,8 +469,10 @@ TEST_SUITE("sparsify") {
     for (float x : out) CHECK(x == 9.0f);
   }
 
-  TEST_CASE_TEMPLATE("decode_add: out + decode, on the k entries only; a bad payload adds nothing",
-                     T, float, double) {
+  TEST_CASE_TEMPLATE(
+      "decode_add and decode_subtract: out +- decode, on the k entries only; a bad payload "
+      "changes nothing",
+      T, float, double) {
     std::mt19937 rng(7);
     std::normal_distribution<double> normal;
     const std::size_t count = 1000;
@@ -502,6 +504,18 @@ TEST_SUITE("sparsify") {
       CHECK_THROWS_AS(
           c.decode_add(host_backend{}, host_view<const std::byte>(bad), host_view<T>(untouched)),
           squall::invalid_argument);
+      CHECK(untouched == base);
+      // decode_subtract: error feedback's residual update, the same rounding as a subtraction
+      std::vector<T> difference = base;
+      c.decode_subtract(host_backend{}, host_view<const std::byte>(payload),
+                        host_view<T>(difference));
+      for (std::size_t i = 0; i < count; ++i) {
+        CAPTURE(i);
+        CHECK(difference[i] == static_cast<T>(base[i] - decoded[i]));
+      }
+      CHECK_THROWS_AS(c.decode_subtract(host_backend{}, host_view<const std::byte>(bad),
+                                        host_view<T>(untouched)),
+                      squall::invalid_argument);
       CHECK(untouched == base);
     };
     check(topk_compressor{.ratio = 0.05});

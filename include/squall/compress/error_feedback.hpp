@@ -142,7 +142,9 @@ struct error_feedback {
 
   /// The same step with the caller's residual as a view in the backend's memory (a device
   /// residual with `cuda_backend`): residual += in (`reduce_into` with `sum_op`); encode;
-  /// residual -= decode (`subtract_into`). `residual` and `scratch` hold `in.count()` elements
+  /// residual -= decode (`subtract_into`; `C::decode_subtract` where it has one, which
+  /// touches only what the payload holds: topk, threshold). `residual` and `scratch` hold
+  /// `in.count()` elements
   /// (`invalid_argument` otherwise).
   template <class B, element T>
   std::size_t encode(const B& backend, buffer_view<T, typename B::memory_space> residual,
@@ -165,8 +167,13 @@ struct error_feedback {
     } else {
       written = inner.encode(backend, r, payload);
     }
-    inner.decode(backend, buffer_view<const std::byte, M>(payload.data(), written), scratch);
-    subtract_into(backend, residual, buffer_view<const T, M>(scratch));
+    const buffer_view<const std::byte, M> sent(payload.data(), written);
+    if constexpr (requires { inner.decode_subtract(backend, sent, residual); }) {
+      inner.decode_subtract(backend, sent, residual);  // sparse: only the k entries sent
+    } else {
+      inner.decode(backend, sent, scratch);
+      subtract_into(backend, residual, buffer_view<const T, M>(scratch));
+    }
     return written;
   }
 

@@ -152,14 +152,19 @@ void check_sparse_indices(const B& backend, std::string_view operation, const st
                              std::to_string(previous));
 }
 
+/// How `decode_sparse` writes the entries: into a zeroed `out`, or added to or subtracted
+/// from what `out` holds (`decode_add`, `decode_subtract`).
+enum class sparse_write { assign, add, subtract };
+
 /// Decodes a sparse payload of `kind` into `out`: checks the header, k <= count, the exact
 /// size and every index (in range, strictly increasing) before writing anything, then zeroes
-/// `out` and scatters, or with `add` adds each entry to `out` (`decode_add`). Throws
-/// `invalid_argument` naming the first fault; `out` is untouched then.
+/// `out` and scatters, or adds or subtracts each entry (`how`). Throws `invalid_argument`
+/// naming the first fault; `out` is untouched then.
 template <class B, real_gradient T>
 void decode_sparse(const B& backend, std::string_view operation, payload_kind kind,
                    buffer_view<const std::byte, typename B::memory_space> payload,
-                   buffer_view<T, typename B::memory_space> out, bool add = false) {
+                   buffer_view<T, typename B::memory_space> out,
+                   sparse_write how = sparse_write::assign) {
   const std::size_t size = payload.count();
   const std::size_t count = out.count();
   std::byte head[24] = {};  // header and k, copied to the host and checked there
@@ -186,18 +191,20 @@ void decode_sparse(const B& backend, std::string_view operation, payload_kind ki
   }
   const std::byte* indices = payload.data() + 24;
   const std::byte* values = indices + k * index_bytes;
+  const auto write = [&]<class Index>() {
+    check_sparse_indices<Index>(backend, operation, indices, k, count);
+    if (how == sparse_write::add) {
+      scatter_add_sparse<Index>(backend, indices, values, k, out);
+    } else if (how == sparse_write::subtract) {
+      scatter_subtract_sparse<Index>(backend, indices, values, k, out);
+    } else {
+      scatter_sparse<Index>(backend, indices, values, k, out);
+    }
+  };
   if (index_bytes == 4) {
-    check_sparse_indices<std::uint32_t>(backend, operation, indices, k, count);
-    if (add)
-      scatter_add_sparse<std::uint32_t>(backend, indices, values, k, out);
-    else
-      scatter_sparse<std::uint32_t>(backend, indices, values, k, out);
+    write.template operator()<std::uint32_t>();
   } else {
-    check_sparse_indices<std::uint64_t>(backend, operation, indices, k, count);
-    if (add)
-      scatter_add_sparse<std::uint64_t>(backend, indices, values, k, out);
-    else
-      scatter_sparse<std::uint64_t>(backend, indices, values, k, out);
+    write.template operator()<std::uint64_t>();
   }
 }
 
@@ -292,7 +299,15 @@ struct topk_compressor {
   template <class B, real_gradient T>
   void decode_add(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
                   buffer_view<T, typename B::memory_space> out) const {
-    detail::decode_sparse(backend, name, kind, payload, out, true);
+    detail::decode_sparse(backend, name, kind, payload, out, detail::sparse_write::add);
+  }
+  /// `out -= decode(payload)`, touching only the payload's k elements (error feedback's
+  /// residual update without a pass over the residual); checks as `decode` does.
+  template <class B, real_gradient T>
+  void decode_subtract(const B& backend,
+                       buffer_view<const std::byte, typename B::memory_space> payload,
+                       buffer_view<T, typename B::memory_space> out) const {
+    detail::decode_sparse(backend, name, kind, payload, out, detail::sparse_write::subtract);
   }
 };
 static_assert(compressor<topk_compressor>);
@@ -456,7 +471,14 @@ struct threshold_compressor {
   template <class B, real_gradient T>
   void decode_add(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
                   buffer_view<T, typename B::memory_space> out) const {
-    detail::decode_sparse(backend, name, kind, payload, out, true);
+    detail::decode_sparse(backend, name, kind, payload, out, detail::sparse_write::add);
+  }
+  /// `out -= decode(payload)` on the payload's entries only, as topk's `decode_subtract`.
+  template <class B, real_gradient T>
+  void decode_subtract(const B& backend,
+                       buffer_view<const std::byte, typename B::memory_space> payload,
+                       buffer_view<T, typename B::memory_space> out) const {
+    detail::decode_sparse(backend, name, kind, payload, out, detail::sparse_write::subtract);
   }
 };
 static_assert(compressor<threshold_compressor>);

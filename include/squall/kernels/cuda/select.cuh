@@ -287,8 +287,9 @@ __global__ void __launch_bounds__(select_threads)
   }
 }
 
-// Writes (or with `Add` adds) value j at index j, for j < k; the indices are distinct.
-template <bool Add, class Index, class T>
+// Writes value j at index j (`Sign` 0), or adds it (+1) or subtracts it (-1) there, for j < k;
+// the indices are distinct.
+template <int Sign, class Index, class T>
 __global__ void __launch_bounds__(select_threads)
     scatter_sparse_kernel(const std::byte* indices, const std::byte* values, std::size_t k,
                           T* out) {
@@ -297,8 +298,10 @@ __global__ void __launch_bounds__(select_threads)
        j += stride) {
     const auto index = static_cast<std::size_t>(load_unaligned<Index>(indices + j * sizeof(Index)));
     const T value = load_unaligned<T>(values + j * sizeof(T));
-    if constexpr (Add)
+    if constexpr (Sign > 0)
       out[index] = static_cast<T>(out[index] + value);
+    else if constexpr (Sign < 0)
+      out[index] = static_cast<T>(out[index] - value);
     else
       out[index] = value;
   }
@@ -475,7 +478,7 @@ void scatter_sparse(const cuda_backend& backend, const std::byte* indices, const
   fill_zero(backend, out);
   if (k == 0) return;
   squall::detail::device_guard guard(backend.device);
-  detail::scatter_sparse_kernel<false, Index>
+  detail::scatter_sparse_kernel<0, Index>
       <<<detail::select_grid(k), detail::select_threads, 0, backend.stream>>>(indices, values, k,
                                                                               out.data());
   SQUALL_CUDA_CHECK(cudaGetLastError());
@@ -488,7 +491,20 @@ void scatter_add_sparse(const cuda_backend& backend, const std::byte* indices,
                         const std::byte* values, std::size_t k, device_view<T> out) {
   if (k == 0) return;
   squall::detail::device_guard guard(backend.device);
-  detail::scatter_sparse_kernel<true, Index>
+  detail::scatter_sparse_kernel<1, Index>
+      <<<detail::select_grid(k), detail::select_threads, 0, backend.stream>>>(indices, values, k,
+                                                                              out.data());
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Device twin of the host `scatter_subtract_sparse`: `out[index_j] -= value_j`. The indices
+/// are distinct, so no two threads touch one element.
+template <class Index, real_gradient T>
+void scatter_subtract_sparse(const cuda_backend& backend, const std::byte* indices,
+                             const std::byte* values, std::size_t k, device_view<T> out) {
+  if (k == 0) return;
+  squall::detail::device_guard guard(backend.device);
+  detail::scatter_sparse_kernel<-1, Index>
       <<<detail::select_grid(k), detail::select_threads, 0, backend.stream>>>(indices, values, k,
                                                                               out.data());
   SQUALL_CUDA_CHECK(cudaGetLastError());

@@ -411,19 +411,38 @@ void scatter_sparse(const host_backend& /*backend*/, const std::byte* indices,
   }
 }
 
-/// Adds value j at index j of `out` (`out[index_j] += value_j`), for j < k: a sparse payload
-/// decoded into a sum without a pass over `out`. Indices as for `scatter_sparse`.
-template <class Index, real_gradient T>
-void scatter_add_sparse(const host_backend& /*backend*/, const std::byte* indices,
-                        const std::byte* values, std::size_t k, host_view<T> out) {
+namespace detail {
+/// `out[index_j] + value_j` (`Sign` +1) or `out[index_j] - value_j` (-1) into
+/// `out[index_j]`, for j < k. Indices as for `scatter_sparse`.
+template <int Sign, class Index, real_gradient T>
+void scatter_combine_sparse(const std::byte* indices, const std::byte* values, std::size_t k,
+                            host_view<T> out) {
   for (std::size_t j = 0; j < k; ++j) {
     Index index;
     T value;
     std::memcpy(&index, indices + j * sizeof(Index), sizeof index);
     std::memcpy(&value, values + j * sizeof(T), sizeof value);
     T& at = out[static_cast<std::size_t>(index)];
-    at = static_cast<T>(at + value);
+    at = static_cast<T>(Sign > 0 ? at + value : at - value);
   }
+}
+}  // namespace detail
+
+/// Adds value j at index j of `out` (`out[index_j] += value_j`), for j < k: a sparse payload
+/// decoded into a sum without a pass over `out`. Indices as for `scatter_sparse`.
+template <class Index, real_gradient T>
+void scatter_add_sparse(const host_backend& /*backend*/, const std::byte* indices,
+                        const std::byte* values, std::size_t k, host_view<T> out) {
+  detail::scatter_combine_sparse<1, Index>(indices, values, k, out);
+}
+
+/// Subtracts value j at index j of `out` (`out[index_j] -= value_j`), for j < k: error
+/// feedback's residual -= decode(payload) without a pass over the residual. Indices as for
+/// `scatter_sparse`.
+template <class Index, real_gradient T>
+void scatter_subtract_sparse(const host_backend& /*backend*/, const std::byte* indices,
+                             const std::byte* values, std::size_t k, host_view<T> out) {
+  detail::scatter_combine_sparse<-1, Index>(indices, values, k, out);
 }
 
 /// The stratum layout of random-k: [0, count) split into k strata, the first count % k of
