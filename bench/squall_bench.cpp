@@ -304,7 +304,8 @@ class bench {
     } else
 #endif
     {
-      return squall::shm_transport(squall::shm_job{j_.shm_name + "-" + topology, j_.rank, j_.size});
+      return squall::shm_transport(
+          squall::shm_job{j_.shm_name + "-" + topology, j_.rank, j_.size, j_.shm_key});
     }
   }
 
@@ -849,6 +850,7 @@ int main(int argc, char** argv) {
           static_cast<long long>(clock_type::now().time_since_epoch().count() % 1000000007)};
       MPI_Bcast(id, 2, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
       j.shm_name = "bench-" + std::to_string(id[0]) + "-" + std::to_string(id[1]);
+      j.shm_key = squall::shm_job::key_of(j.shm_name);
       status = run_rank<squall::shm_transport>(s, j);
     }
   } catch (const std::exception& e) {
@@ -862,7 +864,7 @@ int main(int argc, char** argv) {
 #else
   (void)under_launcher;
   const squall::launch_result result = squall::launch(ranks, [&](const squall::shm_job& me) {
-    job j{.rank = me.rank, .size = me.size, .mpi = false, .shm_name = me.name};
+    job j{.rank = me.rank, .size = me.size, .mpi = false, .shm_name = me.name, .shm_key = me.key};
     try {
       return run_rank<squall::shm_transport>(s, j);
     } catch (const std::exception& e) {

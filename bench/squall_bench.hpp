@@ -58,8 +58,9 @@ struct settings {
 struct job {
   int rank = 0;
   int size = 1;
-  bool mpi = false;      // MPI is initialised: time MPI's collective, reduce times with it
-  std::string shm_name;  // the base name of the shm jobs
+  bool mpi = false;           // MPI is initialised: time MPI's collective, reduce times with it
+  std::string shm_name;       // the base name of the shm jobs
+  std::uint64_t shm_key = 0;  // their job key (shm_job::key)
 };
 
 struct row {

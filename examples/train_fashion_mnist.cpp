@@ -21,7 +21,9 @@
 // the allreduce (DGC's momentum correction), without it after. After each epoch: the mean training
 // loss, the accuracy on the test images (split across the ranks), the wall time, the time in the
 // gradient allreduces and the bytes this rank sent for them since the start, the most of any rank.
-// At the end every rank's weights are compared bit for bit. The images come from Debian's
+// At the end every rank's weights are compared bit for bit. The compressed allreduces check
+// their inputs (squall::options::check_finite): a non-finite gradient on any rank stops every
+// rank with an error naming it. The images come from Debian's
 // dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), $SQUALL_FASHION_MNIST or --data.
 #include <squall/compress/by_name.hpp>
 #include <squall/squall.hpp>
@@ -200,8 +202,11 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
   C c1 = compressor, c2 = compressor;
   set_columns(c1, model.hidden);
   set_columns(c2, model.classes);
-  comm_type comm1(me.make("w1"), {}, c1, {}, tuning);
-  comm_type comm2(me.make("w2"), {}, c2, {}, tuning);
+  // a NaN or infinity in a gradient stops every rank at once, naming it, before it can enter
+  // a payload, the sum or an error-feedback residual
+  const squall::options opts{.check_finite = true};
+  comm_type comm1(me.make("w1"), {}, c1, opts, tuning);
+  comm_type comm2(me.make("w2"), {}, c2, opts, tuning);
   // A tensor whose fixed-size payload is not smaller than its dense bytes goes dense: a
   // 3 x 4096 count sketch of W2's 2,560 values would send 4.8 times their bytes.
   const auto worth = [&](const comm_type& comm, std::size_t count) {
@@ -474,7 +479,7 @@ int main(int argc, char** argv) {
     const squall::launch_result result = squall::launch(s.ranks, [&](const squall::shm_job& job) {
       const auto make = [&](std::string_view part) {
         return squall::shm_transport(
-            squall::shm_job{job.name + "-" + std::string(part), job.rank, job.size});
+            squall::shm_job{job.name + "-" + std::string(part), job.rank, job.size, job.key});
       };
       const rank_of_job<squall::shm_transport, decltype(make)> me{job.rank, job.size, make};
       return squall::visit_compressor(choice, [&](auto c) {

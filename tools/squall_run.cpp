@@ -5,8 +5,11 @@
 //
 // Each rank runs `program args...` with SQUALL_JOB, SQUALL_RANK and SQUALL_WORLD_SIZE set,
 // which `shm_transport()` reads. When a rank fails (non-zero exit or a signal), the others
-// get SIGTERM, then SIGKILL a second later, and squall-run exits with the failing rank's
-// status (128 + signal for a signal).
+// get SIGTERM, then SIGKILL a second later, and squall-run names the rank that failed first
+// (one a signal killed before one that exited on seeing it die) and exits with its status
+// (128 + signal for a signal). SIGINT, SIGTERM and SIGHUP sent to squall-run go to every rank
+// (SIGKILL a second later), and it exits with 128 + that signal; if squall-run itself is
+// killed, its ranks get SIGKILL (a parent-death signal).
 #include <squall/transport/launch.hpp>
 
 #include <cstdio>
@@ -63,8 +66,11 @@ int main(int argc, char** argv) {
           return 127;
         },
         options);
-    if (!result.ok()) {
-      std::fprintf(stderr, "squall-run: rank %d failed with status %d\n", result.failed_rank,
+    if (result.signal != 0) {
+      std::fprintf(stderr, "squall-run: received signal %d, passed on to the ranks\n",
+                   result.signal);
+    } else if (!result.ok()) {
+      std::fprintf(stderr, "squall-run: rank %d failed first, with status %d\n", result.failed_rank,
                    result.exit_code());
     }
     return result.exit_code();

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Faults of real processes on shm_transport: a rank killed mid-transfer, a rank that never
 // arrives, a stopped rank, a stale segment from a killed job, a name held by a live job, a
-// rank killed between two allreduces of a communicator. Nothing may hang, and nothing may
-// stay in /dev/shm.
+// rank killed between two allreduces of a communicator, a planted segment of another uid or
+// with an open mode. Nothing may hang, and nothing of this user's may stay in /dev/shm.
 
 #include <squall/algorithm/communicator.hpp>
 #include <squall/topology/direct.hpp>
@@ -11,9 +11,12 @@
 #include <squall/transport/shm.hpp>
 
 #include <doctest/doctest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cstring>
+#include <fcntl.h>
 #include <signal.h>
 #include <string>
 #include <thread>
@@ -189,6 +192,134 @@ TEST_SUITE("shm_fault") {
                                  return test::is_message(buf, 0, 1) ? 0 : 71;
                                },
                                {.job = job});
+    CHECK_FALSE(test::segment_left(job));
+  }
+
+  TEST_CASE("a planted segment of another uid, or one open to others, is refused at once") {
+    if (geteuid() != 0) {
+      MESSAGE("skipped: planting a file of another uid needs root");
+      return;
+    }
+    const std::string job = squall::detail::unique_job_name();
+    const std::string name = squall::detail::shm::segment_name(job);
+    struct remove_at_end {
+      std::string name;
+      ~remove_at_end() { shm_unlink(name.c_str()); }
+    } cleanup{name};
+    // planted by another user (uid 65534, nobody), writable by everyone, no squall header
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(ftruncate(fd, 1 << 16) == 0);
+    REQUIRE(fchmod(fd, 0666) == 0);
+    REQUIRE(fchown(fd, 65534, 65534) == 0);
+    close(fd);
+    const auto refused = [&](int rank) {
+      std::string what = "(nothing thrown)";
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        shm_transport t(shm_job{job, rank, 2}, squall::options{.deadline = 30s});
+      } catch (const squall::error& e) {
+        what = e.what();
+      }
+      CHECK(seconds_since(start) < 5.0);  // at once, not at the 30 s deadline
+      return what;
+    };
+    for (int rank : {0, 1}) {  // rank 0 would replace it, rank 1 would attach to it
+      CAPTURE(rank);
+      const std::string what = refused(rank);
+      CHECK(what.find("belongs to uid 65534") != std::string::npos);
+      CHECK(what.find("SQUALL_JOB") != std::string::npos);
+    }
+    CHECK(test::segment_left(job));  // not this user's to remove
+    // this user's own file, but open to group and others: an attaching rank refuses it
+    const int own = shm_open(name.c_str(), O_RDWR, 0);
+    REQUIRE(own >= 0);
+    REQUIRE(fchown(own, geteuid(), getegid()) == 0);
+    close(own);
+    const std::string what = refused(1);
+    CHECK(what.find("has mode 0666") != std::string::npos);
+  }
+
+  TEST_CASE("a peer that exits after its last send is not a failure for the others") {
+    // Rank 3 sends its last message to rank 0 and exits at once; ranks 0-2 go on passing
+    // messages among themselves for 600 ms, sleeping between them, so that their waits check
+    // the peers' liveness many times. Only a rank whose pending work needs rank 3 may fail.
+    test::expect_ranks_succeed(4, [](const shm_job& me) {
+      shm_transport t(me, squall::options{.deadline = 30s});
+      std::vector<std::byte> buf(4096);
+      if (me.rank == 3) {
+        const auto out = test::make_message(3, 0, buf.size());
+        t.send(0, buffer_view<const std::byte>(out)).wait();
+        return 0;  // exits: its part is done
+      }
+      if (me.rank == 0) {
+        t.recv(3, buf).wait();
+        if (!test::is_message(buf, 3, 0)) return 71;
+      }
+      const int next = (me.rank + 1) % 3;
+      const int prev = (me.rank + 2) % 3;
+      for (int round = 0; round < 4; ++round) {  // 4 x 150 ms
+        const auto out = test::make_message(me.rank, next, buf.size());
+        auto r = t.recv(prev, buf);
+        std::this_thread::sleep_for(me.rank == 0 ? 150ms : 0ms);  // the others wait on rank 0
+        t.send(next, buffer_view<const std::byte>(out)).wait();
+        r.wait();
+        if (!test::is_message(buf, prev, me.rank)) return 72;
+      }
+      return 0;
+    });
+  }
+
+  TEST_CASE("two jobs of one name never merge: the job key refuses the stranger at once") {
+    const std::string job = squall::detail::unique_job_name();
+    const auto result = squall::launch(
+        3,
+        [&](const shm_job& me) {
+          if (me.rank == 2) {  // "rank 1" of another job with the same name
+            const auto start = std::chrono::steady_clock::now();
+            try {
+              shm_transport t(shm_job{job, 1, 2, me.key + 1}, squall::options{.deadline = 20s});
+            } catch (const squall::mismatch_error& e) {
+              const std::string what = e.what();
+              if (seconds_since(start) > 5.0) return 83;
+              return what.find("another job of the same name") != std::string::npos ? 0 : 81;
+            }
+            return 82;
+          }
+          // ranks 0 and 1 of the real job; rank 1 comes after the stranger has tried
+          if (me.rank == 1) std::this_thread::sleep_for(1s);
+          shm_transport t(shm_job{job, me.rank, 2, me.key}, squall::options{.deadline = 20s});
+          std::vector<std::byte> buf(1000);
+          if (me.rank == 0) {
+            const auto out = test::make_message(0, 1, buf.size());
+            t.send(1, buffer_view<const std::byte>(out)).wait();
+            return 0;
+          }
+          t.recv(0, buf).wait();
+          return test::is_message(buf, 0, 1) ? 0 : 71;
+        },
+        {.job = job});
+    INFO(test::statuses(result));
+    CHECK(result.ok());
+    CHECK_FALSE(test::segment_left(job));
+  }
+
+  TEST_CASE("a rank that fails before every rank attached leaves no segment behind") {
+    const std::string job = squall::detail::unique_job_name();
+    const auto result = squall::launch(
+        2,
+        [&](const shm_job& me) {
+          if (me.rank == 1) {  // fails before it ever attaches, once rank 0 made the segment
+            std::this_thread::sleep_for(500ms);
+            return 5;
+          }
+          shm_transport t(me, squall::options{.deadline = 30s});  // ended by the launcher
+          return 0;
+        },
+        {.job = job, .grace = std::chrono::milliseconds(200)});
+    INFO(test::statuses(result));
+    CHECK(result.failed_rank == 1);
+    CHECK(result.status[0] == 128 + SIGTERM);
     CHECK_FALSE(test::segment_left(job));
   }
 

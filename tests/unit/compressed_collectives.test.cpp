@@ -585,10 +585,32 @@ TEST_SUITE("compressed_collectives") {
     CHECK(contains(what_of([&] { longer.restore(view); }), "100 elements restored for 101"));
     CHECK(longer.step() == 0);
     squall::compression_state<C, float> same(count);
-    CHECK(contains(what_of([&] { same.restore(view.subview(0, view.count() - 1)); }), "sub-state"));
+    CHECK(contains(what_of([&] { same.restore(view.subview(0, view.count() - 1)); }), "checksum"));
     std::vector<std::byte> longer_bytes = bytes;
     longer_bytes.push_back(std::byte{0});
     CHECK(contains(what_of([&] { same.restore(squall::host_view<const std::byte>(longer_bytes)); }),
+                   "checksum mismatch"));
+    // every single changed byte is refused (the checksum, or the magic and version before it)
+    std::size_t accepted = 0;
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      std::vector<std::byte> changed = bytes;
+      changed[i] ^= std::byte{0x10};
+      try {
+        same.restore(squall::host_view<const std::byte>(changed));
+        ++accepted;
+      } catch (const squall::invalid_argument&) {
+      }
+    }
+    CHECK(accepted == 0);
+    // a version-1 state (no checksum: saved before it existed) still restores, and is checked
+    // structurally: a byte too many is refused after the sub-states
+    std::vector<std::byte> version1(bytes.begin(), bytes.end() - 8);
+    version1[4] = std::byte{1};
+    squall::compression_state<C, float> old_format(count);
+    old_format.restore(squall::host_view<const std::byte>(version1));
+    CHECK(old_format.step() == 7);
+    version1.push_back(std::byte{0});
+    CHECK(contains(what_of([&] { same.restore(squall::host_view<const std::byte>(version1)); }),
                    "after the sub-states"));
     std::vector<std::byte> foreign = bytes;
     foreign[0] = std::byte{0};
@@ -610,6 +632,39 @@ TEST_SUITE("compressed_collectives") {
         squall::powersgd_compressor{.rank = 2, .columns = 12}, 120);
     CHECK(contains(what_of([&] { ps_other.restore(squall::host_view<const std::byte>(ps_bytes)); }),
                    "low-rank state of 12 x 10 rank 2 restored for 10 x 12 rank 2"));
+  }
+
+  TEST_CASE("check_finite: a NaN or infinity on one rank stops every rank before sending") {
+    using C = squall::error_feedback<squall::int8_compressor>;
+    const std::size_t count = 1000;
+    for (const float bad :
+         {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      CAPTURE(bad);
+      std::vector<std::string> what(3);
+      std::vector<std::vector<float>> residual(3), after(3);
+      run_ranks(3, [&](inproc_transport& t) {
+        const int r = t.rank();
+        const auto me = static_cast<std::size_t>(r);
+        squall::communicator<inproc_transport, squall::ring_topology, C> comm(
+            std::move(t), {}, C{}, {.check_finite = true},
+            {.aggregation = squall::aggregation::gather});
+        auto state = comm.make_state<float>(count);
+        std::vector<float> data(count, static_cast<float>(r + 1));
+        if (r == 1) data[17] = bad;
+        what[me] = what_of([&] { comm.allreduce(squall::host_view<float>(data), state); });
+        const auto res = state.residual().residual();
+        residual[me].assign(res.data(), res.data() + res.count());
+        after[me].assign(count, static_cast<float>(r + 1));  // the next call, clean
+        comm.allreduce(squall::host_view<float>(after[me]), state);
+      });
+      for (std::size_t r = 0; r < 3; ++r) {
+        CAPTURE(r);
+        CHECK(contains(what[r], "rank 1's input has a NaN or infinity at element 17"));
+        CHECK(std::all_of(residual[r].begin(), residual[r].end(), [](float x) { return x == 0; }));
+        CHECK(std::all_of(after[r].begin(), after[r].end(),
+                          [](float x) { return std::fabs(x - 6.0f) < 1e-4f; }));
+      }
+    }
   }
 
   TEST_CASE("a state of another count is refused, naming both counts") {

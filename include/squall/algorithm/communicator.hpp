@@ -84,7 +84,8 @@ class communicator {
   /// model measured on another rank count.
   explicit communicator(Transport transport, Topology topology = {}, const options& opts = {},
                         const collective_tuning& tuning = {}, Backend backend = {})
-      : dense_(std::move(transport), std::move(topology), opts, tuning, std::move(backend)) {}
+      : dense_(std::move(transport), std::move(topology), opts, tuning, std::move(backend)),
+        check_finite_(opts.check_finite) {}
 
   /// The same, with the compressor the compressed collectives use (its tuned parameters:
   /// ratio, bits, rank, seed). Every rank must pass the same parameters.
@@ -92,7 +93,8 @@ class communicator {
   communicator(Transport transport, Topology topology, C compressor, const options& opts = {},
                const collective_tuning& tuning = {}, Backend backend = {})
       : dense_(std::move(transport), std::move(topology), opts, tuning, std::move(backend)),
-        compressor_(std::move(compressor)) {}
+        compressor_(std::move(compressor)),
+        check_finite_(opts.check_finite) {}
 
   int rank() const { return dense_.rank(); }
   int size() const { return dense_.size(); }
@@ -204,6 +206,7 @@ class communicator {
         how, dense_.tuning(), compressor_, data.count(), rank());
     dense_.begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count(),
                       static_cast<int>(state.step() & 0x7fffffff), how, plan.chunks);
+    if (check_finite_) detail::require_finite_everywhere(dense_.core(), view<const T>(data));
     workspace_.clock.start();
     detail::compressed_allreduce(how, plan, dense_.core(), compressor_, workspace_, data, state);
     detail::dispatch::finalize_on(backend(), op, data, static_cast<std::size_t>(size()));
@@ -260,6 +263,7 @@ class communicator {
     require_state("compressed allgather", state.count(), count, "blocks");
     dense_.begin_call(collective::allgather, dtype_of<T>, "", count,
                       static_cast<int>(state.step() & 0x7fffffff), aggregation::gather);
+    if (check_finite_) detail::require_finite_everywhere(dense_.core(), in);
     workspace_.clock.start();
     detail::compressed_allgather(dense_.core(), compressor_, workspace_.payload, workspace_.gather,
                                  in, out, state, workspace_.clock);
@@ -295,6 +299,7 @@ class communicator {
 
   detail::dense_collectives<Transport, Topology, Backend> dense_;
   Compressor compressor_{};
+  bool check_finite_ = false;  ///< options::check_finite
   detail::compressed_workspace<Backend> workspace_;
 };
 

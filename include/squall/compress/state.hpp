@@ -15,11 +15,12 @@
 /// `make_state<T>(count)` takes no backend keeps its state where it puts it (the host).
 ///
 /// `save()` gives checked bytes (layout below) and `restore()` takes them back, refusing a
-/// state of another compressor, element type or count.
+/// state of another compressor, element type or count, and bytes whose checksum does not
+/// match (any single changed byte is caught: see `state_checksum`).
 ///
 /// Saved layout (little-endian):
 ///
-///   offset 0   u32 magic "SQCS"       offset 4   u16 version 1
+///   offset 0   u32 magic "SQCS"       offset 4   u16 version 2
 ///   offset 6   u8  dtype of T         offset 7   u8  payload kind of the (inner) compressor
 ///   offset 8   u64 count              offset 16  u64 step
 ///   offset 24  48 bytes: the compressor's label (`compressor_label<C>()`), zero padded
@@ -27,6 +28,10 @@
 ///              `error_feedback_state<T>::save()`
 ///   then       u64 low-rank bytes S (0 without), then S bytes of the low-rank state's
 ///              `save()` (`powersgd_state<T>::save()` for PowerSGD)
+///   last       u64 `state_checksum` of every byte before it
+///
+/// Version 1 (the same without the checksum) still restores: checkpoints made before the
+/// checksum keep loading.
 
 #include <squall/backend/host.hpp>
 #include <squall/compress/error_feedback.hpp>
@@ -137,6 +142,21 @@ constexpr std::uint8_t compressor_kind() {
   }
 }
 
+namespace detail {
+/// 64-bit FNV-1a of `bytes`: each byte is xored into the hash, which is then multiplied by an
+/// odd constant; both steps are bijections of the hash, so two inputs of one length that
+/// differ in one byte always hash differently (a single corrupted byte is always caught).
+/// Not a defence against deliberate tampering.
+inline std::uint64_t state_checksum(const std::byte* bytes, std::size_t n) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= static_cast<std::uint64_t>(bytes[i]);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+}  // namespace detail
+
 /// The per-tensor state of a compressed collective with compressor `C` over `count` elements
 /// of `T` (float or double), in `Backend`'s memory. See the file comment.
 template <compressor C, real_gradient T, class Backend = host_backend>
@@ -187,7 +207,7 @@ class compression_state {
   std::vector<std::byte> save() const {
     std::vector<std::byte> out(fixed_bytes);
     const std::uint32_t magic = save_magic;
-    const std::uint16_t version = 1;
+    const std::uint16_t version = 2;
     const auto type = static_cast<std::uint8_t>(dtype_of<T>);
     const std::uint8_t kind = compressor_kind<C>();
     const std::uint64_t fields[2] = {count_, step_};
@@ -204,19 +224,24 @@ class compression_state {
     } else {
       append_blob(out, {});
     }
+    const std::uint64_t sum = detail::state_checksum(out.data(), out.size());
+    out.resize(out.size() + 8);
+    std::memcpy(out.data() + out.size() - 8, &sum, 8);
     return out;
   }
 
   /// Replaces this state by `save()`'s bytes. Throws `invalid_argument` (and leaves this
-  /// state unchanged) unless they are a version-1 state of the same compressor (label and
-  /// kind), element type and count, with the sub-states this compressor has, each valid and
-  /// of this state's shape (residual count; PowerSGD's m, c and rank).
-  void restore(host_view<const std::byte> bytes) {
+  /// state unchanged) unless they are a version-2 state whose checksum matches (or a version-1
+  /// state, which has none) of the same compressor (label and kind), element type and count,
+  /// with the sub-states this compressor has, each valid and of this state's shape (residual
+  /// count; PowerSGD's m, c and rank).
+  void restore(host_view<const std::byte> all) {
     const error_context where{.operation = "compression_state restore"};
-    if (bytes.count() < fixed_bytes + 8) {
-      throw invalid_argument(where, std::to_string(bytes.count()) + " bytes, fewer than " +
+    if (all.count() < fixed_bytes + 8) {
+      throw invalid_argument(where, std::to_string(all.count()) + " bytes, fewer than " +
                                         std::to_string(fixed_bytes + 8));
     }
+    host_view<const std::byte> bytes = all;
     std::uint32_t magic = 0;
     std::uint16_t version = 0;
     std::uint8_t type = 0;
@@ -230,8 +255,17 @@ class compression_state {
     std::memcpy(fields, bytes.data() + 8, 16);
     std::memcpy(label, bytes.data() + 24, label_bytes);
     if (magic != save_magic) throw invalid_argument(where, "not a saved compression state");
-    if (version != 1) {
-      throw invalid_argument(where, "version " + std::to_string(version) + " is not 1");
+    if (version != 1 && version != 2) {
+      throw invalid_argument(where, "version " + std::to_string(version) + " is not 1 or 2");
+    }
+    if (version == 2) {  // the checksum first: nothing else is read from changed bytes
+      std::uint64_t sum = 0;
+      std::memcpy(&sum, all.data() + all.count() - 8, 8);
+      bytes = all.subview(0, all.count() - 8);
+      if (sum != detail::state_checksum(bytes.data(), bytes.count())) {
+        throw invalid_argument(where, "checksum mismatch: the " + std::to_string(all.count()) +
+                                          " bytes were changed or cut since they were saved");
+      }
     }
     const std::string want = compressor_label<C>().substr(0, label_bytes);
     if (std::string_view(label) != want || kind != compressor_kind<C>()) {

@@ -48,6 +48,11 @@ struct options {
   /// Whether each collective first checks, cheaply, that every rank called the same
   /// collective with the same count, element type and op (`mismatch_error` if not).
   bool check_mismatch = true;
+  /// Whether each compressed allreduce and allgather first checks every rank's input for NaN
+  /// and infinity: if any rank has one, every rank throws `invalid_argument` naming that rank
+  /// and element before anything is encoded or sent, so no payload, sum or error-feedback
+  /// residual takes it in. Costs a pass over the input and a 8-byte exchange per call.
+  bool check_finite = false;
 
   /// The deadline in force: `deadline` if set, else the environment, else 300 s.
   /// Throws `invalid_argument` for a non-positive or unparsable value.

@@ -35,11 +35,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
-#include <cstdlib>  // getenv
+#include <cstdint>
+#include <cstdlib>  // getenv, strtoull
 #include <cstring>  // memcpy
 #include <deque>
+#include <fstream>
 #include <memory>
 #include <sched.h>  // sched_getaffinity, CPU_COUNT
+#include <sstream>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -54,29 +57,53 @@ struct shm_job {
   std::string name;
   int rank = 0;
   int size = 1;
+  /// The job's key: rank 0 writes it into the segment and every other rank must find its own
+  /// there, so two jobs that share a name never merge (`mismatch_error`). 0: none (a job
+  /// without a key only joins a segment made without one).
+  std::uint64_t key = 0;
 
-  /// From `SQUALL_JOB`, `SQUALL_RANK`, `SQUALL_WORLD_SIZE` (set by `squall-run` and
-  /// `squall::launch`); else from Open MPI's launcher (`OMPI_COMM_WORLD_LOCAL_RANK`,
-  /// `..._LOCAL_SIZE`, job id) or MPICH's Hydra (`MPI_LOCALRANKID`, `MPI_LOCALNRANKS`), so the
-  /// same binary runs under `mpiexec`. Throws `invalid_argument` naming the variables when
-  /// none are set or they are malformed.
+  /// From `SQUALL_JOB`, `SQUALL_RANK`, `SQUALL_WORLD_SIZE` and `SQUALL_JOB_KEY` (set by
+  /// `squall-run` and `squall::launch`; without `SQUALL_JOB` the name is "job-" and the
+  /// parent's pid, so ranks started by one shell or script share it and other jobs do not);
+  /// else from Open MPI's launcher (`OMPI_COMM_WORLD_LOCAL_RANK`, `..._LOCAL_SIZE`, job id)
+  /// or MPICH's Hydra (`MPI_LOCALRANKID`, `MPI_LOCALNRANKS`), so the same binary runs under
+  /// `mpiexec`; there the key is derived from the job id (Open MPI) or the proxy's pid and
+  /// start time (Hydra). Throws `invalid_argument` naming the variables when none are set or
+  /// they are malformed.
   static shm_job from_environment() {
     const auto get = [](const char* name) -> const char* { return std::getenv(name); };
     if (get("SQUALL_RANK") != nullptr || get("SQUALL_WORLD_SIZE") != nullptr) {
-      return make(get("SQUALL_JOB") != nullptr ? get("SQUALL_JOB") : "", get("SQUALL_RANK"),
-                  get("SQUALL_WORLD_SIZE"), "SQUALL_JOB/SQUALL_RANK/SQUALL_WORLD_SIZE");
+      const char* name = get("SQUALL_JOB");
+      shm_job job =
+          make(name != nullptr ? name : "job-" + std::to_string(getppid()), get("SQUALL_RANK"),
+               get("SQUALL_WORLD_SIZE"), "SQUALL_JOB/SQUALL_RANK/SQUALL_WORLD_SIZE");
+      if (const char* key = get("SQUALL_JOB_KEY"); key != nullptr) {
+        char* end = nullptr;
+        job.key = std::strtoull(key, &end, 16);
+        if (*key == '\0' || *end != '\0') {
+          throw invalid_argument({.operation = "shm_job"},
+                                 "SQUALL_JOB_KEY='" + std::string(key) + "' is not a hex number");
+        }
+      }
+      return job;
     }
     if (get("OMPI_COMM_WORLD_LOCAL_RANK") != nullptr) {
-      const char* job = get("OMPI_MCA_ess_base_jobid");
-      if (job == nullptr) job = get("PMIX_NAMESPACE");
-      return make(std::string("ompi-") + (job != nullptr ? job : std::to_string(getppid())),
-                  get("OMPI_COMM_WORLD_LOCAL_RANK"), get("OMPI_COMM_WORLD_LOCAL_SIZE"),
-                  "OMPI_COMM_WORLD_LOCAL_RANK/OMPI_COMM_WORLD_LOCAL_SIZE");
+      const char* id = get("OMPI_MCA_ess_base_jobid");
+      if (id == nullptr) id = get("PMIX_NAMESPACE");
+      const std::string job_id = id != nullptr ? id : std::to_string(getppid());
+      shm_job job = make("ompi-" + job_id, get("OMPI_COMM_WORLD_LOCAL_RANK"),
+                         get("OMPI_COMM_WORLD_LOCAL_SIZE"),
+                         "OMPI_COMM_WORLD_LOCAL_RANK/OMPI_COMM_WORLD_LOCAL_SIZE");
+      job.key = key_of(job_id + "/" + std::to_string(getppid()));
+      return job;
     }
     if (get("MPI_LOCALRANKID") != nullptr) {
-      // Hydra starts the ranks of a host from one proxy: its pid names the job there.
-      return make("hydra-" + std::to_string(getppid()), get("MPI_LOCALRANKID"),
-                  get("MPI_LOCALNRANKS"), "MPI_LOCALRANKID/MPI_LOCALNRANKS");
+      // Hydra starts the ranks of a host from one proxy: its pid names the job there, and its
+      // pid with its start time (a pid is reused, the pair is not) keys it.
+      shm_job job = make("hydra-" + std::to_string(getppid()), get("MPI_LOCALRANKID"),
+                         get("MPI_LOCALNRANKS"), "MPI_LOCALRANKID/MPI_LOCALNRANKS");
+      job.key = key_of("hydra/" + std::to_string(getppid()) + "/" + start_time_of(getppid()));
+      return job;
     }
     throw invalid_argument({.operation = "shm_job"},
                            "no job in the environment: set SQUALL_JOB, SQUALL_RANK and "
@@ -102,7 +129,33 @@ struct shm_job {
     }
   }
 
+  /// A job key from text that names one job (64-bit FNV-1a, never 0).
+  static std::uint64_t key_of(const std::string& text) {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (const char c : text) {
+      h ^= static_cast<unsigned char>(c);
+      h *= 0x100000001b3ull;
+    }
+    return h == 0 ? 1 : h;
+  }
+
  private:
+  // Field 22 of /proc/<pid>/stat, the process's start time in clock ticks since boot ("" if
+  // unreadable): with the pid, it names one process.
+  static std::string start_time_of(pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return {};
+    const auto paren = line.rfind(')');
+    if (paren == std::string::npos) return {};
+    std::istringstream fields(line.substr(paren + 2));
+    std::string field;
+    for (int i = 3; i <= 22 && fields >> field; ++i) {
+      if (i == 22) return field;
+    }
+    return {};
+  }
+
   static shm_job make(std::string name, const char* rank, const char* size, const char* source) {
     const auto number = [&](const char* text) {
       char* end = nullptr;
@@ -113,7 +166,6 @@ struct shm_job {
       }
       return static_cast<int>(value);
     };
-    if (name.empty()) name = "job";
     shm_job job{std::move(name), number(rank), number(size)};
     job.validate();
     return job;
@@ -156,7 +208,7 @@ struct state {
       : budget(opts.resolved_deadline()),
         rank(job.rank),
         size(job.size),
-        seg(job.name, job.rank, shape_of(job, config), deadline(budget)),
+        seg(job.name, job.rank, job.key, shape_of(job, config), deadline(budget)),
         sends(static_cast<std::size_t>(job.size)),
         recvs(static_cast<std::size_t>(job.size)),
         payload(config.slot_bytes - sizeof(slot_header)),
@@ -289,8 +341,18 @@ struct state {
     if (!failed.empty()) throw peer_failure(where, "transport already failed: " + failed);
   }
 
+  /// Whether this rank's pending work still needs `peer`: a send to it or a receive from it
+  /// not complete, a single-copy send it has not acknowledged, or a barrier not complete
+  /// (which needs every rank).
+  bool needs(int peer) const {
+    const auto p = static_cast<std::size_t>(peer);
+    if (!sends[p].empty() || !recvs[p].empty() || !awaiting_ack[p].empty()) return true;
+    return barrier_generation != seg.head().barrier_generation.load(std::memory_order_acquire);
+  }
+
   /// Throws `peer_failure` if a rank recorded a failure, or (at most every 100 ms, or when
-  /// `force`) if a peer process is gone.
+  /// `force`) if a peer process this rank's pending work needs is gone: a peer that exited
+  /// after its part of the last operation is not a failure.
   void check_peers(const error_context& where, bool force) {
     const std::int32_t culprit = head().failed_rank.load();
     if (culprit >= 0) {
@@ -307,7 +369,7 @@ struct state {
     if (!force && now - last_liveness_check < std::chrono::milliseconds(100)) return;
     last_liveness_check = now;
     for (int r = 0; r < size; ++r) {
-      if (r == rank) continue;
+      if (r == rank || !needs(r)) continue;
       const std::int32_t pid = seg.rank(r).pid.load();
       if (!process_alive(pid)) {
         error_context at = where;

@@ -22,8 +22,10 @@
 
 #include <concepts>  // same_as
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace squall::detail {
 
@@ -40,6 +42,27 @@ struct compressed_workspace {
   gather_workspace<Backend> gather_second;  ///< gather's second slot with overlap
   phase_clock clock;                        ///< the last call's split (communicator::last_split)
 };
+
+/// `options::check_finite`: every rank finds the first NaN or infinite element of its `in` and
+/// the ranks exchange where (8 bytes each) before anything else moves; if any rank has one,
+/// every rank throws `invalid_argument` naming the lowest such rank and its element, so all
+/// stop at the same point and the next call starts clean.
+template <class Dense, class T>
+void require_finite_everywhere(Dense& dense,
+                               buffer_view<const T, typename Dense::memory_space> in) {
+  const std::uint64_t mine = first_non_finite(dense.backend(), in);
+  dense.settle();
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(dense.size()), mine);
+  if (dense.size() > 1) dense.exchange(&mine, sizeof mine, all.data());
+  for (std::size_t q = 0; q < all.size(); ++q) {
+    if (all[q] < in.count()) {
+      throw invalid_argument(
+          {.operation = "compressed collective", .rank = dense.rank()},
+          "rank " + std::to_string(q) + "'s input has a NaN or infinity at element " +
+              std::to_string(all[q]) + ": every rank stops before sending (options::check_finite)");
+    }
+  }
+}
 
 /// The chunks a compressed allreduce running `how` cuts `count` elements of `T` into (see
 /// `collective_tuning::overlap_chunks`): `plan_chunks` at `c`'s chunk alignment for linear and

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The POSIX shared-memory segment under `shm_transport`: its layout, its creation by rank 0
-/// (O_CREAT|O_EXCL, mode 0600, memory reserved up front), attachment by the other ranks,
+/// (O_CREAT|O_EXCL, mode 0600, memory reserved up front), attachment by the other ranks (only
+/// to a segment of this process's effective uid with no group or other permission bits),
 /// recognition of stale segments from crashed jobs, unlinking once every rank is in, futex
 /// waits and process liveness.
 
@@ -33,7 +34,7 @@
 namespace squall::detail::shm {
 
 inline constexpr std::uint64_t segment_magic = 0x31304c4c41555153ull;  // "SQUALL01"
-inline constexpr std::uint32_t layout_version = 2;
+inline constexpr std::uint32_t layout_version = 3;
 inline constexpr std::size_t cache_line = 64;
 
 /// Per-rank words: the process id, and the doorbell this rank sleeps on. Any event that may
@@ -83,6 +84,7 @@ struct alignas(cache_line) header {
   std::uint64_t slot_bytes;
   std::uint64_t slots;
   std::uint64_t window_bytes;
+  std::uint64_t job_key;  ///< `shm_job::key` of the job rank 0 made it for
   std::atomic<std::uint32_t> ready;
   std::atomic<std::uint32_t> attached;
   std::atomic<std::int32_t> failed_rank;
@@ -148,12 +150,38 @@ inline std::string segment_name(const std::string& job) {
   return "/squall-" + std::to_string(getuid()) + "-" + job;
 }
 
+/// Removes the segment of job `job` if one is left and it was made for `key` by this user
+/// (its ranks all ended: a launcher's clean-up, whatever happened to them); true if it did.
+inline bool remove_leftover(const std::string& job, std::uint64_t key) {
+  const std::string name = segment_name(job);
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  struct stat info {};
+  bool ours = fstat(fd, &info) == 0 && info.st_uid == geteuid() &&
+              static_cast<std::size_t>(info.st_size) >= sizeof(header);
+  if (ours) {
+    void* base = mmap(nullptr, sizeof(header), PROT_READ, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+      ours = false;
+    } else {
+      const auto& h = *static_cast<const header*>(base);
+      ours = h.magic == segment_magic && h.version == layout_version && h.job_key == key;
+      munmap(base, sizeof(header));
+    }
+  } else if (fstat(fd, &info) == 0 && info.st_uid == geteuid()) {
+    ours = true;  // never initialised: its creator died before reserving the memory
+  }
+  close(fd);
+  return ours && shm_unlink(name.c_str()) == 0;
+}
+
 /// A mapped segment. Rank 0 creates it; the others attach; the last to attach unlinks the
 /// name, so nothing stays in /dev/shm whatever happens to the processes afterwards.
 class segment {
  public:
-  segment(const std::string& job, int rank, const geometry& shape, const deadline& limit)
-      : name_(segment_name(job)), rank_(rank) {
+  segment(const std::string& job, int rank, std::uint64_t key, const geometry& shape,
+          const deadline& limit)
+      : name_(segment_name(job)), rank_(rank), key_(key) {
     const error_context where{.operation = "shm attach", .rank = rank};
     if (rank == 0) {
       create(shape, limit, where);
@@ -207,8 +235,33 @@ class segment {
     bytes_ = bytes;
   }
 
+  // Throws at once unless the open segment `fd` belongs to this process's effective uid and
+  // grants nothing to group or others (squall makes it 0600): another user who knows the job's
+  // name could otherwise plant a file that this job's ranks exchange data through.
+  void require_private(int fd, const struct stat& info, const error_context& where) const {
+    if (info.st_uid != geteuid()) {
+      close(fd);
+      fail(EPERM, where,
+           "the shared-memory segment belongs to uid " + std::to_string(info.st_uid) +
+               ", not to this process's uid " + std::to_string(geteuid()) +
+               ": another user's file carries this job's name; refusing it (set SQUALL_JOB to "
+               "a name of your own)");
+    }
+    if ((info.st_mode & 077) != 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(info.st_mode & 07777));
+      close(fd);
+      fail(EPERM, where,
+           std::string("the shared-memory segment has mode ") + mode +
+               ": group or others may read or write it, and squall makes its segments 0600; "
+               "refusing it (remove the file, or set SQUALL_JOB to another name)");
+    }
+  }
+
   // Reads the header of an existing segment and decides whether it is a leftover of a dead
-  // job (true: every process recorded in it is gone) or in use by a live one (throws).
+  // job (true: every process recorded in it is gone) or in use by a live one (throws). One of
+  // another uid is refused at once (`require_private`): it is not this user's to replace, and
+  // /dev/shm's sticky bit would refuse its unlink anyway.
   bool is_stale(const error_context& where) const {
     const int fd = shm_open(name_.c_str(), O_RDONLY, 0);
     if (fd < 0) {
@@ -216,8 +269,13 @@ class segment {
       fail(errno, where, "shm_open");
     }
     struct stat info {};
-    const std::size_t size =
-        fstat(fd, &info) == 0 ? static_cast<std::size_t>(info.st_size) : std::size_t{0};
+    if (fstat(fd, &info) != 0) {
+      const int err = errno;
+      close(fd);
+      fail(err, where, "fstat");
+    }
+    if (info.st_uid != geteuid()) require_private(fd, info, where);
+    const auto size = static_cast<std::size_t>(info.st_size);
     if (size < sizeof(header)) {
       close(fd);
       return true;  // never initialised: its creator died before reserving the memory
@@ -265,7 +323,10 @@ class segment {
         return;
       }
       if (errno != EEXIST) fail(errno, where, "shm_open(O_CREAT|O_EXCL)");
-      if (is_stale(where)) shm_unlink(name_.c_str());  // a crashed job's leftover: replace it
+      // a crashed job's leftover: replace it; an unlink refused is an error now, not a spin
+      if (is_stale(where) && shm_unlink(name_.c_str()) != 0 && errno != ENOENT) {
+        fail(errno, where, "shm_unlink of a stale segment");
+      }
       if (limit.expired()) {
         throw timeout_error(where, "could not create " + name_ + " within " + limit.describe());
       }
@@ -284,6 +345,7 @@ class segment {
     h->slot_bytes = shape.slot_bytes;
     h->slots = shape.slots;
     h->window_bytes = shape.window_bytes;
+    h->job_key = key_;
     h->failed_rank.store(-1);
     for (int r = 0; r < shape.world_size; ++r) new (&rank(r)) rank_words{};
     for (int a = 0; a < shape.world_size; ++a) {
@@ -307,7 +369,13 @@ class segment {
         fail(errno, where, "shm_open");
       }
       struct stat info {};
-      if (fstat(fd, &info) != 0 || static_cast<std::size_t>(info.st_size) < sizeof(header)) {
+      if (fstat(fd, &info) != 0) {
+        const int err = errno;
+        close(fd);
+        fail(err, where, "fstat");
+      }
+      require_private(fd, info, where);
+      if (static_cast<std::size_t>(info.st_size) < sizeof(header)) {
         close(fd);
         continue;
       }
@@ -332,6 +400,19 @@ class segment {
         throw mismatch_error(where, "segment " + name_ + " was made for " + std::to_string(size) +
                                         " ranks or another shm_config; this rank expects " +
                                         std::to_string(expected.world_size));
+      }
+      if (h.job_key != key_) {  // before anything is written: another job of this name
+        const std::uint64_t theirs = h.job_key;
+        unmap();
+        char keys[80];
+        std::snprintf(keys, sizeof keys, "%016llx, this rank's %016llx",
+                      static_cast<unsigned long long>(theirs),
+                      static_cast<unsigned long long>(key_));
+        throw mismatch_error(where, "segment " + name_ +
+                                        " belongs to another job of the same name (its job key " +
+                                        keys +
+                                        "): two jobs were started under one name; give each its "
+                                        "own SQUALL_JOB, or start them with squall-run");
       }
       std::int32_t none = 0;
       if (!rank(rank_).pid.compare_exchange_strong(none, getpid())) {
@@ -370,6 +451,7 @@ class segment {
 
   std::string name_;
   int rank_;
+  std::uint64_t key_;
   geometry shape_{};
   void* base_ = nullptr;
   std::size_t bytes_ = 0;
