@@ -5,6 +5,7 @@
 // with an open mode. Nothing may hang, and nothing of this user's may stay in /dev/shm.
 
 #include <squall/algorithm/communicator.hpp>
+#include <squall/compress/quantize.hpp>
 #include <squall/topology/direct.hpp>
 #include <squall/topology/ring.hpp>
 #include <squall/transport/launch.hpp>
@@ -15,6 +16,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <signal.h>
@@ -321,6 +323,65 @@ TEST_SUITE("shm_fault") {
     CHECK(result.failed_rank == 1);
     CHECK(result.status[0] == 128 + SIGTERM);
     CHECK_FALSE(test::segment_left(job));
+  }
+
+  TEST_CASE("segment size: automatic slots keep it linear in P; one too large is refused") {
+    CHECK(squall::automatic_slots(2) == 32);
+    CHECK(squall::automatic_slots(8) == 32);
+    CHECK(squall::automatic_slots(16) == 16);
+    CHECK(squall::automatic_slots(64) == 4);
+    CHECK(squall::automatic_slots(1000) == 4);
+    // P = 64, 64 KiB slots: the channels take 64^2 x 4 x 64 KiB = 1 GiB (32 slots: 8 GiB)
+    const squall::detail::shm::geometry g{64, std::size_t{64} << 10, squall::automatic_slots(64),
+                                          0};
+    CHECK(g.total_bytes() < (std::size_t{1} << 30) + (std::size_t{1} << 20));
+    // a segment above what /dev/shm has free: refused at once, naming the sizes
+    const std::string job = squall::detail::unique_job_name();
+    std::string what = "(nothing thrown)";
+    try {
+      shm_transport t(shm_job{job, 0, 1}, squall::options{.deadline = 10s},
+                      squall::shm_config{.window_bytes = std::size_t{1} << 50});
+    } catch (const squall::invalid_argument& e) {
+      what = e.what();
+    }
+    CHECK(what.find("a job of 1 ranks needs a segment of") != std::string::npos);
+    CHECK(what.find("/dev/shm has") != std::string::npos);
+    CHECK_FALSE(test::segment_left(job));
+  }
+
+  TEST_CASE("an error on one rank inside a collective reaches the others at once, with its cause") {
+    for (const int ranks : {2, 3}) {
+      CAPTURE(ranks);
+      const auto result = squall::launch(
+          ranks,
+          [](const shm_job& me) {
+            using comm_type =
+                squall::communicator<shm_transport, squall::ring_topology, squall::int8_compressor>;
+            comm_type comm(shm_transport(me, squall::options{.deadline = 30s}));
+            // rank 1 passes a state of the wrong count: an error of its own, before any message
+            auto state = comm.make_state<float>(me.rank == 1 ? 5 : 4);
+            std::vector<float> data(4, 1.0f);
+            const auto start = std::chrono::steady_clock::now();
+            try {
+              comm.allreduce(squall::host_view<float>(data), state);
+            } catch (const squall::peer_failure& e) {
+              const std::string what = e.what();
+              std::printf("rank %d: %.3f s: %s\n", me.rank, seconds_since(start), e.what());
+              if (me.rank == 1) return 91;
+              if (seconds_since(start) > 5.0) return 92;  // at once, not at the 30 s deadline
+              return what.find("rank 1 failed and left") != std::string::npos &&
+                             what.find("compression state of 5 elements") != std::string::npos
+                         ? 0
+                         : 93;
+            } catch (const squall::invalid_argument&) {
+              return me.rank == 1 ? 0 : 94;
+            }
+            return 95;
+          },
+          {.kill_on_failure = false});
+      INFO(test::statuses(result));
+      CHECK(result.ok());
+    }
   }
 
   TEST_CASE("a name held by a live job is a clear error, never a silent join") {

@@ -153,13 +153,13 @@ class communicator {
   /// `data[i] = op over ranks of data[i]`, in place.
   template <element T, reduction_op<T> Op = sum_op>
   void allreduce(view<T> data, Op op = {}) {
-    dense_.allreduce(data, op);
+    announced([&] { dense_.allreduce(data, op); });
   }
   /// `out[i] = op over ranks of in[i]`; `in` and `out` have the same count and do not
   /// partially overlap (`invalid_argument` otherwise).
   template <element T, reduction_op<T> Op = sum_op>
   void allreduce(view<const T> in, view<T> out, Op op = {}) {
-    dense_.allreduce(in, out, op);
+    announced([&] { dense_.allreduce(in, out, op); });
   }
 
   /// The compressed allreduce, in place: `data` = the sum (`sum_op`) or mean (`avg_op`) over
@@ -199,20 +199,22 @@ class communicator {
   void allreduce(view<T> data, state_type<T>& state, Op op = {}) {
     static_assert(std::same_as<Op, sum_op> || std::same_as<Op, avg_op>,
                   "squall: a compressed allreduce sums or averages: sum_op or avg_op");
-    require_state("compressed allreduce", state.count(), data.count(), "data");
-    // the step goes in the signature: ranks at different steps would draw differently
-    const squall::aggregation how = aggregation();
-    const detail::chunk_plan plan = detail::overlap_plan<core_type, Compressor, T>(
-        how, dense_.tuning(), compressor_, data.count(), rank());
-    dense_.begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count(),
-                      static_cast<int>(state.step() & 0x7fffffff), how, plan.chunks);
-    if (check_finite_) detail::require_finite_everywhere(dense_.core(), view<const T>(data));
-    workspace_.clock.start();
-    detail::compressed_allreduce(how, plan, dense_.core(), compressor_, workspace_, data, state);
-    detail::dispatch::finalize_on(backend(), op, data, static_cast<std::size_t>(size()));
-    backend().synchronize();
-    workspace_.clock.mark(detail::phase::decode);
-    state.advance();
+    announced([&] {
+      require_state("compressed allreduce", state.count(), data.count(), "data");
+      // the step goes in the signature: ranks at different steps would draw differently
+      const squall::aggregation how = aggregation();
+      const detail::chunk_plan plan = detail::overlap_plan<core_type, Compressor, T>(
+          how, dense_.tuning(), compressor_, data.count(), rank());
+      dense_.begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count(),
+                        static_cast<int>(state.step() & 0x7fffffff), how, plan.chunks);
+      if (check_finite_) detail::require_finite_everywhere(dense_.core(), view<const T>(data));
+      workspace_.clock.start();
+      detail::compressed_allreduce(how, plan, dense_.core(), compressor_, workspace_, data, state);
+      detail::dispatch::finalize_on(backend(), op, data, static_cast<std::size_t>(size()));
+      backend().synchronize();
+      workspace_.clock.mark(detail::phase::decode);
+      state.advance();
+    });
   }
 
   // ---- reduce_scatter ---------------------------------------------------------------------
@@ -227,13 +229,13 @@ class communicator {
   /// holds the result, the other blocks hold partial sums.
   template <element T, reduction_op<T> Op = sum_op>
   void reduce_scatter(view<T> data, Op op = {}) {
-    dense_.reduce_scatter(data, op);
+    announced([&] { dense_.reduce_scatter(data, op); });
   }
   /// `out` = this rank's block of `in` reduced over ranks; `out.count()` must be
   /// `block_count(in.count())`.
   template <element T, reduction_op<T> Op = sum_op>
   void reduce_scatter(view<const T> in, view<T> out, Op op = {}) {
-    dense_.reduce_scatter(in, out, op);
+    announced([&] { dense_.reduce_scatter(in, out, op); });
   }
 
   // ---- allgather ----------------------------------------------------------------------------
@@ -242,7 +244,7 @@ class communicator {
   /// `size() * in.count()`. `in` may be this rank's block of `out` (in place).
   template <element T>
   void allgather(view<const T> in, view<T> out) {
-    dense_.allgather(in, out);
+    announced([&] { dense_.allgather(in, out); });
   }
 
   /// The compressed allgather: block q of `out` (`out.count()` = `size() * in.count()`) is
@@ -257,19 +259,21 @@ class communicator {
   /// and the transport's errors.
   template <real_gradient T>
   void allgather(view<const T> in, view<T> out, state_type<T>& state) {
-    const std::size_t count = in.count();
-    detail::require_count("compressed allgather", "out", out.count(),
-                          count * static_cast<std::size_t>(size()));
-    require_state("compressed allgather", state.count(), count, "blocks");
-    dense_.begin_call(collective::allgather, dtype_of<T>, "", count,
-                      static_cast<int>(state.step() & 0x7fffffff), aggregation::gather);
-    if (check_finite_) detail::require_finite_everywhere(dense_.core(), in);
-    workspace_.clock.start();
-    detail::compressed_allgather(dense_.core(), compressor_, workspace_.payload, workspace_.gather,
-                                 in, out, state, workspace_.clock);
-    backend().synchronize();
-    workspace_.clock.mark(detail::phase::decode);
-    state.advance();
+    announced([&] {
+      const std::size_t count = in.count();
+      detail::require_count("compressed allgather", "out", out.count(),
+                            count * static_cast<std::size_t>(size()));
+      require_state("compressed allgather", state.count(), count, "blocks");
+      dense_.begin_call(collective::allgather, dtype_of<T>, "", count,
+                        static_cast<int>(state.step() & 0x7fffffff), aggregation::gather);
+      if (check_finite_) detail::require_finite_everywhere(dense_.core(), in);
+      workspace_.clock.start();
+      detail::compressed_allgather(dense_.core(), compressor_, workspace_.payload,
+                                   workspace_.gather, in, out, state, workspace_.clock);
+      backend().synchronize();
+      workspace_.clock.mark(detail::phase::decode);
+      state.advance();
+    });
   }
 
   // ---- broadcast and barrier ----------------------------------------------------------------
@@ -277,14 +281,46 @@ class communicator {
   /// `data` on every rank = `data` on `root`.
   template <element T>
   void broadcast(view<T> data, int root) {
-    dense_.broadcast(data, root);
+    announced([&] { dense_.broadcast(data, root); });
   }
 
   /// Returns once every rank has entered the barrier.
-  void barrier() { dense_.barrier(); }
+  void barrier() {
+    announced([&] { dense_.barrier(); });
+  }
 
  private:
   using core_type = detail::dense_core<Transport, Backend>;
+
+  // Runs a collective's body. An error of this rank's own (a bad argument, a compressor's
+  // error, an allocation) is announced to the peers through the transport's `abandon` where
+  // it has one (shm_transport), so that they fail at once, naming this rank and the cause,
+  // instead of waiting to their deadlines; then it propagates. Not announced: errors every
+  // rank raises alike (a mismatch, `options::check_finite`) and the transport's own (already
+  // recorded for the peers).
+  template <class F>
+  void announced(F&& body) {
+    try {
+      std::forward<F>(body)();
+    } catch (const mismatch_error&) {
+      throw;
+    } catch (const peer_failure&) {
+      throw;
+    } catch (const timeout_error&) {
+      throw;
+    } catch (const detail::raised_everywhere&) {
+      throw;
+    } catch (const std::exception& e) {
+      abandon(e.what());
+      throw;
+    } catch (...) {
+      abandon("an exception that is not a std::exception");
+      throw;
+    }
+  }
+  void abandon(std::string_view why) noexcept {
+    if constexpr (requires(Transport & t) { t.abandon(why); }) dense_.transport().abandon(why);
+  }
 
   // A compression state must be for `count` elements (of `what`).
   void require_state(std::string_view operation, std::size_t state_count, std::size_t count,

@@ -172,13 +172,23 @@ struct shm_job {
   }
 };
 
-/// Sizes of the shared-memory segment; every rank of a job must use the same values.
+/// The slots per channel of `shm_config::slots` 0 for `size` ranks: 256 / size, from 4 to 32.
+constexpr std::size_t automatic_slots(int size) {
+  const std::size_t by_size = std::size_t{256} / static_cast<std::size_t>(size < 1 ? 1 : size);
+  return by_size < 4 ? 4 : by_size > 32 ? 32 : by_size;
+}
+
+/// Sizes of the shared-memory segment; every rank of a job must use the same values. The
+/// segment holds P^2 channels of `slots` x `slot_bytes` and P windows of `window_bytes`
+/// (`detail::shm::geometry::total_bytes`); rank 0 refuses, naming the sizes, a job whose
+/// segment is larger than what /dev/shm has free.
 struct shm_config {
   /// Bytes per channel slot (a 16-byte header included): the pipelining granularity.
   std::size_t slot_bytes = std::size_t{64} << 10;
   /// Slots per one-way channel; a sender runs at most this many slots (or single-copy
-  /// messages) ahead.
-  std::size_t slots = 32;
+  /// messages) ahead. 0 (automatic): 256 / P, from 4 to 32 (`automatic_slots`), so that the
+  /// segment's P^2 channels take 16 MiB x P for 8 <= P <= 64 instead of growing as P^2.
+  std::size_t slots = 0;
   /// Bytes each rank exposes to all ranks for direct access (`peer_view`).
   std::size_t window_bytes = std::size_t{4} << 20;
   /// Messages of at least this many bytes move in one copy: the receiver reads them straight
@@ -230,12 +240,12 @@ struct state {
 
   static geometry shape_of(const shm_job& job, const shm_config& config) {
     job.validate();
-    if (config.slot_bytes <= sizeof(slot_header) || config.slot_bytes % 64 != 0 ||
-        config.slots == 0) {
+    if (config.slot_bytes <= sizeof(slot_header) || config.slot_bytes % 64 != 0) {
       throw invalid_argument({.operation = "shm_config", .rank = job.rank},
-                             "slot_bytes must be a multiple of 64 above 16 and slots positive");
+                             "slot_bytes must be a multiple of 64 above 16");
     }
-    return {job.size, config.slot_bytes, config.slots, align_up(config.window_bytes, 4096)};
+    const std::size_t slots = config.slots != 0 ? config.slots : automatic_slots(job.size);
+    return {job.size, config.slot_bytes, slots, align_up(config.window_bytes, 4096)};
   }
 
   std::chrono::nanoseconds budget;
@@ -325,15 +335,26 @@ struct state {
     for (int r = 0; r < size; ++r) ring(r);
   }
 
+  /// Marks this transport failed and records `culprit` (and why) in the segment for the
+  /// peers, once: the first record stands.
+  void record_failure(const std::string& why, failure kind, int culprit) noexcept {
+    failed = why;
+    std::int32_t none = -1;
+    // claim the record (-2: being written), write the reason and kind, then publish
+    if (head().failed_rank.compare_exchange_strong(none, -2)) {
+      const std::size_t n = std::min(why.size(), sizeof(head().failure_reason) - 1);
+      std::memcpy(head().failure_reason, why.data(), n);
+      head().failure_reason[n] = '\0';
+      head().failure_kind.store(static_cast<std::uint32_t>(kind));
+      head().failed_rank.store(culprit, std::memory_order_release);
+    }
+    ring_all();
+  }
+
   /// Marks this transport failed, records it in the segment for the peers, and throws `e`.
   template <class Error>
   [[noreturn]] void give_up(Error e, failure kind, int culprit) {
-    failed = e.what();
-    std::int32_t none = -1;
-    if (head().failed_rank.compare_exchange_strong(none, culprit)) {
-      head().failure_kind.store(static_cast<std::uint32_t>(kind));
-    }
-    ring_all();
+    record_failure(e.what(), kind, culprit);
     throw e;
   }
 
@@ -357,9 +378,13 @@ struct state {
     const std::int32_t culprit = head().failed_rank.load();
     if (culprit >= 0) {
       const auto kind = static_cast<failure>(head().failure_kind.load());
-      const std::string what = kind == failure::died
-                                   ? "rank " + std::to_string(culprit) + " died"
-                                   : "rank " + std::to_string(culprit) + " failed and left";
+      char reason[sizeof(head().failure_reason)] = {};
+      std::memcpy(reason, head().failure_reason, sizeof reason - 1);
+      const std::string what =
+          kind == failure::died
+              ? "rank " + std::to_string(culprit) + " died"
+              : "rank " + std::to_string(culprit) + " failed and left" +
+                    (reason[0] != '\0' ? std::string(": ") + reason : std::string());
       error_context at = where;
       at.peer = culprit;
       failed = what;
@@ -708,6 +733,19 @@ class shm_transport {
     state_->recvs[static_cast<std::size_t>(peer)].push_back(op);
     state_->pull_recvs();
     return {state_.get(), std::move(op), "recv"};
+  }
+
+  /// Leaves the job after an error on this rank inside a collective (the communicator calls
+  /// it): records this rank and `why` in the segment, so that every peer's pending and later
+  /// calls fail at once with `peer_failure` ("rank R failed and left: why") instead of waiting
+  /// to their deadlines; every later call here fails too. Does nothing on a transport that
+  /// has failed already (its failure is recorded).
+  void abandon(std::string_view why) noexcept {
+    if (!state_->failed.empty()) return;
+    try {
+      state_->record_failure(std::string(why), detail::shm::failure::gave_up, rank());
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a string that cannot be made: nothing to say
+    }
   }
 
   /// Completes once every rank has entered this barrier (one counter and generation in the

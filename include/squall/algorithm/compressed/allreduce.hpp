@@ -43,6 +43,13 @@ struct compressed_workspace {
   phase_clock clock;                        ///< the last call's split (communicator::last_split)
 };
 
+/// An `invalid_argument` every rank of a collective raises alike (after an exchange), so
+/// none announces it to the others (`communicator::announced`).
+class raised_everywhere : public invalid_argument {
+ public:
+  using invalid_argument::invalid_argument;
+};
+
 /// `options::check_finite`: every rank finds the first NaN or infinite element of its `in` and
 /// the ranks exchange where (8 bytes each) before anything else moves; if any rank has one,
 /// every rank throws `invalid_argument` naming the lowest such rank and its element, so all
@@ -56,7 +63,7 @@ void require_finite_everywhere(Dense& dense,
   if (dense.size() > 1) dense.exchange(&mine, sizeof mine, all.data());
   for (std::size_t q = 0; q < all.size(); ++q) {
     if (all[q] < in.count()) {
-      throw invalid_argument(
+      throw raised_everywhere(
           {.operation = "compressed collective", .rank = dense.rank()},
           "rank " + std::to_string(q) + "'s input has a NaN or infinity at element " +
               std::to_string(all[q]) + ": every rank stops before sending (options::check_finite)");

@@ -11,6 +11,7 @@
 
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 
 #include <algorithm>  // min
@@ -91,6 +92,9 @@ struct alignas(cache_line) header {
   std::atomic<std::uint32_t> failure_kind;
   alignas(cache_line) std::atomic<std::uint32_t> barrier_arrived;
   std::atomic<std::uint32_t> barrier_generation;
+  /// What the rank in `failed_rank` gave up on (its error's message, cut to fit), written
+  /// before `failed_rank` is released, for the peers' errors to name the cause.
+  char failure_reason[192];
 };
 
 /// Sizes of a segment; the same on every rank of a job.
@@ -307,6 +311,20 @@ class segment {
   void create(const geometry& shape, const deadline& limit, const error_context& where) {
     shape_ = shape;
     const std::size_t bytes = shape.total_bytes();
+    if (struct statvfs fs{}; statvfs("/dev/shm", &fs) == 0) {
+      const auto free = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+      if (bytes > free) {
+        throw invalid_argument(
+            where, "a job of " + std::to_string(shape.world_size) + " ranks needs a segment of " +
+                       std::to_string(bytes) + " bytes (" + std::to_string(shape.world_size) +
+                       "^2 channels x " + std::to_string(shape.slots) + " slots x " +
+                       std::to_string(shape.slot_bytes) + " bytes, and " +
+                       std::to_string(shape.world_size) + " windows of " +
+                       std::to_string(shape.window_bytes) + "), and /dev/shm has " +
+                       std::to_string(free) +
+                       " bytes free: lower shm_config's slots, slot_bytes or window_bytes");
+      }
+    }
     for (;;) {
       const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
       if (fd >= 0) {
