@@ -39,6 +39,18 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+/// Rank 0 sends rank 1 a message of 1000 bytes, rank 1 checks it: 0, or 71 if it differs.
+int one_message(shm_transport& t, int rank) {
+  std::vector<std::byte> buf(1000);
+  if (rank == 0) {
+    const auto out = test::make_message(0, 1, buf.size());
+    t.send(1, buffer_view<const std::byte>(out)).wait();
+    return 0;
+  }
+  t.recv(0, buf).wait();
+  return test::is_message(buf, 0, 1) ? 0 : 71;
+}
+
 }  // namespace
 
 TEST_SUITE("shm_fault") {
@@ -184,14 +196,7 @@ TEST_SUITE("shm_fault") {
     test::expect_ranks_succeed(2,
                                [](const shm_job& me) {
                                  shm_transport t(me, squall::options{.deadline = 10s});
-                                 std::vector<std::byte> buf(1000);
-                                 if (me.rank == 0) {
-                                   const auto out = test::make_message(0, 1, buf.size());
-                                   t.send(1, buffer_view<const std::byte>(out)).wait();
-                                   return 0;
-                                 }
-                                 t.recv(0, buf).wait();
-                                 return test::is_message(buf, 0, 1) ? 0 : 71;
+                                 return one_message(t, me.rank);
                                },
                                {.job = job});
     CHECK_FALSE(test::segment_left(job));
@@ -291,14 +296,7 @@ TEST_SUITE("shm_fault") {
           // ranks 0 and 1 of the real job; rank 1 comes after the stranger has tried
           if (me.rank == 1) std::this_thread::sleep_for(1s);
           shm_transport t(shm_job{job, me.rank, 2, me.key}, squall::options{.deadline = 20s});
-          std::vector<std::byte> buf(1000);
-          if (me.rank == 0) {
-            const auto out = test::make_message(0, 1, buf.size());
-            t.send(1, buffer_view<const std::byte>(out)).wait();
-            return 0;
-          }
-          t.recv(0, buf).wait();
-          return test::is_message(buf, 0, 1) ? 0 : 71;
+          return one_message(t, me.rank);
         },
         {.job = job});
     INFO(test::statuses(result));
