@@ -52,7 +52,8 @@ struct launch_result {
   /// or 0.
   int signal = 0;
 
-  bool ok() const { return failed_rank < 0; }
+  /// Every rank exited with 0 and the launcher was not signalled.
+  bool ok() const { return failed_rank < 0 && signal == 0; }
   /// What `squall-run` exits with: 128 + the forwarded signal, else the failing rank's
   /// status (0 if none failed).
   int exit_code() const {
