@@ -16,7 +16,7 @@
 ///
 /// `save()` gives checked bytes (layout below) and `restore()` takes them back, refusing a
 /// state of another compressor, element type or count, and bytes whose checksum does not
-/// match (any single changed byte is caught: see `state_checksum`).
+/// match (any single changed byte is caught: `detail::fnv1a64`).
 ///
 /// Saved layout (little-endian):
 ///
@@ -28,7 +28,7 @@
 ///              `error_feedback_state<T>::save()`
 ///   then       u64 low-rank bytes S (0 without), then S bytes of the low-rank state's
 ///              `save()` (`powersgd_state<T>::save()` for PowerSGD)
-///   last       u64 `state_checksum` of every byte before it
+///   last       u64 `detail::fnv1a64` of every byte before it
 ///
 /// Version 1 (the same without the checksum) still restores: checkpoints made before the
 /// checksum keep loading.
@@ -43,6 +43,7 @@
 #include <squall/core/error.hpp>
 #include <squall/core/random.hpp>
 #include <squall/core/types.hpp>
+#include <squall/detail/math.hpp>
 
 #include <algorithm>  // min
 #include <concepts>   // same_as
@@ -142,21 +143,6 @@ constexpr std::uint8_t compressor_kind() {
   }
 }
 
-namespace detail {
-/// 64-bit FNV-1a of `bytes`: each byte is xored into the hash, which is then multiplied by an
-/// odd constant; both steps are bijections of the hash, so two inputs of one length that
-/// differ in one byte always hash differently (a single corrupted byte is always caught).
-/// Not a defence against deliberate tampering.
-inline std::uint64_t state_checksum(const std::byte* bytes, std::size_t n) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= static_cast<std::uint64_t>(bytes[i]);
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-}  // namespace detail
-
 /// The per-tensor state of a compressed collective with compressor `C` over `count` elements
 /// of `T` (float or double), in `Backend`'s memory. See the file comment.
 template <compressor C, real_gradient T, class Backend = host_backend>
@@ -224,7 +210,7 @@ class compression_state {
     } else {
       append_blob(out, {});
     }
-    const std::uint64_t sum = detail::state_checksum(out.data(), out.size());
+    const std::uint64_t sum = detail::fnv1a64(out.data(), out.size());
     out.resize(out.size() + 8);
     std::memcpy(out.data() + out.size() - 8, &sum, 8);
     return out;
@@ -262,7 +248,7 @@ class compression_state {
       std::uint64_t sum = 0;
       std::memcpy(&sum, all.data() + all.count() - 8, 8);
       bytes = all.subview(0, all.count() - 8);
-      if (sum != detail::state_checksum(bytes.data(), bytes.count())) {
+      if (sum != detail::fnv1a64(bytes.data(), bytes.count())) {
         throw invalid_argument(where, "checksum mismatch: the " + std::to_string(all.count()) +
                                           " bytes were changed or cut since they were saved");
       }

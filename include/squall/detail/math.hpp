@@ -4,6 +4,7 @@
 #include <squall/core/config.hpp>
 
 #include <cstddef>  // size_t
+#include <cstdint>
 
 namespace squall::detail {
 
@@ -34,6 +35,20 @@ SQUALL_HOST_DEVICE constexpr index_range split_range(std::size_t count, std::siz
   const std::size_t extra = count % parts;
   const std::size_t begin = part * base + (part < extra ? part : extra);
   return {begin, base + (part < extra ? 1 : 0)};
+}
+
+/// 64-bit FNV-1a of `n` bytes at `bytes`: each byte is xored into the hash, which is then
+/// multiplied by an odd constant; both steps are bijections of the hash, so two inputs of one
+/// length that differ in one byte always hash differently. Not a defence against deliberate
+/// tampering. (Saved-state checksums, shared-memory job keys.)
+inline std::uint64_t fnv1a64(const void* bytes, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(bytes);
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
 }
 
 }  // namespace squall::detail

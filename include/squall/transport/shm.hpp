@@ -131,11 +131,7 @@ struct shm_job {
 
   /// A job key from text that names one job (64-bit FNV-1a, never 0).
   static std::uint64_t key_of(const std::string& text) {
-    std::uint64_t h = 0xcbf29ce484222325ull;
-    for (const char c : text) {
-      h ^= static_cast<unsigned char>(c);
-      h *= 0x100000001b3ull;
-    }
+    const std::uint64_t h = detail::fnv1a64(text.data(), text.size());
     return h == 0 ? 1 : h;
   }
 

@@ -120,7 +120,7 @@ void gather_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense
       }
     }
   };
-  run_phases(plan, o.worker(), clock, encode, transfer, decode);
+  run_phases(plan, o, clock, encode, transfer, decode);
 }
 
 // step 0: encode; step 1: gather the payloads; step 2: decode rank q's into block q of `out`.

@@ -65,6 +65,6 @@ void linear_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense
   const auto decode = [&](std::size_t k, std::size_t bytes) {
     c.decode(b, buffer_view<const std::byte, M>(slots[k % 2]->payload.data(), bytes), chunk(k));
   };
-  run_phases(plan, o.worker(), clock, encode, transfer, decode);
+  run_phases(plan, o, clock, encode, transfer, decode);
 }
 }  // namespace squall::detail

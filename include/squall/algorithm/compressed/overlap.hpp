@@ -216,9 +216,9 @@ constexpr random_stream chunk_stream(std::uint64_t step, int rank, int size, std
 /// Errors come where the unchunked call would give them, so that every rank moves the same
 /// chunks: an encode's before its chunk's transfer (the others wait for that payload, as
 /// they would for an unchunked one), a decode's only after the last transfer.
-template <class Encode, class Transfer, class Decode>
-void run_phases(const chunk_plan& plan, overlap_worker& worker, phase_clock& clock, Encode&& encode,
-                Transfer&& transfer, Decode&& decode) {
+template <class Backend, class Encode, class Transfer, class Decode>
+void run_phases(const chunk_plan& plan, overlap_workspace<Backend>& workspace, phase_clock& clock,
+                Encode&& encode, Transfer&& transfer, Decode&& decode) {
   if (plan.chunks == 1) {
     const std::size_t bytes = encode(std::size_t{0});
     clock.mark(phase::encode);
@@ -234,6 +234,7 @@ void run_phases(const chunk_plan& plan, overlap_worker& worker, phase_clock& clo
     f();
     total += seconds(phase_clock::clock::now() - start).count();
   };
+  overlap_worker& worker = workspace.worker();  // made here: only overlapped calls need one
   std::vector<std::size_t> bytes(plan.chunks);
   std::vector<std::uint64_t> encoded(plan.chunks);
   double encode_s = 0;

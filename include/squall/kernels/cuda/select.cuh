@@ -484,30 +484,32 @@ void scatter_sparse(const cuda_backend& backend, const std::byte* indices, const
   SQUALL_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace detail {
+// Adds (`Sign` 1) or subtracts (-1) value j at index j of `out`, for j < k.
+template <int Sign, class Index, real_gradient T>
+void scatter_combine_sparse(const cuda_backend& backend, const std::byte* indices,
+                            const std::byte* values, std::size_t k, device_view<T> out) {
+  if (k == 0) return;
+  squall::detail::device_guard guard(backend.device);
+  scatter_sparse_kernel<Sign, Index>
+      <<<select_grid(k), select_threads, 0, backend.stream>>>(indices, values, k, out.data());
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+}
+}  // namespace detail
+
 /// Device twin of the host `scatter_add_sparse`: `out[index_j] += value_j`. The indices are
 /// distinct, so no two threads touch one element.
 template <class Index, real_gradient T>
 void scatter_add_sparse(const cuda_backend& backend, const std::byte* indices,
                         const std::byte* values, std::size_t k, device_view<T> out) {
-  if (k == 0) return;
-  squall::detail::device_guard guard(backend.device);
-  detail::scatter_sparse_kernel<1, Index>
-      <<<detail::select_grid(k), detail::select_threads, 0, backend.stream>>>(indices, values, k,
-                                                                              out.data());
-  SQUALL_CUDA_CHECK(cudaGetLastError());
+  detail::scatter_combine_sparse<1, Index>(backend, indices, values, k, out);
 }
 
-/// Device twin of the host `scatter_subtract_sparse`: `out[index_j] -= value_j`. The indices
-/// are distinct, so no two threads touch one element.
+/// Device twin of the host `scatter_subtract_sparse`: `out[index_j] -= value_j`.
 template <class Index, real_gradient T>
 void scatter_subtract_sparse(const cuda_backend& backend, const std::byte* indices,
                              const std::byte* values, std::size_t k, device_view<T> out) {
-  if (k == 0) return;
-  squall::detail::device_guard guard(backend.device);
-  detail::scatter_sparse_kernel<-1, Index>
-      <<<detail::select_grid(k), detail::select_threads, 0, backend.stream>>>(indices, values, k,
-                                                                              out.data());
-  SQUALL_CUDA_CHECK(cudaGetLastError());
+  detail::scatter_combine_sparse<-1, Index>(backend, indices, values, k, out);
 }
 
 }  // namespace squall::kernels
