@@ -2,7 +2,9 @@
 // Faults of real processes on shm_transport: a rank killed mid-transfer, a rank that never
 // arrives, a stopped rank, a stale segment from a killed job, a name held by a live job, a
 // rank killed between two allreduces of a communicator, a planted segment of another uid or
-// with an open mode. Nothing may hang, and nothing of this user's may stay in /dev/shm.
+// with an open mode, peers that keep copying into a rank's memory as it fails, counts that
+// differ with the mismatch check off. Nothing may hang, and nothing of this user's may stay in
+// /dev/shm.
 
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/quantize.hpp>
@@ -15,7 +17,9 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
@@ -471,5 +475,119 @@ TEST_SUITE("shm_fault") {
     };
     run(squall::ring_topology{});
     run(squall::direct_topology{});
+  }
+
+  TEST_CASE("no use after failure: once a rank has failed, no peer reads or writes its memory") {
+    // Rank 0 exposes a buffer; the peers write into it and read it, piece after piece, as fast
+    // as they can. Rank 0 then fails (abandon), marks the buffer at once and checks 300 ms
+    // later that nothing changed it; the peers must stop with peer_failure naming rank 0 (and
+    // never a "Bad address" from reading memory rank 0 gave back).
+    for (const int ranks : {2, 3, 4}) {
+      CAPTURE(ranks);
+      const std::string job = squall::detail::unique_job_name();
+      const auto result = squall::launch(
+          ranks,
+          [](const shm_job& me) {
+            shm_transport t(me, squall::options{.deadline = 30s});
+            if (!t.can_access_peers()) return 0;  // no cross-memory attach here: nothing to test
+            constexpr std::size_t bytes = std::size_t{16} << 20;
+            constexpr std::size_t piece = std::size_t{256} << 10;
+            if (me.rank == 0) {
+              void* mapped =
+                  mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+              if (mapped == MAP_FAILED) return 61;
+              auto* buffer = static_cast<std::byte*>(mapped);
+              const auto address = reinterpret_cast<std::uint64_t>(buffer);
+              for (int q = 1; q < me.size; ++q) {
+                t.send(q, buffer_view<const std::byte>(reinterpret_cast<const std::byte*>(&address),
+                                                       sizeof address))
+                    .wait();
+              }
+              std::this_thread::sleep_for(200ms);  // the peers are copying
+              t.abandon("rank 0 gives up on purpose");
+              std::memset(buffer, 0x11, bytes);
+              std::this_thread::sleep_for(300ms);
+              for (std::size_t i = 0; i < bytes; ++i) {
+                if (buffer[i] != std::byte{0x11}) return 62;
+              }
+              munmap(mapped, bytes);
+              return 0;
+            }
+            std::uint64_t address = 0;
+            t.recv(0,
+                   buffer_view<std::byte>(reinterpret_cast<std::byte*>(&address), sizeof address))
+                .wait();
+            std::vector<std::byte> mine(piece, static_cast<std::byte>(0x40 + me.rank));
+            std::vector<std::byte> theirs(piece);
+            try {
+              for (std::size_t at = 0;; at = (at + piece) % bytes) {
+                t.write_peer(0, address + at, buffer_view<const std::byte>(mine));
+                t.read_peer(0, address + at, buffer_view<std::byte>(theirs));
+              }
+            } catch (const squall::peer_failure& e) {
+              const std::string what = e.what();
+              std::printf("rank %d: %s\n", me.rank, e.what());
+              return e.peer() == 0 && what.find("on purpose") != std::string::npos ? 0 : 63;
+            } catch (const squall::error& e) {
+              std::printf("rank %d: not a peer_failure: %s\n", me.rank, e.what());
+              return 64;
+            }
+          },
+          {.job = job, .kill_on_failure = false});
+      INFO(test::statuses(result));
+      CHECK(result.ok());
+      CHECK_FALSE(test::segment_left(job));
+    }
+  }
+
+  TEST_CASE(
+      "mismatch check off: counts that differ on the peer-memory paths never go out of bounds") {
+    // Rank 1 passes more elements than the others; each rank's buffer is followed by a guard.
+    // With the communicator's check off, the peer-memory collectives still compare the kind
+    // and size of every rank's buffers before touching any: every rank throws mismatch_error,
+    // no guard changes, and the communicator stays usable (a matching call then succeeds).
+    for (const int ranks : {2, 3}) {
+      CAPTURE(ranks);
+      test::expect_ranks_succeed(ranks, [](const shm_job& me) {
+        squall::communicator<shm_transport, squall::direct_topology> comm(
+            shm_transport(me, squall::options{.deadline = 30s}), {},
+            squall::options{.deadline = 30s, .check_mismatch = false});
+        if (!comm.transport().can_access_peers()) return 0;
+        const std::size_t count = std::size_t{1} << 20;  // 4 MiB of floats: peer memory
+        const std::size_t mine = me.rank == 1 ? count + 4096 : count;
+        const std::size_t guard = 8192;
+        std::vector<float> data(mine * static_cast<std::size_t>(me.size) + guard, 1.0f);
+        const auto guard_intact = [&](std::size_t used) {
+          return std::all_of(data.begin() + static_cast<std::ptrdiff_t>(used), data.end(),
+                             [](float x) { return x == 1.0f; });
+        };
+        int caught = 0;
+        try {
+          comm.allreduce(squall::host_view<float>(data.data(), mine));
+        } catch (const squall::mismatch_error&) {
+          ++caught;
+        }
+        if (!guard_intact(mine)) return 71;
+        try {
+          comm.allgather(
+              squall::host_view<const float>(data.data(), mine),
+              squall::host_view<float>(data.data(), mine * static_cast<std::size_t>(me.size)));
+        } catch (const squall::mismatch_error&) {
+          ++caught;
+        }
+        if (!guard_intact(mine * static_cast<std::size_t>(me.size))) return 72;
+        try {
+          comm.broadcast(squall::host_view<float>(data.data(), mine), me.rank == 1 ? 1 : 0);
+        } catch (const squall::mismatch_error&) {
+          ++caught;
+        }
+        if (!guard_intact(mine)) return 73;
+        if (caught != 3) return 74;
+        std::vector<float> again(count, static_cast<float>(me.rank));
+        comm.allreduce(squall::host_view<float>(again));
+        const float want = static_cast<float>(me.size * (me.size - 1) / 2);
+        return std::all_of(again.begin(), again.end(), [&](float x) { return x == want; }) ? 0 : 75;
+      });
+    }
   }
 }

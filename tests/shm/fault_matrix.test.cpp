@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // The fault matrix (issue 15): one rank of P (2 to 4) is killed (SIGKILL) or stopped (SIGSTOP)
-// at a random moment of a run of allreduces (dense, and compressed with bf16 casts), 4 KiB and
-// 1 MiB (64 MiB with SQUALL_FAULT_LARGE=1), real processes on shm_transport with a 1 s
-// deadline. Every survivor must raise a squall::error within the deadline + 1 s of the fault,
-// no survivor may see a wrong result before that (each call's sum is checked exactly: small
-// integers), and nothing may be left in /dev/shm. SQUALL_FAULT_TRIALS sets the trials per cell
-// (default 2 in CI). Prints one line per cell: trials, hangs, wrong results, leftovers, and the
-// survivors' detection latency min / median / max.
+// at a random moment of a run of allreduces (dense on the direct topology: through the windows
+// at 4 KiB, through the peers' own memory from 64 KiB; and compressed with bf16 casts on the
+// ring: slots and single copy), 4 KiB and 1 MiB (64 MiB with SQUALL_FAULT_LARGE=1), real
+// processes on shm_transport with a 1 s deadline. Every survivor must raise a squall::error
+// within the deadline + 1 s of the fault, no survivor may see a wrong result before that (each
+// call's sum is checked exactly: small integers), no peer may write into a survivor's buffer
+// after the survivor raised (it refills the buffer with a mark at once and checks it 100 ms
+// later: "touched"), and nothing may be left in /dev/shm. SQUALL_FAULT_TRIALS sets the trials
+// per cell (default 2 in CI). Prints one line per cell: trials, hangs, wrong results, touched
+// buffers, leftovers, and the survivors' detection latency min / median / max.
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/cast.hpp>
+#include <squall/topology/direct.hpp>
 #include <squall/topology/ring.hpp>
 #include <squall/transport/launch.hpp>
 #include <squall/transport/shm.hpp>
@@ -52,6 +56,7 @@ struct shared_record {
 constexpr int wrong_result = 70;
 constexpr int no_error = 71;
 constexpr int too_late = 72;
+constexpr int touched_after = 73;
 
 /// One trial: rank `victim` of `p` raises `sig` after `iterations_before` calls.
 template <bool Compressed>
@@ -59,7 +64,8 @@ int run_rank(const squall::shm_job& me, std::size_t count, int victim, int sig,
              int iterations_before, shared_record* record) {
   using C = std::conditional_t<Compressed, squall::cast_compressor<squall::bfloat16>,
                                squall::identity_compressor>;
-  squall::communicator<squall::shm_transport, squall::ring_topology, C> comm(
+  using Topology = std::conditional_t<Compressed, squall::ring_topology, squall::direct_topology>;
+  squall::communicator<squall::shm_transport, Topology, C> comm(
       squall::shm_transport(me, squall::options{.deadline = 1s}));
   auto state = comm.template make_state<float>(Compressed ? count : 0);
   std::vector<float> data(count);
@@ -90,6 +96,12 @@ int run_rank(const squall::shm_job& me, std::size_t count, int victim, int sig,
       const double fault = record->fault_at.load();
       const double latency = fault > 0 ? monotonic_seconds() - fault : -1.0;
       record->latency[me.rank].store(latency);
+      // No use after failure: what a peer still wrote into this buffer now would show.
+      std::fill(data.begin(), data.end(), -1.0f);
+      std::this_thread::sleep_for(100ms);
+      if (std::any_of(data.begin(), data.end(), [](float x) { return x != -1.0f; })) {
+        return touched_after;
+      }
       return fault > 0 && latency <= 2.0 ? 0 : too_late;  // the deadline + 1 s
     }
     const float want = static_cast<float>(me.size * (me.size + 1) / 2 + me.size * (call % 5));
@@ -114,13 +126,13 @@ TEST_SUITE("shm_fault_matrix") {
     auto* record = static_cast<shared_record*>(mmap(
         nullptr, sizeof(shared_record), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     REQUIRE(record != MAP_FAILED);
-    std::printf("%-10s %-7s %2s %-9s %6s %5s %5s %9s %20s\n", "path", "signal", "P", "size",
-                "trials", "hangs", "wrong", "leftover", "latency min/med/max s");
+    std::printf("%-12s %-7s %2s %-9s %6s %5s %5s %7s %9s %20s\n", "path", "signal", "P", "size",
+                "trials", "hangs", "wrong", "touched", "leftover", "latency min/med/max s");
     for (const bool compressed : {false, true}) {
       for (const int sig : {SIGKILL, SIGSTOP}) {
         for (int p = 2; p <= 4; ++p) {
           for (const std::size_t bytes : sizes) {
-            int hangs = 0, wrong = 0, leftover = 0;
+            int hangs = 0, wrong = 0, touched = 0, leftover = 0;
             std::vector<double> latencies;
             for (int t = 0; t < trials; ++t) {
               const int victim = std::uniform_int_distribution<int>(0, p - 1)(random);
@@ -144,6 +156,7 @@ TEST_SUITE("shm_fault_matrix") {
                 if (r == victim) continue;
                 const int status = result.status[static_cast<std::size_t>(r)];
                 if (status == wrong_result) ++wrong;
+                if (status == touched_after) ++touched;
                 if (status != 0) {
                   INFO("trial " << t << ", rank " << r << " of " << p << ", victim " << victim
                                 << ", status " << status);
@@ -159,11 +172,13 @@ TEST_SUITE("shm_fault_matrix") {
                                        : latencies[static_cast<std::size_t>(
                                              q * static_cast<double>(latencies.size() - 1))];
             };
-            std::printf("%-10s %-7s %2d %-9zu %6d %5d %5d %9d %6.3f %6.3f %6.3f\n",
-                        compressed ? "bf16" : "dense", sig == SIGKILL ? "SIGKILL" : "SIGSTOP", p,
-                        bytes, trials, hangs, wrong, leftover, at(0), at(0.5), at(1));
+            std::printf("%-12s %-7s %2d %-9zu %6d %5d %5d %7d %9d %6.3f %6.3f %6.3f\n",
+                        compressed ? "bf16 ring" : "dense direct",
+                        sig == SIGKILL ? "SIGKILL" : "SIGSTOP", p, bytes, trials, hangs, wrong,
+                        touched, leftover, at(0), at(0.5), at(1));
             CHECK(hangs == 0);
             CHECK(wrong == 0);
+            CHECK(touched == 0);
             CHECK(leftover == 0);
           }
         }

@@ -837,8 +837,9 @@ TEST_SUITE("compressed_collectives") {
         CHECK(s.bytes_received == s.bytes_sent);
       }
       // the one-shot schedule through the windows, and through the peers' memory (which
-      // first swaps two 8-byte addresses with every peer): every rank reads its slice out
-      // of P - 1 peers and every other slice back, so 2 (P - 1) x bytes over all ranks
+      // first swaps its kind, size and two addresses, 32 bytes, with every peer): every rank reads
+      // its slice out of P - 1 peers and every other slice back, so 2 (P - 1) x bytes over all
+      // ranks
       for (const bool through_memory : {false, true}) {
         CAPTURE(through_memory);
         std::vector<squall::transfer_stats> one_shot(static_cast<std::size_t>(p));
@@ -859,7 +860,8 @@ TEST_SUITE("compressed_collectives") {
           all_sent += s.bytes_sent;
           all_received += s.bytes_received;
         }
-        const std::uint64_t addresses = through_memory ? 16 * up * (up - 1) : 0;
+        // each rank's 32-byte table entry (kind, bytes, two addresses) to every peer
+        const std::uint64_t addresses = through_memory ? 32 * up * (up - 1) : 0;
         CHECK(all_sent == 2 * (up - 1) * 4 * count + addresses);
         CHECK(all_received == all_sent);
       }

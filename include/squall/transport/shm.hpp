@@ -18,7 +18,9 @@
 /// checks, at least every 100 ms, that the peers are alive: when one dies, every survivor gets
 /// `peer_failure` naming it. A rank that gives up (timeout, mismatch) records it in the
 /// segment, so its peers stop waiting for it too. A failed transport stays failed: every later
-/// call throws at once.
+/// call throws at once; and before its error leaves, it closes this rank's memory to the
+/// peers' cross-memory copies and waits out any in progress, so the caller may free its
+/// buffers at once.
 
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
@@ -331,8 +333,58 @@ struct state {
     for (int r = 0; r < size; ++r) ring(r);
   }
 
+  /// Closes this rank's memory to the peers (issue 15: no use after failure): sets its
+  /// `revoked` word, then waits until no peer is inside a cross-memory copy of it. A peer
+  /// checks the word after raising its `touching` flag and before every copy (`touch`), so
+  /// once this returns no peer reads or writes this rank's buffers again, and the caller may
+  /// free them. A peer that holds its flag for `revoke_grace` (stopped, or starved of CPU
+  /// mid-copy) is killed (SIGKILL): the job has failed, and letting it resume would write
+  /// into memory this rank is about to reuse. A dead peer touches nothing.
+  void revoke() noexcept {
+    if (seg.rank(rank).revoked.exchange(1) != 0) return;
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      const std::atomic<std::uint32_t>& flag = seg.channel(p, rank).touching;
+      const std::int32_t pid = seg.rank(p).pid.load();
+      deadline limit(revoke_grace);
+      bool killed = false;
+      backoff pause;
+      while (flag.load() != 0 && process_alive(pid)) {
+        if (limit.expired()) {
+          if (killed) break;  // SIGKILL not taken within another grace: nothing more to do
+          kill(pid, SIGKILL);
+          killed = true;
+          limit = deadline(revoke_grace);
+        }
+        pause.pause();
+      }
+    }
+  }
+  static constexpr std::chrono::milliseconds revoke_grace{250};
+
+  /// Runs `copy` (one cross-memory copy of at most `copy_piece` bytes of `peer`'s memory)
+  /// with this rank's `touching` flag raised, unless `peer` has closed its memory: then
+  /// throws `peer_failure` with what `peer` recorded. Returns what `copy` returned, errno
+  /// untouched.
+  template <class Copy>
+  long touch(int peer, const error_context& where, Copy&& copy) {
+    std::atomic<std::uint32_t>& flag = seg.channel(rank, peer).touching;
+    flag.store(1);  // seq_cst: ordered before the read of `revoked` (Dekker with `revoke`)
+    if (seg.rank(peer).revoked.load() != 0) {
+      flag.store(0);
+      check_peers(where, true);  // a rank records its failure before it revokes
+      give_up(peer_failure(where, "rank " + std::to_string(peer) + " closed its memory"),
+              failure::gave_up, peer);
+    }
+    const long got = copy();
+    flag.store(0, std::memory_order_release);
+    return got;
+  }
+  /// The most one cross-memory copy moves, so that a failing peer waits at most one piece.
+  static constexpr std::size_t copy_piece = std::size_t{16} << 20;
+
   /// Marks this transport failed and records `culprit` (and why) in the segment for the
-  /// peers, once: the first record stands.
+  /// peers, once: the first record stands. Then closes this rank's memory (`revoke`).
   void record_failure(const std::string& why, failure kind, int culprit) noexcept {
     failed = why;
     std::int32_t none = -1;
@@ -345,6 +397,7 @@ struct state {
       head().failed_rank.store(culprit, std::memory_order_release);
     }
     ring_all();
+    revoke();
   }
 
   /// Marks this transport failed, records it in the segment for the peers, and throws `e`.
@@ -384,6 +437,7 @@ struct state {
       error_context at = where;
       at.peer = culprit;
       failed = what;
+      revoke();
       throw peer_failure(at, what);
     }
     const auto now = std::chrono::steady_clock::now();
@@ -503,16 +557,17 @@ struct state {
     return moved;
   }
 
-  /// Reads up to 64 MiB of a single-copy message from `peer`'s memory into `op`; true when
-  /// all of it is in. Bounded per call so that waits keep checking deadlines and failures.
+  /// Reads up to `copy_piece` bytes of a single-copy message from `peer`'s memory into `op`;
+  /// true when all of it is in. Bounded per call so that waits keep checking deadlines and
+  /// failures, and a failing sender waits at most one piece.
   bool read_single_copy(int peer, operation& op, std::uint64_t source) {
-    constexpr std::size_t step = std::size_t{64} << 20;
-    const std::size_t bytes = std::min(step, op.bytes - op.done);
-    const long got =
-        read_peer(seg.rank(peer).pid.load(), op.recv_data + op.done, source + op.done, bytes);
+    const std::size_t bytes = std::min(copy_piece, op.bytes - op.done);
+    const error_context where{.operation = "recv", .rank = rank, .peer = peer};
+    const long got = touch(peer, where, [&] {
+      return read_peer(seg.rank(peer).pid.load(), op.recv_data + op.done, source + op.done, bytes);
+    });
     if (got <= 0) {
       const int err = errno;
-      const error_context where{.operation = "recv", .rank = rank, .peer = peer};
       if (err == ESRCH) {
         give_up(peer_failure(where, "rank " + std::to_string(peer) + " died"), failure::died, peer);
       }
@@ -774,8 +829,9 @@ class shm_transport {
   /// Copies `into.count()` bytes at address `from` of `peer`'s memory into `into`
   /// (`process_vm_readv`): for schedules that reduce straight out of a peer's own buffers.
   /// The caller synchronises: the peer keeps that memory valid and unchanged meanwhile.
-  /// Throws `peer_failure` if the peer died, `squall::error` (shm) for any other failure or
-  /// if `can_access_peers()` is false.
+  /// Throws `peer_failure` if the peer died or has failed (a failed rank closes its memory
+  /// before its error leaves the transport, `state::revoke`), `squall::error` (shm) for any
+  /// other failure or if `can_access_peers()` is false; either leaves this transport failed.
   void read_peer(int peer, std::uint64_t from, buffer_view<std::byte> into) {
     copy_peer("read_peer", peer, from, into.data(), into.count(), false);
   }
@@ -802,15 +858,22 @@ class shm_transport {
     const pid_t pid = state_->seg.rank(peer).pid.load();
     std::size_t done = 0;
     while (done < bytes) {
-      iovec mine{local + done, bytes - done};
-      iovec theirs{reinterpret_cast<void*>(remote + done), bytes - done};
-      const ssize_t got = write ? process_vm_writev(pid, &mine, 1, &theirs, 1, 0)
-                                : process_vm_readv(pid, &mine, 1, &theirs, 1, 0);
+      const std::size_t piece = std::min(detail::shm::state::copy_piece, bytes - done);
+      iovec mine{local + done, piece};
+      iovec theirs{reinterpret_cast<void*>(remote + done), piece};
+      const long got = state_->touch(peer, where, [&] {
+        return static_cast<long>(write ? process_vm_writev(pid, &mine, 1, &theirs, 1, 0)
+                                       : process_vm_readv(pid, &mine, 1, &theirs, 1, 0));
+      });
       if (got <= 0) {
         const int err = errno;
-        if (err == ESRCH) throw peer_failure(where, "rank " + std::to_string(peer) + " died");
-        throw error(std::error_code(err, shm_category()), where,
-                    write ? "process_vm_writev" : "process_vm_readv");
+        if (err == ESRCH) {
+          state_->give_up(peer_failure(where, "rank " + std::to_string(peer) + " died"),
+                          detail::shm::failure::died, peer);
+        }
+        state_->give_up(error(std::error_code(err, shm_category()), where,
+                              write ? "process_vm_writev" : "process_vm_readv"),
+                        detail::shm::failure::gave_up, rank());
       }
       done += static_cast<std::size_t>(got);
     }

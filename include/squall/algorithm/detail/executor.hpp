@@ -229,12 +229,9 @@ class executor {
                                 const reducer& r) requires peer_memory_transport<Transport> {
     const int size = transport_.size();
     const int me = transport_.rank();
-    const std::array<std::uint64_t, 2> mine = {reinterpret_cast<std::uint64_t>(in),
-                                               reinterpret_cast<std::uint64_t>(out)};
-    addresses_.resize(2 * static_cast<std::size_t>(size));
-    exchange(mine.data(), sizeof mine, addresses_.data());
-    auto output_of = [&](int q) { return addresses_[2 * static_cast<std::size_t>(q) + 1]; };
     const std::size_t e = r.element_bytes;
+    share_buffers(shared::allreduce, count * e, in, out);
+    auto output_of = [&](int q) { return buffer_of(q, 1); };
     const index_range block =
         split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
     // Accounting: the peers read the other blocks of this rank's input and write their
@@ -242,7 +239,7 @@ class executor {
     wire_.count((count - block.count) * e, (count - block.count) * e);
     // step 0, per piece of block `me`: reduce every rank's piece into this rank's output,
     // then write the result, still in cache, into every peer's output.
-    reduce_block_from_peers(2, in + block.begin * e, out + block.begin * e, block, r,
+    reduce_block_from_peers(in + block.begin * e, out + block.begin * e, block, r,
                             [&](std::size_t at, std::size_t n) {
                               for (int k = 1; k < size; ++k) {
                                 const int q = wrap(me + k, size);
@@ -261,13 +258,11 @@ class executor {
                                   const reducer& r) requires peer_memory_transport<Transport> {
     const int size = transport_.size();
     const int me = transport_.rank();
-    const std::uint64_t mine = reinterpret_cast<std::uint64_t>(in);
-    addresses_.resize(static_cast<std::size_t>(size));
-    exchange(&mine, sizeof mine, addresses_.data());
+    share_buffers(shared::reduce_scatter, count * r.element_bytes, in, nullptr);
     const index_range block =
         split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
     wire_.count((count - block.count) * r.element_bytes, 0);  // the peers read the other blocks
-    reduce_block_from_peers(1, in + block.begin * r.element_bytes, out, block, r,
+    reduce_block_from_peers(in + block.begin * r.element_bytes, out, block, r,
                             [](std::size_t, std::size_t) {});
     wire_.barrier();
   }
@@ -278,13 +273,11 @@ class executor {
                              const reducer& r) requires peer_memory_transport<Transport> {
     const int size = transport_.size();
     const int me = transport_.rank();
-    const std::uint64_t mine = reinterpret_cast<std::uint64_t>(out);
-    addresses_.resize(static_cast<std::size_t>(size));
-    exchange(&mine, sizeof mine, addresses_.data());
+    share_buffers(shared::allgather, block_bytes, out, nullptr);
     const std::size_t at = static_cast<std::size_t>(me) * block_bytes;
     for (int k = 1; k < size; ++k) {
       const int q = wrap(me + k, size);
-      wire_.write_peer(q, addresses_[static_cast<std::size_t>(q)] + at, {in, block_bytes});
+      wire_.write_peer(q, buffer_of(q, 0) + at, {in, block_bytes});
     }
     wire_.count(0, static_cast<std::uint64_t>(size - 1) * block_bytes);  // the peers' writes
     if (in != out + at) {
@@ -298,11 +291,10 @@ class executor {
   /// at once; a barrier ends it, so the root's buffer stays unchanged until all have read.
   void broadcast_peer_memory(std::byte* data, std::size_t bytes,
                              int root) requires peer_memory_transport<Transport> {
-    const std::uint64_t mine = reinterpret_cast<std::uint64_t>(data);
-    addresses_.resize(static_cast<std::size_t>(transport_.size()));
-    exchange(&mine, sizeof mine, addresses_.data());
+    share_buffers(shared::broadcast + (static_cast<std::uint64_t>(root) << 8), bytes, data,
+                  nullptr);
     if (transport_.rank() != root) {
-      wire_.read_peer(root, addresses_[static_cast<std::size_t>(root)], {data, bytes});
+      wire_.read_peer(root, buffer_of(root, 0), {data, bytes});
     } else {
       wire_.count(static_cast<std::uint64_t>(transport_.size() - 1) * bytes, 0);  // their reads
     }
@@ -315,13 +307,52 @@ class executor {
   }
 
  private:
+  // What a peer-memory collective tells the peers it runs (`share_buffers`).
+  enum shared : std::uint64_t { allreduce = 1, reduce_scatter = 2, allgather = 3, broadcast = 4 };
+  static constexpr std::size_t shared_words = 4;  // kind, bytes, two addresses
+
+  // Every rank sends what it runs (`kind`, a broadcast's root in bits 8 and up), the bytes
+  // of its buffers and their addresses (`first`, and `second` or null); then every rank
+  // checks the table, which is the same on every rank, so if any rank runs another kind or
+  // size, every rank throws `mismatch_error` before anything touches a peer's memory: the
+  // peer-memory paths never read or write outside the buffers a peer gave, even with the
+  // communicator's mismatch check off (issue 15). `buffer_of(q, i)` is q's address i.
+  void share_buffers(std::uint64_t kind, std::uint64_t bytes, const void* first,
+                     const void* second) {
+    const std::array<std::uint64_t, shared_words> mine = {kind, bytes,
+                                                          reinterpret_cast<std::uint64_t>(first),
+                                                          reinterpret_cast<std::uint64_t>(second)};
+    const int size = transport_.size();
+    addresses_.resize(shared_words * static_cast<std::size_t>(size));
+    exchange(mine.data(), sizeof mine, addresses_.data());
+    for (int q = 0; q < size; ++q) {
+      const std::uint64_t* theirs = &addresses_[shared_words * static_cast<std::size_t>(q)];
+      if (theirs[0] != kind || theirs[1] != bytes) {
+        throw mismatch_error(
+            {.operation = "peer-memory collective", .rank = transport_.rank(), .peer = q},
+            "rank " + std::to_string(q) + " runs " + describe_shared(theirs[0], theirs[1]) +
+                ", this rank " + describe_shared(kind, bytes));
+      }
+    }
+  }
+  std::uint64_t buffer_of(int q, std::size_t i) const {
+    return addresses_[shared_words * static_cast<std::size_t>(q) + 2 + i];
+  }
+  static std::string describe_shared(std::uint64_t kind, std::uint64_t bytes) {
+    static constexpr std::array<const char*, 5> names = {"?", "allreduce", "reduce_scatter",
+                                                         "allgather", "broadcast"};
+    std::string text = names[(kind & 0xff) < names.size() ? (kind & 0xff) : 0];
+    if ((kind & 0xff) == shared::broadcast) text += " from root " + std::to_string(kind >> 8);
+    return text + " of " + std::to_string(bytes) + " bytes";
+  }
+
   // Reduces `block` (of the whole buffer) over every rank into `out`, which holds the block's
-  // elements: this rank's own elements are at `own`, peer q's input starts at
-  // addresses_[stride * q]. Works in 256 KiB pieces read into the scratch; after each piece
-  // calls `after(byte offset of the piece in the whole buffer, elements)`.
+  // elements: this rank's own elements are at `own`, peer q's input at `buffer_of(q, 0)`.
+  // Works in 256 KiB pieces read into the scratch; after each piece calls `after(byte offset
+  // of the piece in the whole buffer, elements)`.
   template <class AfterPiece>
-  void reduce_block_from_peers(std::size_t stride, const std::byte* own, std::byte* out,
-                               index_range block, const reducer& r, AfterPiece&& after) {
+  void reduce_block_from_peers(const std::byte* own, std::byte* out, index_range block,
+                               const reducer& r, AfterPiece&& after) {
     const int size = transport_.size();
     const int me = transport_.rank();
     const std::size_t e = r.element_bytes;
@@ -332,7 +363,7 @@ class executor {
       const std::size_t at = (block.begin + i) * e;
       for (int k = 1; k < size; ++k) {
         const int q = wrap(me + k, size);
-        wire_.read_peer(q, addresses_[stride * static_cast<std::size_t>(q)] + at, {scratch, n * e});
+        wire_.read_peer(q, buffer_of(q, 0) + at, {scratch, n * e});
         if (k == 1 && own != out) {
           r.reduce(out + i * e, own + i * e, scratch, n);
         } else {

@@ -35,7 +35,7 @@
 namespace squall::detail::shm {
 
 inline constexpr std::uint64_t segment_magic = 0x31304c4c41555153ull;  // "SQUALL01"
-inline constexpr std::uint32_t layout_version = 3;
+inline constexpr std::uint32_t layout_version = 4;
 inline constexpr std::size_t cache_line = 64;
 
 /// Per-rank words: the process id, and the doorbell this rank sleeps on. Any event that may
@@ -48,6 +48,9 @@ struct alignas(cache_line) rank_words {
   /// this rank's verdict on reading every peer's (0 unknown, 1 all readable, 2 not).
   std::atomic<std::uint64_t> probe_address;
   std::atomic<std::uint32_t> single_copy;
+  /// 1 once this rank has failed and closed its memory to the peers' reads and writes
+  /// (`state::revoke`); a peer checks it before every cross-memory copy.
+  std::atomic<std::uint32_t> revoked;
 };
 
 /// What `rank_words::probe_address` points at in every process.
@@ -57,6 +60,9 @@ inline constexpr std::uint64_t probe_value = 0x5351554c4c50524full;
 /// by the sender, `tail` slots released by the receiver (both wrap modulo 2^32).
 struct channel_words {
   alignas(cache_line) std::atomic<std::uint32_t> head;
+  /// 1 while the sender side of this channel (rank `from`) is inside a cross-memory copy of
+  /// the receiver's (rank `to`'s) memory: what a failing `to` waits out before it returns.
+  std::atomic<std::uint32_t> touching;
   alignas(cache_line) std::atomic<std::uint32_t> tail;
   /// Single-copy messages the receiver has finished reading from the sender's memory.
   std::atomic<std::uint32_t> acked;
