@@ -16,6 +16,7 @@
 #include <doctest/doctest.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
@@ -186,13 +187,15 @@ TEST_SUITE("shm_fault") {
 
   TEST_CASE("a stale segment from a killed job is recognised and replaced") {
     const std::string job = squall::detail::unique_job_name();
-    // Rank 0 of a 2-rank job creates the segment, then is killed before rank 1 arrives.
+    // Rank 0 of a 2-rank job creates the segment, then is killed before rank 1 arrives; with
+    // no reaper (what a reaper killed along with it, or an older squall, would leave).
     const auto crashed = squall::launch(1, [&](const shm_job&) {
       std::thread killer([] {
         std::this_thread::sleep_for(300ms);
         raise(SIGKILL);
       });
-      shm_transport t(shm_job{job, 0, 2}, squall::options{.deadline = 30s});
+      shm_transport t(shm_job{job, 0, 2}, squall::options{.deadline = 30s},
+                      squall::shm_config{.reaper = false});
       killer.join();
     });
     CHECK(crashed.status[0] == 128 + SIGKILL);
@@ -325,6 +328,38 @@ TEST_SUITE("shm_fault") {
     CHECK(result.failed_rank == 1);
     CHECK(result.status[0] == 128 + SIGTERM);
     CHECK_FALSE(test::segment_left(job));
+  }
+
+  TEST_CASE("no launcher: the reaper removes the segment of a rank 0 killed during start-up") {
+    // What mpiexec does when a rank fails during start-up: every rank is killed, none of them
+    // can unlink. Here rank 0 of a 3-rank job runs in a plain forked process (no squall
+    // launcher to clean up), makes the segment, and is killed before the others arrive; its
+    // whole process group too, as a launcher's group kill would.
+    const std::string job = squall::detail::unique_job_name();
+    const pid_t rank0 = fork();
+    REQUIRE(rank0 >= 0);
+    if (rank0 == 0) {
+      setpgid(0, 0);
+      try {
+        shm_transport t(shm_job{job, 0, 3, 42}, squall::options{.deadline = 30s});
+      } catch (...) {  // NOLINT(bugprone-empty-catch): killed long before
+      }
+      std::_Exit(3);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    while (!test::segment_left(job) && seconds_since(start) < 10.0)
+      std::this_thread::sleep_for(5ms);
+    REQUIRE(test::segment_left(job));
+    const auto killed = std::chrono::steady_clock::now();
+    kill(-rank0, SIGKILL);
+    int status = 0;
+    waitpid(rank0, &status, 0);
+    CHECK(WIFSIGNALED(status));
+    while (test::segment_left(job) && seconds_since(killed) < 5.0) std::this_thread::sleep_for(5ms);
+    const double took = seconds_since(killed);
+    MESSAGE("segment removed " << took << " s after rank 0 was killed");
+    CHECK_FALSE(test::segment_left(job));
+    CHECK(took < 1.0);
   }
 
   TEST_CASE("segment size: automatic slots keep it linear in P; one too large is refused") {

@@ -193,6 +193,11 @@ struct shm_config {
   /// from the sender's memory (Linux cross-memory attach, `process_vm_readv`), when every
   /// pair of ranks may do so (checked when the job forms). 0 turns it off.
   std::size_t single_copy_bytes = std::size_t{64} << 10;
+  /// Rank 0 starts a small detached process when it creates the segment, which removes the
+  /// segment's name from /dev/shm if rank 0 dies before every rank attached (so a job killed
+  /// during start-up, by `mpiexec` or anything else, leaves nothing behind) and ends once the
+  /// name is gone. Off: only `launch` and `squall-run` clean up after such a job.
+  bool reaper = true;
 };
 
 namespace detail::shm {
@@ -216,7 +221,7 @@ struct state {
       : budget(opts.resolved_deadline()),
         rank(job.rank),
         size(job.size),
-        seg(job.name, job.rank, job.key, shape_of(job, config), deadline(budget)),
+        seg(job.name, job.rank, job.key, shape_of(job, config), deadline(budget), config.reaper),
         sends(static_cast<std::size_t>(job.size)),
         recvs(static_cast<std::size_t>(job.size)),
         payload(config.slot_bytes - sizeof(slot_header)),

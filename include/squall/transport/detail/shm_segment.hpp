@@ -3,8 +3,8 @@
 /// The POSIX shared-memory segment under `shm_transport`: its layout, its creation by rank 0
 /// (O_CREAT|O_EXCL, mode 0600, memory reserved up front), attachment by the other ranks (only
 /// to a segment of this process's effective uid with no group or other permission bits),
-/// recognition of stale segments from crashed jobs, unlinking once every rank is in, futex
-/// waits and process liveness.
+/// recognition of stale segments from crashed jobs, unlinking once every rank is in (or by
+/// rank 0's reaper if the ranks die before), futex waits and process liveness.
 
 #include <squall/core/completion.hpp>
 #include <squall/core/error.hpp>
@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 
 #include <algorithm>  // min
 #include <atomic>
@@ -27,6 +28,7 @@
 #include <fstream>
 #include <linux/futex.h>
 #include <new>
+#include <poll.h>
 #include <signal.h>
 #include <string>
 #include <thread>
@@ -185,16 +187,79 @@ inline bool remove_leftover(const std::string& job, std::uint64_t key) {
   return ours && shm_unlink(name.c_str()) == 0;
 }
 
-/// A mapped segment. Rank 0 creates it; the others attach; the last to attach unlinks the
-/// name, so nothing stays in /dev/shm whatever happens to the processes afterwards.
+/// Starts the reaper of a segment just created by this process: a detached grandchild that
+/// removes the name `path` (in /dev/shm) when this process dies while the name still names
+/// the file `made` (device and inode), and ends as soon as the name is gone or names another
+/// file (the last rank attached and unlinked it, or rank 0 unlinked it on an error), or at
+/// `lifetime` (the start-up deadline and 10 s more: by then no rank can still attach), when it
+/// removes a name still there. So a job whose ranks are all killed during start-up (as
+/// `mpiexec` kills every rank when one fails) leaves nothing in /dev/shm, with no launcher of
+/// squall's to clean up (issue 15).
+///
+/// Made by a raw `clone` (no `pthread_atfork` handlers run: the process may be threaded, with
+/// handlers from MPI or torch), twice, so that nobody has to reap it; it leaves this process's
+/// session and process group (signals sent to the job's group leave it running to clean up),
+/// closes every descriptor, and calls only system calls. Without a reaper (clone refused)
+/// `launch` and `squall-run` still remove the segment when their ranks end.
+inline void start_reaper(const std::string& name, const struct stat& made,
+                         std::chrono::nanoseconds lifetime) noexcept {
+  char path[320];
+  std::snprintf(path, sizeof path, "/dev/shm%s", name.c_str());
+  const pid_t owner = getpid();
+  const auto fork_raw = [] { return syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0); };
+  const long child = fork_raw();
+  if (child < 0) return;
+  if (child > 0) {
+    int status = 0;
+    while (waitpid(static_cast<pid_t>(child), &status, 0) < 0 && errno == EINTR) {
+    }
+    return;
+  }
+  if (fork_raw() != 0) _exit(0);  // the child ends at once; the grandchild is the reaper
+  if (syscall(SYS_close_range, 0u, ~0u, 0u) != 0) {
+    for (int fd = 0; fd < 1024; ++fd) close(fd);
+  }
+  setsid();
+  const long pidfd = syscall(SYS_pidfd_open, owner, 0u);
+  const auto still_ours = [&] {
+    struct stat now {};
+    return stat(path, &now) == 0 && now.st_dev == made.st_dev && now.st_ino == made.st_ino;
+  };
+  timespec start{};
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  const auto budget = std::chrono::duration_cast<std::chrono::seconds>(lifetime).count() + 10;
+  for (;;) {
+    if (!still_ours()) _exit(0);
+    bool owner_gone = false;
+    if (pidfd >= 0) {
+      pollfd wait_on{static_cast<int>(pidfd), POLLIN, 0};
+      owner_gone = poll(&wait_on, 1, 20) > 0;
+    } else {
+      const timespec pause{0, 20'000'000};
+      nanosleep(&pause, nullptr);
+      owner_gone = kill(owner, 0) != 0 && errno == ESRCH;
+    }
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (owner_gone || now.tv_sec - start.tv_sec > budget) {
+      if (still_ours()) unlink(path);
+      _exit(0);
+    }
+  }
+}
+
+/// A mapped segment. Rank 0 creates it (and starts its reaper, `start_reaper`); the others
+/// attach; the last to attach unlinks the name, so nothing stays in /dev/shm whatever happens
+/// to the processes afterwards.
 class segment {
  public:
+  /// `reaper`: whether rank 0 starts the segment's reaper (`start_reaper`).
   segment(const std::string& job, int rank, std::uint64_t key, const geometry& shape,
-          const deadline& limit)
+          const deadline& limit, bool reaper = true)
       : name_(segment_name(job)), rank_(rank), key_(key) {
     const error_context where{.operation = "shm attach", .rank = rank};
     if (rank == 0) {
-      create(shape, limit, where);
+      create(shape, limit, where, reaper);
     } else {
       attach(shape, limit, where);
     }
@@ -314,7 +379,8 @@ class segment {
     return true;
   }
 
-  void create(const geometry& shape, const deadline& limit, const error_context& where) {
+  void create(const geometry& shape, const deadline& limit, const error_context& where,
+              bool reaper) {
     shape_ = shape;
     const std::size_t bytes = shape.total_bytes();
     if (struct statvfs fs{}; statvfs("/dev/shm", &fs) == 0) {
@@ -334,6 +400,9 @@ class segment {
     for (;;) {
       const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
       if (fd >= 0) {
+        if (struct stat made{}; reaper && shape.world_size > 1 && fstat(fd, &made) == 0) {
+          start_reaper(name_, made, limit.remaining());
+        }
         if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
           close(fd);
           shm_unlink(name_.c_str());
