@@ -575,6 +575,71 @@ TEST_SUITE("shm_fault") {
     }
   }
 
+  TEST_CASE("no use after failure: a peer stopped mid-copy is ended, or stops at its next copy") {
+    // Rank 1 writes 16 MiB pieces into rank 0's buffer; rank 0 stops it (SIGSTOP, most likely
+    // inside a copy, so it stops with its touching flag up), fails, marks its buffer, lets
+    // rank 1 continue (SIGCONT) and checks 300 ms later that the mark is intact: either rank 0
+    // killed the stopped copier, or the copier found rank 0 closed at its next copy.
+    int killed = 0;
+    for (int trial = 0; trial < 3; ++trial) {
+      const auto result = squall::launch(
+          2,
+          [](const shm_job& me) {
+            shm_transport t(me, squall::options{.deadline = 30s});
+            if (!t.can_access_peers()) return 0;
+            constexpr std::size_t bytes = std::size_t{64} << 20;
+            constexpr std::size_t piece = std::size_t{16} << 20;
+            if (me.rank == 0) {
+              std::vector<std::byte> buffer(bytes);
+              const auto address = reinterpret_cast<std::uint64_t>(buffer.data());
+              pid_t copier = 0;
+              t.send(1, buffer_view<const std::byte>(reinterpret_cast<const std::byte*>(&address),
+                                                     sizeof address))
+                  .wait();
+              t.recv(1,
+                     buffer_view<std::byte>(reinterpret_cast<std::byte*>(&copier), sizeof copier))
+                  .wait();
+              std::this_thread::sleep_for(100ms);
+              kill(copier, SIGSTOP);
+              std::this_thread::sleep_for(20ms);
+              const auto start = std::chrono::steady_clock::now();
+              t.abandon("rank 0 gives up while rank 1 is stopped");
+              const double took = seconds_since(start);
+              std::fill(buffer.begin(), buffer.end(), std::byte{0x11});
+              kill(copier, SIGCONT);
+              std::this_thread::sleep_for(300ms);
+              std::printf("rank 0: abandon took %.3f s\n", took);
+              return std::all_of(buffer.begin(), buffer.end(),
+                                 [](std::byte b) { return b == std::byte{0x11}; })
+                         ? 0
+                         : 65;
+            }
+            std::uint64_t address = 0;
+            t.recv(0,
+                   buffer_view<std::byte>(reinterpret_cast<std::byte*>(&address), sizeof address))
+                .wait();
+            const pid_t mine = getpid();
+            t.send(0, buffer_view<const std::byte>(reinterpret_cast<const std::byte*>(&mine),
+                                                   sizeof mine))
+                .wait();
+            std::vector<std::byte> data(piece, std::byte{0x42});
+            try {
+              for (std::size_t at = 0;; at = (at + piece) % bytes) {
+                t.write_peer(0, address + at, buffer_view<const std::byte>(data));
+              }
+            } catch (const squall::peer_failure&) {
+              return 0;
+            }
+          },
+          {.kill_on_failure = false});
+      INFO(test::statuses(result));
+      CHECK(result.status[0] == 0);
+      CHECK((result.status[1] == 0 || result.status[1] == 128 + SIGKILL));
+      if (result.status[1] == 128 + SIGKILL) ++killed;
+    }
+    MESSAGE("the stopped copier was killed in " << killed << " of 3 trials");
+  }
+
   TEST_CASE(
       "mismatch check off: counts that differ on the peer-memory paths never go out of bounds") {
     // Rank 1 passes more elements than the others; each rank's buffer is followed by a guard.

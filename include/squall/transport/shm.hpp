@@ -342,30 +342,28 @@ struct state {
   /// `revoked` word, then waits until no peer is inside a cross-memory copy of it. A peer
   /// checks the word after raising its `touching` flag and before every copy (`touch`), so
   /// once this returns no peer reads or writes this rank's buffers again, and the caller may
-  /// free them. A peer that holds its flag for `revoke_grace` (stopped, or starved of CPU
-  /// mid-copy) is killed (SIGKILL): the job has failed, and letting it resume would write
-  /// into memory this rank is about to reuse. A dead peer touches nothing.
+  /// free them. A copy takes milliseconds (`copy_piece`); a peer still holding its flag after
+  /// `revoke_grace` while stopped (SIGSTOP, a debugger) is killed (SIGKILL): the job has
+  /// failed, and letting it resume would write into memory this rank is about to reuse. One
+  /// that runs (starved of CPU) is waited for, up to `revoke_limit`. A dead peer touches
+  /// nothing.
   void revoke() noexcept {
     if (seg.rank(rank).revoked.exchange(1) != 0) return;
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
       const std::atomic<std::uint32_t>& flag = seg.channel(p, rank).touching;
       const std::int32_t pid = seg.rank(p).pid.load();
-      deadline limit(revoke_grace);
-      bool killed = false;
+      const deadline grace(revoke_grace);
+      const deadline limit(revoke_limit);
       backoff pause;
-      while (flag.load() != 0 && process_alive(pid)) {
-        if (limit.expired()) {
-          if (killed) break;  // SIGKILL not taken within another grace: nothing more to do
-          kill(pid, SIGKILL);
-          killed = true;
-          limit = deadline(revoke_grace);
-        }
+      while (flag.load() != 0 && process_alive(pid) && !limit.expired()) {
+        if (grace.expired() && process_state(pid) == 'T') kill(pid, SIGKILL);
         pause.pause();
       }
     }
   }
   static constexpr std::chrono::milliseconds revoke_grace{250};
+  static constexpr std::chrono::seconds revoke_limit{10};
 
   /// Runs `copy` (one cross-memory copy of at most `copy_piece` bytes of `peer`'s memory)
   /// with this rank's `touching` flag raised, unless `peer` has closed its memory: then

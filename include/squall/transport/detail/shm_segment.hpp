@@ -131,16 +131,22 @@ struct geometry {
 };
 
 /// Whether process `pid` exists and is not a zombie (a dead child its parent has not reaped).
+/// The state letter of process `pid` in /proc/<pid>/stat ('R', 'S', 'T' stopped, 'Z' zombie,
+/// ...); 0 if it cannot be read.
+inline char process_state(std::int32_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return 0;
+  const auto paren = line.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= line.size()) return 0;
+  return line[paren + 2];
+}
+
 inline bool process_alive(std::int32_t pid) {
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
-  const auto paren = line.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= line.size()) return true;
-  const char state = line[paren + 2];
-  return state != 'Z' && state != 'X';
+  const char state = process_state(pid);
+  return state != 'Z' && state != 'X';  // 0 (no /proc): trust kill()
 }
 
 inline void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
