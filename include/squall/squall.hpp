@@ -23,6 +23,7 @@
 #include <squall/core/completion.hpp>
 #include <squall/core/config.hpp>
 #include <squall/core/error.hpp>
+#include <squall/core/float8.hpp>
 #include <squall/core/ops.hpp>
 #include <squall/core/options.hpp>
 #include <squall/core/random.hpp>

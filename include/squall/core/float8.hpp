@@ -1,0 +1,167 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// The 8-bit floating-point wire types of the OCP 8-bit Floating Point Specification (OFP8,
+/// 2023), as NVIDIA Hopper, NCCL 2.24+ and Transformer Engine use them (issue 17):
+///   `float8_e4m3`: 4 exponent bits (bias 7), 3 fraction bits; no infinities, one NaN per sign
+///                  (S.1111.111); largest 448, smallest normal 2^-6, subnormal step 2^-9.
+///   `float8_e5m2`: 5 exponent bits (bias 15), 2 fraction bits, IEEE-like with infinities and
+///                  NaNs; largest finite 57344, smallest normal 2^-14, subnormal step 2^-16.
+/// They are wire types, not `element`s: nothing is reduced in 8 bits. Conversion from float
+/// rounds to nearest, ties to even, and saturates: a finite value or an infinity beyond the
+/// largest finite value becomes it, with its sign (the "SATFINITE" conversion of CUDA's
+/// `__nv_cvt_float_to_fp8`, which gradient scaling relies on); a NaN stays a NaN. `stochastic`
+/// rounds up with probability equal to the fraction of a step dropped, from 32 random bits.
+/// Conversion to float is exact.
+
+#include <squall/core/config.hpp>
+#include <squall/core/types.hpp>
+
+#include <cstdint>
+
+namespace squall {
+namespace detail {
+
+/// The layout `round_to_nearest_even` rounds to for an 8-bit format: `man_bits` and `bias` of
+/// the format, and an exponent field wide enough that no float overflows it (the caller
+/// saturates), `total_bits` counted without the sign (the caller adds it at bit 7).
+template <int ManBits, int Bias>
+struct float8_rounding {
+  static constexpr int exp_bits = 8;
+  static constexpr int man_bits = ManBits;
+  static constexpr int bias = Bias;
+  static constexpr int total_bits = 1 + exp_bits + man_bits;
+};
+
+/// What distinguishes the two formats: fraction bits, bias, the largest finite magnitude's
+/// bits, and the NaN the conversions produce (its magnitude bits).
+template <int ManBits, int Bias, std::uint8_t MaxFinite, std::uint8_t QuietNan>
+struct float8_format {
+  static constexpr int man_bits = ManBits;
+  static constexpr int exp_bits = 7 - ManBits;
+  static constexpr int bias = Bias;
+  static constexpr std::uint8_t max_finite = MaxFinite;
+  static constexpr std::uint8_t quiet_nan = QuietNan;
+  using rounding = float8_rounding<ManBits, Bias>;
+};
+using e4m3_format = float8_format<3, 7, 0x7e, 0x7f>;
+using e5m2_format = float8_format<2, 15, 0x7b, 0x7e>;
+
+/// float -> 8 bits of `Format`, to nearest even, saturating; NaN -> the format's quiet NaN
+/// with the input's sign.
+template <class Format>
+SQUALL_HOST_DEVICE constexpr std::uint8_t float_to_float8(float value) noexcept {
+  const std::uint32_t bits = detail::bit_cast<std::uint32_t>(value);
+  const auto sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);
+  const std::uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return static_cast<std::uint8_t>(sign | Format::quiet_nan);
+  const std::uint32_t rounded =
+      round_to_nearest_even<typename Format::rounding, binary32_format>(magnitude);
+  const std::uint32_t kept = rounded > Format::max_finite ? Format::max_finite : rounded;
+  return static_cast<std::uint8_t>(sign | kept);
+}
+
+/// 8 bits of `Format` -> float, exactly: NaN for the format's NaNs, infinity for e5m2's.
+template <class Format>
+SQUALL_HOST_DEVICE constexpr float float8_to_float(std::uint8_t code) noexcept {
+  constexpr int m = Format::man_bits;
+  constexpr std::uint32_t exp_mask = (1u << Format::exp_bits) - 1;
+  const std::uint32_t sign = static_cast<std::uint32_t>(code & 0x80u) << 24;
+  const std::uint32_t exponent = (code >> m) & exp_mask;
+  const std::uint32_t fraction = code & ((1u << m) - 1);
+  const std::uint32_t magnitude = code & 0x7fu;
+  if (magnitude > Format::max_finite) {  // e4m3: S.1111.111; e5m2: infinities and NaNs
+    const bool infinity = Format::exp_bits == 5 && fraction == 0;
+    return detail::bit_cast<float>(sign | (infinity ? 0x7f800000u : 0x7fc00000u));
+  }
+  if (exponent == 0) {  // zero or subnormal: fraction x 2^(1 - bias - m), exact in float
+    const float unit =
+        detail::bit_cast<float>(static_cast<std::uint32_t>(127 + 1 - Format::bias - m) << 23);
+    const float value = static_cast<float>(fraction) * unit;
+    return detail::bit_cast<float>(sign | detail::bit_cast<std::uint32_t>(value));
+  }
+  return detail::bit_cast<float>(sign | ((exponent - Format::bias + 127) << 23) |
+                                 (fraction << (23 - m)));
+}
+
+/// float -> 8 bits of `Format`, rounding stochastically: up with probability (dropped part /
+/// one step), decided by `random` (32 uniform bits); unbiased in expectation below the largest
+/// finite value; saturating; NaN as `float_to_float8`.
+template <class Format>
+SQUALL_HOST_DEVICE constexpr std::uint8_t float_to_float8_stochastic(
+    float value, std::uint32_t random) noexcept {
+  const std::uint32_t bits = detail::bit_cast<std::uint32_t>(value);
+  const auto sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);
+  const std::uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return static_cast<std::uint8_t>(sign | Format::quiet_nan);
+  // The representable neighbours below and above |value|: truncate toward zero in float
+  // arithmetic by trying the nearest code and stepping down if it rounded up.
+  std::uint32_t lower = float_to_float8<Format>(detail::bit_cast<float>(magnitude));
+  const float magnitude_value = detail::bit_cast<float>(magnitude);
+  if (float8_to_float<Format>(static_cast<std::uint8_t>(lower)) > magnitude_value) --lower;
+  if (lower >= Format::max_finite) return static_cast<std::uint8_t>(sign | Format::max_finite);
+  const float below = float8_to_float<Format>(static_cast<std::uint8_t>(lower));
+  const float above = float8_to_float<Format>(static_cast<std::uint8_t>(lower + 1));
+  // up when random / 2^32 < (|value| - below) / (above - below); the difference is exact
+  const float fraction = (magnitude_value - below) / (above - below);
+  const float threshold = static_cast<float>(random) * 0x1p-32f;
+  return static_cast<std::uint8_t>(sign | (threshold < fraction ? lower + 1 : lower));
+}
+
+/// What `float8_e4m3` and `float8_e5m2` share: 8 bits and the conversions.
+template <class Derived, class Format>
+class float8_base {
+ public:
+  using format = Format;
+  float8_base() = default;
+  /// The value's 8 bits.
+  SQUALL_HOST_DEVICE constexpr std::uint8_t bits() const noexcept { return bits_; }
+  /// The value whose bits are `bits`.
+  SQUALL_HOST_DEVICE static constexpr Derived from_bits(std::uint8_t bits) noexcept {
+    Derived d;
+    d.bits_ = bits;
+    return d;
+  }
+  /// `value` rounded stochastically with the 32 random bits `random`.
+  SQUALL_HOST_DEVICE static constexpr Derived stochastic(float value,
+                                                         std::uint32_t random) noexcept {
+    return from_bits(float_to_float8_stochastic<Format>(value, random));
+  }
+  SQUALL_HOST_DEVICE constexpr operator float() const noexcept {
+    return float8_to_float<Format>(bits_);
+  }
+
+ protected:
+  std::uint8_t bits_;
+};
+
+}  // namespace detail
+
+/// OFP8 E4M3 (bias 7, largest 448, no infinities): to nearest even and saturating from float,
+/// exact to float.
+class float8_e4m3 : public detail::float8_base<float8_e4m3, detail::e4m3_format> {
+ public:
+  float8_e4m3() = default;
+  SQUALL_HOST_DEVICE constexpr explicit float8_e4m3(float value) noexcept {
+    bits_ = detail::float_to_float8<format>(value);
+  }
+};
+
+/// OFP8 E5M2 (bias 15, largest finite 57344, infinities and NaNs): to nearest even and
+/// saturating from float, exact to float.
+class float8_e5m2 : public detail::float8_base<float8_e5m2, detail::e5m2_format> {
+ public:
+  float8_e5m2() = default;
+  SQUALL_HOST_DEVICE constexpr explicit float8_e5m2(float value) noexcept {
+    bits_ = detail::float_to_float8<format>(value);
+  }
+};
+
+static_assert(sizeof(float8_e4m3) == 1 && sizeof(float8_e5m2) == 1);
+static_assert(std::is_trivially_copyable_v<float8_e4m3> &&
+              std::is_trivially_copyable_v<float8_e5m2>);
+
+/// float8_e4m3 or float8_e5m2.
+template <class T>
+concept float8_like = std::is_same_v<T, float8_e4m3> || std::is_same_v<T, float8_e5m2>;
+
+}  // namespace squall
