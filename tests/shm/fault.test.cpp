@@ -346,10 +346,15 @@ TEST_SUITE("shm_fault") {
       }
       std::_Exit(3);
     }
+    // the segment's memory is reserved (its size set) after the reaper has started
+    const std::string path = "/dev/shm" + squall::detail::shm::segment_name(job);
+    const auto reserved = [&] {
+      struct stat info {};
+      return stat(path.c_str(), &info) == 0 && info.st_size > 0;
+    };
     const auto start = std::chrono::steady_clock::now();
-    while (!test::segment_left(job) && seconds_since(start) < 10.0)
-      std::this_thread::sleep_for(5ms);
-    REQUIRE(test::segment_left(job));
+    while (!reserved() && seconds_since(start) < 10.0) std::this_thread::sleep_for(5ms);
+    REQUIRE(reserved());
     const auto killed = std::chrono::steady_clock::now();
     kill(-rank0, SIGKILL);
     int status = 0;

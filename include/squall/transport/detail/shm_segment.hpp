@@ -212,21 +212,40 @@ inline void start_reaper(const std::string& name, const struct stat& made,
   char path[320];
   std::snprintf(path, sizeof path, "/dev/shm%s", name.c_str());
   const pid_t owner = getpid();
+  // The reaper says on `ready` when it has left this process group and holds its pidfd; we
+  // wait for that (at most 2 s), so a group kill right after this returns cannot take it.
+  int ready[2];
+  if (pipe2(ready, O_CLOEXEC) != 0) return;
   const auto fork_raw = [] { return syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0); };
   const long child = fork_raw();
-  if (child < 0) return;
+  if (child < 0) {
+    close(ready[0]);
+    close(ready[1]);
+    return;
+  }
   if (child > 0) {
+    close(ready[1]);
     int status = 0;
     while (waitpid(static_cast<pid_t>(child), &status, 0) < 0 && errno == EINTR) {
     }
+    pollfd said{ready[0], POLLIN, 0};
+    char byte = 0;
+    if (poll(&said, 1, 2000) > 0) (void)!read(ready[0], &byte, 1);  // or EOF: no reaper
+    close(ready[0]);
     return;
   }
   if (fork_raw() != 0) _exit(0);  // the child ends at once; the grandchild is the reaper
-  if (syscall(SYS_close_range, 0u, ~0u, 0u) != 0) {
-    for (int fd = 0; fd < 1024; ++fd) close(fd);
+  const auto keep = static_cast<unsigned>(ready[1]);
+  if ((keep > 0 && syscall(SYS_close_range, 0u, keep - 1, 0u) != 0) ||
+      syscall(SYS_close_range, keep + 1, ~0u, 0u) != 0) {
+    for (int fd = 0; fd < 1024; ++fd) {
+      if (fd != ready[1]) close(fd);
+    }
   }
   setsid();
   const long pidfd = syscall(SYS_pidfd_open, owner, 0u);
+  (void)!write(ready[1], "r", 1);
+  close(ready[1]);
   const auto still_ours = [&] {
     struct stat now {};
     return stat(path, &now) == 0 && now.st_dev == made.st_dev && now.st_ino == made.st_ino;
