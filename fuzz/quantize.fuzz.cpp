@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the decoders of compress/quantize.hpp (int8, sign, sign_vote, terngrad,
-// and qsgd with 1, 4 and 127 levels: code widths 2, 4 and 8), into float and double. The
+// qsgd with 1, 4 and 127 levels: code widths 2, 4 and 8; fp8 E4M3 and E5M2), into float and
+// double. The
 // parameter byte sets the encoder's bucket (mutate mode) to (parameter % 128) x 8 elements
 // (0: one bucket) and its seed; decode reads the bucket from the payload. Layout: fuzz_common.hpp.
 #include <squall/compress/quantize.hpp>
@@ -10,7 +11,7 @@
 namespace {
 
 struct quantize_family {
-  static constexpr std::size_t compressors = 7;
+  static constexpr std::size_t compressors = 9;
   template <class C>
   static C configured(std::uint8_t parameter) {
     C c;
@@ -39,6 +40,19 @@ struct quantize_family {
       case 5:
         f(configured<squall::qsgd_compressor<1>>(parameter));
         break;
+      case 6: {
+        auto c = configured<squall::fp8_compressor>(parameter);
+        c.stochastic = (parameter & 1) != 0;
+        f(c);
+        break;
+      }
+      case 7: {
+        auto c = configured<squall::fp8_compressor>(parameter);
+        c.format = squall::fp8_format::e5m2;
+        c.stochastic = (parameter & 1) != 0;
+        f(c);
+        break;
+      }
       default:
         f(configured<squall::qsgd_compressor<127>>(parameter));
         break;

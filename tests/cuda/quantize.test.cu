@@ -44,6 +44,12 @@ TEST_SUITE("cuda") {
       check_twin<squall::terngrad_compressor, T>({}, count);
       check_twin<squall::qsgd_compressor<4>, T>({}, count);
       check_twin<squall::qsgd_compressor<127>, T>({}, count);
+      for (const auto format : {squall::fp8_format::e4m3, squall::fp8_format::e5m2}) {
+        for (const bool stochastic : {false, true}) {
+          check_twin<squall::fp8_compressor, T>({.format = format, .stochastic = stochastic},
+                                                count);
+        }
+      }
     }
   }
 }

@@ -124,7 +124,7 @@ TEST_SUITE("compress") {
     CHECK(fault_of("int8:3").find("int8 takes no parameter") != std::string::npos);
     CHECK(fault_of("none+ef").find("none takes no +ef") != std::string::npos);
     CHECK(fault_of("qsgd:5").find("qsgd takes 4, 16 or 127") != std::string::npos);
-    CHECK(fault_of("cast:fp8").find("cast takes fp16 or bf16") != std::string::npos);
+    CHECK(fault_of("cast:fp8").find("cast takes fp16, bf16, e4m3, e5m2") != std::string::npos);
     CHECK(fault_of("topk:0").find("'0' is not a positive number") != std::string::npos);
     CHECK(fault_of("topk:abc").find("'abc' is not a positive number") != std::string::npos);
     CHECK(fault_of("randomk:1.5").find("above 1") != std::string::npos);

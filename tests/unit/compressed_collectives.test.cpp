@@ -335,6 +335,8 @@ void check_gather(const C& c) {
 template <class Topology>
 void check_every_gather_compressor() {
   check_gather<Topology>(squall::int8_compressor{.bucket = 64});
+  check_gather<Topology>(squall::fp8_compressor{.format = squall::fp8_format::e5m2, .bucket = 64});
+  check_gather<Topology>(squall::fp8_compressor{.stochastic = true, .bucket = 64, .seed = 3});
   check_gather<Topology>(squall::qsgd_compressor<4>{.bucket = 64, .seed = 3});
   check_gather<Topology>(squall::terngrad_compressor{.bucket = 64, .seed = 9});
   check_gather<Topology>(squall::sign_compressor{.bucket = 64});

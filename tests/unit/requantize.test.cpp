@@ -191,6 +191,10 @@ void check_every_quantizer() {
   check_against_reference<Topology, squall::qsgd_compressor<4>, false>(qsgd, 1.0);
   check_against_reference<Topology, squall::terngrad_compressor, false>(tern, 1.0);
   check_against_reference<Topology, squall::sign_compressor, false>(sign, 1e30);
+  // E4M3 to nearest: half an ulp, at most 16 of the reference's steps (scale / 448) at the
+  // top of the range, where the ulp of 256..448 is 32
+  using e4m3 = squall::quantize_compressor<squall::fp8_spec<1, false>>;
+  check_against_reference<Topology, e4m3, false>(e4m3{.bucket = 64}, 16.0);
   check_against_reference<Topology, squall::int8_compressor, true>(q8, 0);
   check_against_reference<Topology, squall::qsgd_compressor<4>, true>(qsgd, 0);
   check_against_reference<Topology, squall::terngrad_compressor, true>(tern, 0);

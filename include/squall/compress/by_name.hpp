@@ -52,7 +52,7 @@ struct compressor_choice {
 /// The names `parse_compressor` accepts, and what each takes after the colon.
 inline constexpr std::array<std::pair<std::string_view, std::string_view>, 13> compressor_names{{
     {"none", ""},
-    {"cast", "fp16|bf16 (default bf16)"},
+    {"cast", "fp16|bf16|e4m3|e5m2|e4m3_sr|e5m2_sr (default bf16)"},
     {"int8", ""},
     {"sign", ""},
     {"sign_vote", ""},
@@ -180,7 +180,14 @@ decltype(auto) visit_compressor(const compressor_choice& choice, F&& f) {
   if (n == "cast") {
     if (p == "fp16" || p == "float16") return with(cast_compressor<float16>{});
     if (p.empty() || p == "bf16" || p == "bfloat16") return with(cast_compressor<bfloat16>{});
-    detail::bad_compressor(choice.text, "cast takes fp16 or bf16");
+    // 8-bit floats with a scale per bucket (fp8_compressor, compress/quantize.hpp)
+    if (p == "e4m3" || p == "e5m2" || p == "e4m3_sr" || p == "e5m2_sr") {
+      fp8_compressor c;
+      c.format = p.starts_with("e5m2") ? fp8_format::e5m2 : fp8_format::e4m3;
+      c.stochastic = p.ends_with("_sr");
+      return with(c);
+    }
+    detail::bad_compressor(choice.text, "cast takes fp16, bf16, e4m3, e5m2, e4m3_sr or e5m2_sr");
   }
   if (n == "int8") return with(int8_compressor{});
   if (n == "sign") return with(sign_compressor{});

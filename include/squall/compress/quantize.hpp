@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// The bucketed quantizers: `int8_compressor` (max-abs scale, nearest level), `sign_compressor`
+/// The bucketed quantizers: `int8_compressor` (max-abs scale, nearest level), the 8-bit floats
+/// `fp8_compressor` (E4M3 or E5M2, to nearest or stochastic), `sign_compressor`
 /// (1 bit and a mean-|g| scale per bucket: 1-bit SGD, EF-SignSGD), `sign_vote_compressor`
 /// (signSGD with majority vote), `terngrad_compressor` ({-1, 0, +1} x max |g|, stochastic) and
 /// `qsgd_compressor<Levels>` (L2 norm, stochastic rounding to `Levels` levels). One policy
@@ -163,9 +164,11 @@ struct quantize_compressor {
     const std::size_t bad =
         dequantize<scheme>(backend, scales, codes, count, bucket_size, out.data());
     if (bad != count) {
-      throw invalid_argument(where, "payload's code of element " + std::to_string(bad) +
-                                        " is above the top level " +
-                                        std::to_string(2 * scheme.levels));
+      throw invalid_argument(
+          where, "payload's code of element " + std::to_string(bad) +
+                     (scheme.float8 != 0
+                          ? std::string(" is an 8-bit float NaN or infinity")
+                          : " is above the top level " + std::to_string(2 * scheme.levels)));
     }
   }
 
@@ -296,10 +299,104 @@ requires(Levels >= 1 && Levels <= 127) struct qsgd_spec {
 template <std::uint32_t Levels>
 using qsgd_compressor = quantize_compressor<qsgd_spec<Levels>>;
 
+/// 8-bit floats with a scale per bucket (issue 17), as NCCL 2.24+, MSCCL++ and Meta's NCCLX send
+/// them (Micikevicius et al., "FP8 Formats for Deep Learning", 2022; the OCP OFP8
+/// specification, core/float8.hpp): per bucket of 512 the scale max |g|, each element the
+/// 8-bit float of g x m / max |g| (m the format's largest finite value: 448 for E4M3, 57344 for
+/// E5M2), so the bucket's largest element lands on m; rounded to nearest even, or with `_sr`
+/// stochastically (Philox keyed by seed, step, rank, element: reproducible, unbiased). Decoded
+/// in the element type and summed there, per hop or gathered: no 8-bit arithmetic, float or
+/// double accumulation. Error per element, RNE: at most |g| x 2^-4 (E4M3, 3 fraction bits) or
+/// |g| x 2^-3 (E5M2), and no more than max |g| x 2^-10 / 448 (E4M3) or max |g| x 2^-17 / 57344
+/// (E5M2) where g x m / max |g| is below the format's smallest normal (half its subnormal
+/// step). 8 bits and a scale per 512 elements: 8.06 bits per float element.
+template <std::uint8_t Format, bool Stochastic>
+requires(Format == 1 || Format == 2) struct fp8_spec {
+  static constexpr std::string_view name = Format == 1 ? (Stochastic ? "fp8_e4m3_sr" : "fp8_e4m3")
+                                                       : (Stochastic ? "fp8_e5m2_sr" : "fp8_e5m2");
+  static constexpr payload_kind kind = payload_kind::fp8;
+  static constexpr aggregation_set aggregations{aggregation::per_hop, aggregation::gather};
+  static constexpr kernels::quantize_scheme scheme = {
+      .levels = Format == 1 ? squall::detail::e4m3_format::max_value
+                            : squall::detail::e5m2_format::max_value,
+      .width = 8,
+      .scale = kernels::bucket_scale::max_abs,
+      .stochastic = Stochastic,
+      .sign_only = false,
+      .float8 = Format};
+  static constexpr std::uint64_t default_bucket = 512;
+};
+
+/// The 8-bit float formats of `fp8_compressor`.
+enum class fp8_format : std::uint8_t { e4m3 = 1, e5m2 = 2 };
+
+/// The 8-bit float compressor (`fp8_spec`), its format and rounding chosen at run time: one
+/// type, so a program that picks compressors by name (`visit_compressor`: "cast:e4m3",
+/// "cast:e5m2", "cast:e4m3_sr", "cast:e5m2_sr") instantiates the collectives once for all
+/// four. The payload is `quantize_compressor`'s (kind `fp8`, levels 448 or 57344); the two
+/// roundings write the same format, and a payload of the other format fails to decode
+/// ("levels where ... are expected").
+struct fp8_compressor {
+  static constexpr std::string_view name = "fp8";
+  static constexpr aggregation_set aggregations{aggregation::per_hop, aggregation::gather};
+  static constexpr bool fixed_size = true;
+  static constexpr payload_kind kind = payload_kind::fp8;
+
+  fp8_format format = fp8_format::e4m3;
+  bool stochastic = false;  ///< stochastic rounding (Philox), else to nearest even
+  std::uint64_t bucket = 512;
+  std::uint64_t seed = 0;
+  bool check_finite = false;
+
+  /// Calls `f` with the quantizer of this format and rounding, carrying bucket, seed and
+  /// check_finite; throws `invalid_argument` for a format that is neither. (Defined before
+  /// the members that deduce their return types from it.)
+  template <class F>
+  decltype(auto) with_format(F&& f) const {
+    const auto call = [&](auto q) -> decltype(auto) {
+      q.bucket = bucket;
+      q.seed = seed;
+      q.check_finite = check_finite;
+      return f(q);
+    };
+    if (format == fp8_format::e5m2) {
+      return stochastic ? call(quantize_compressor<fp8_spec<2, true>>{})
+                        : call(quantize_compressor<fp8_spec<2, false>>{});
+    }
+    if (format != fp8_format::e4m3) {
+      throw invalid_argument(
+          {.operation = name},
+          "format " + std::to_string(static_cast<int>(format)) + " is neither e4m3 nor e5m2");
+    }
+    return stochastic ? call(quantize_compressor<fp8_spec<1, true>>{})
+                      : call(quantize_compressor<fp8_spec<1, false>>{});
+  }
+
+  std::size_t chunk_alignment() const { return static_cast<std::size_t>(bucket); }
+
+  std::size_t max_payload_bytes(dtype type, std::size_t count) const {
+    return with_format([&](const auto& q) { return q.max_payload_bytes(type, count); });
+  }
+
+  template <class B, real_gradient T>
+  std::size_t encode(const B& backend, buffer_view<const T, typename B::memory_space> in,
+                     buffer_view<std::byte, typename B::memory_space> payload,
+                     random_stream stream = {}) const {
+    return with_format([&](const auto& q) { return q.encode(backend, in, payload, stream); });
+  }
+
+  template <class B, real_gradient T>
+  void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
+              buffer_view<T, typename B::memory_space> out) const {
+    with_format([&](const auto& q) { q.decode(backend, payload, out); });
+  }
+};
+
 static_assert(compressor<int8_compressor>);
 static_assert(compressor<sign_compressor>);
 static_assert(compressor<sign_vote_compressor>);
 static_assert(compressor<terngrad_compressor>);
 static_assert(compressor<qsgd_compressor<4>>);
+static_assert(compressor<fp8_compressor>);
 
 }  // namespace squall

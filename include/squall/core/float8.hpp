@@ -40,6 +40,11 @@ struct float8_format {
   static constexpr int exp_bits = 7 - ManBits;
   static constexpr int bias = Bias;
   static constexpr std::uint8_t max_finite = MaxFinite;
+  /// The largest finite value (448 or 57344), an integer.
+  static constexpr std::uint32_t max_value =
+      (((1u << ManBits) | (MaxFinite & ((1u << ManBits) - 1)))
+       << ((MaxFinite >> ManBits) - Bias)) >>
+      ManBits;
   static constexpr std::uint8_t quiet_nan = QuietNan;
   using rounding = float8_rounding<ManBits, Bias>;
 };
@@ -157,6 +162,7 @@ class float8_e5m2 : public detail::float8_base<float8_e5m2, detail::e5m2_format>
 };
 
 static_assert(sizeof(float8_e4m3) == 1 && sizeof(float8_e5m2) == 1);
+static_assert(detail::e4m3_format::max_value == 448 && detail::e5m2_format::max_value == 57344);
 static_assert(std::is_trivially_copyable_v<float8_e4m3> &&
               std::is_trivially_copyable_v<float8_e5m2>);
 

@@ -26,17 +26,20 @@ inline constexpr int quantize_threads = 256;
 
 // nvcc cannot emit host stubs for __global__ templates with class-type template arguments:
 // the scheme travels as plain values and is rebuilt inside.
-template <std::uint32_t Levels, unsigned Width, int Scale, bool Stochastic, bool SignOnly>
+template <std::uint32_t Levels, unsigned Width, int Scale, bool Stochastic, bool SignOnly,
+          unsigned Float8>
 __device__ constexpr quantize_scheme scheme_of() {
-  return {Levels, Width, static_cast<bucket_scale>(Scale), Stochastic, SignOnly};
+  return {Levels,     Width,    static_cast<bucket_scale>(Scale),
+          Stochastic, SignOnly, static_cast<std::uint8_t>(Float8)};
 }
 
-template <std::uint32_t Levels, unsigned Width, int Scale, bool Stochastic, bool SignOnly, class T>
+template <std::uint32_t Levels, unsigned Width, int Scale, bool Stochastic, bool SignOnly,
+          unsigned Float8, class T>
 __global__ void __launch_bounds__(quantize_threads)
     quantize_kernel(const T* in, std::size_t count, std::size_t bucket, T* scales,
                     std::uint8_t* codes, std::uint64_t seed, random_stream stream,
                     unsigned long long* first_bad) {
-  constexpr quantize_scheme q = scheme_of<Levels, Width, Scale, Stochastic, SignOnly>();
+  constexpr quantize_scheme q = scheme_of<Levels, Width, Scale, Stochastic, SignOnly, Float8>();
   using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, unsigned long long>;
   constexpr bits_t exponent =
       static_cast<bits_t>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
@@ -101,7 +104,7 @@ __global__ void __launch_bounds__(quantize_threads)
         if (!isfinite(v)) atomicMin(first_bad, static_cast<unsigned long long>(i));
         std::uint8_t code;
         if (!usable) {
-          code = SignOnly ? 0 : static_cast<std::uint8_t>(Levels);
+          code = zero_code(q);
         } else {
           const std::uint32_t word = Stochastic ? random_word(seed, stream, i) : 0u;
           code = wide ? quantize_code(q, static_cast<double>(v) * 0x1p600, wide_inverse, word)
@@ -118,19 +121,19 @@ __global__ void __launch_bounds__(quantize_threads)
   }
 }
 
-template <std::uint32_t Levels, unsigned Width, int Scale, bool Stochastic, bool SignOnly, class T>
+template <std::uint32_t Levels, unsigned Width, int Scale, bool Stochastic, bool SignOnly,
+          unsigned Float8, class T>
 __global__ void __launch_bounds__(quantize_threads)
     dequantize_kernel(const T* scales, const std::uint8_t* codes, std::size_t count,
                       std::size_t bucket, T* out, unsigned long long* first_bad) {
-  constexpr quantize_scheme q = scheme_of<Levels, Width, Scale, Stochastic, SignOnly>();
+  constexpr quantize_scheme q = scheme_of<Levels, Width, Scale, Stochastic, SignOnly, Float8>();
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * quantize_threads;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * quantize_threads + threadIdx.x;
        i < count; i += stride) {
     const unsigned bit = static_cast<unsigned>((i * Width) % 8);
     const auto code =
         static_cast<std::uint8_t>((codes[i * Width / 8] >> bit) & ((1u << Width) - 1));
-    if (code > (q.sign_only ? 1u : 2u * q.levels))
-      atomicMin(first_bad, static_cast<unsigned long long>(i));
+    if (!valid_code(q, code)) atomicMin(first_bad, static_cast<unsigned long long>(i));
     out[i] = dequantize_code(q, code, scales[i / bucket]);
   }
 }
@@ -187,7 +190,8 @@ std::size_t quantize(const cuda_backend& backend, const T* in, std::size_t count
   if (count == 0) return 0;
   squall::detail::device_guard guard(backend.device);
   detail::first_index_slot first_bad(backend, count);
-  detail::quantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only>
+  detail::quantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only,
+                          Q.float8>
       <<<detail::quantize_grid((count + bucket - 1) / bucket), detail::quantize_threads, 0,
          backend.stream>>>(in, count, bucket, scales, codes, seed, stream, first_bad.get());
   SQUALL_CUDA_CHECK(cudaGetLastError());
@@ -202,7 +206,8 @@ std::size_t dequantize(const cuda_backend& backend, const T* scales, const std::
   if (count == 0) return 0;
   squall::detail::device_guard guard(backend.device);
   detail::first_index_slot first_bad(backend, count);
-  detail::dequantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only>
+  detail::dequantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only,
+                            Q.float8>
       <<<detail::quantize_grid((count + detail::quantize_threads - 1) / detail::quantize_threads),
          detail::quantize_threads, 0, backend.stream>>>(scales, codes, count, bucket, out,
                                                         first_bad.get());

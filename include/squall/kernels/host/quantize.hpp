@@ -7,6 +7,7 @@
 
 #include <squall/backend/host.hpp>
 #include <squall/core/config.hpp>
+#include <squall/core/float8.hpp>
 #include <squall/core/random.hpp>
 
 #include <bit>
@@ -27,14 +28,32 @@ enum class bucket_scale : std::uint8_t {
 };
 
 /// A quantization scheme. Codes are `width` bits: for `levels` s, an element becomes a signed
-/// level q in [-s, s] stored as q + s; `sign_only` codes are 1 bit, 1 for negative.
+/// level q in [-s, s] stored as q + s; `sign_only` codes are 1 bit, 1 for negative. With
+/// `float8` (1: OFP8 E4M3, 2: E5M2; issue 17) the code is instead the 8-bit float of
+/// v x s / scale, s being the format's largest finite value (448 or 57344), rounded to
+/// nearest even or stochastically: the bucket's largest |v| maps to the format's largest value.
 struct quantize_scheme {
   std::uint32_t levels;
   unsigned width;  ///< bits per code: 1, 2, 4 or 8
   bucket_scale scale;
   bool stochastic;  ///< stochastic rounding between neighbouring levels (unbiased)
   bool sign_only;
+  std::uint8_t float8 = 0;  ///< 0: integer levels; 1: E4M3 codes; 2: E5M2 codes
 };
+
+/// The code of 0 (what a bucket holding a NaN or an Inf sends).
+SQUALL_HOST_DEVICE constexpr std::uint8_t zero_code(quantize_scheme q) {
+  return q.sign_only || q.float8 != 0 ? std::uint8_t{0} : static_cast<std::uint8_t>(q.levels);
+}
+
+/// Whether `code` is one an encoder writes: a level (at most 2s), a sign bit, or a finite
+/// 8-bit float. Anything else is a corrupt payload.
+SQUALL_HOST_DEVICE constexpr bool valid_code(quantize_scheme q, std::uint8_t code) {
+  if (q.sign_only) return code <= 1u;
+  if (q.float8 == 1) return (code & 0x7fu) <= squall::detail::e4m3_format::max_finite;
+  if (q.float8 == 2) return (code & 0x7fu) <= squall::detail::e5m2_format::max_finite;
+  return code <= 2u * q.levels;
+}
 
 /// A bucket's scale and whether all its elements were finite.
 struct bucket_stats {
@@ -52,6 +71,17 @@ SQUALL_HOST_DEVICE SQUALL_FORCEINLINE std::uint8_t quantize_code(quantize_scheme
   // Branch-free selects on 32-bit integers, so the host loop vectorizes.
   const std::int32_t negative = v < T(0);
   if (q.sign_only) return static_cast<std::uint8_t>(negative);
+  if (q.float8 != 0) {  // |v x inverse| <= s up to rounding; the conversion saturates
+    const auto x = static_cast<float>(v * inverse);
+    using e4m3 = squall::detail::e4m3_format;
+    using e5m2 = squall::detail::e5m2_format;
+    if (q.stochastic) {
+      return q.float8 == 1 ? squall::detail::float_to_float8_stochastic<e4m3>(x, word)
+                           : squall::detail::float_to_float8_stochastic<e5m2>(x, word);
+    }
+    return q.float8 == 1 ? squall::detail::float_to_float8<e4m3>(x)
+                         : squall::detail::float_to_float8<e5m2>(x);
+  }
   const T s = static_cast<T>(q.levels);
   T x = (negative ? -v : v) * inverse;
   x = x > T(0) ? x : T(0);  // NaN -> 0
@@ -80,6 +110,12 @@ template <class T>
 SQUALL_HOST_DEVICE SQUALL_FORCEINLINE T dequantize_code(quantize_scheme q, std::uint8_t code,
                                                         T scale) {
   if (q.sign_only) return code ? -scale : scale;
+  if (q.float8 != 0) {
+    const float x = q.float8 == 1
+                        ? squall::detail::float8_to_float<squall::detail::e4m3_format>(code)
+                        : squall::detail::float8_to_float<squall::detail::e5m2_format>(code);
+    return static_cast<T>(x) * scale * (T(1) / static_cast<T>(q.levels));
+  }
   // q x scale first, so a subnormal scale loses no more than its own spacing
   return static_cast<T>(static_cast<std::int32_t>(code) - static_cast<std::int32_t>(q.levels)) *
          scale * (T(1) / static_cast<T>(q.levels));
@@ -164,14 +200,13 @@ void quantize_block_wide(const T* in, std::size_t n, double scale, const std::ui
   }
 }
 
-/// Decodes `n` codes; returns whether every code is a level (at most 2s; sign codes always are).
+/// Decodes `n` codes; returns whether every code is valid (`valid_code`).
 template <quantize_scheme Q, class T>
 SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bool dequantize_block_loop(
     const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n, T scale, T* SQUALL_RESTRICT out) {
-  constexpr unsigned top = Q.sign_only ? 1u : 2u * Q.levels;
   unsigned over = 0;
   for (std::size_t k = 0; k < n; ++k) {
-    over |= static_cast<unsigned>(codes[k] > top);
+    over |= static_cast<unsigned>(!valid_code(Q, codes[k]));
     out[k] = dequantize_code(Q, codes[k], scale);
   }
   return over == 0;
@@ -264,7 +299,7 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
       const std::size_t m = n - off < detail::quantize_block ? n - off : detail::quantize_block;
       const std::size_t first = begin + off;  // a multiple of 8 unless it is element 0's bucket
       if (!usable) {
-        std::memset(block_codes, Q.sign_only ? 0 : static_cast<int>(Q.levels), m);
+        std::memset(block_codes, zero_code(Q), m);
       } else {
         if constexpr (Q.stochastic) {
           philox_fill(seed, stream, first / 4, (m + 3) / 4, words);
@@ -282,8 +317,9 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
 }
 
 /// Decodes what `quantize` wrote: `count` elements from `scales` and packed `codes`. Returns
-/// the index of the first element whose code is not a level (above 2s: a corrupt payload, as
-/// 2s + 1 levels need not fill the code width), or `count` if all are levels.
+/// the index of the first element whose code is not valid (above 2s: a corrupt payload, as
+/// 2s + 1 levels need not fill the code width; or an 8-bit float NaN or infinity), or
+/// `count` if all are.
 template <quantize_scheme Q, class T>
 std::size_t dequantize(const host_backend& /*backend*/, const T* scales, const std::uint8_t* codes,
                        std::size_t count, std::size_t bucket, T* out) {
@@ -300,7 +336,7 @@ std::size_t dequantize(const host_backend& /*backend*/, const T* scales, const s
       if (!detail::dequantize_block_loop<Q>(block_codes, m, scale, out + first) &&
           first_bad == count) {
         std::size_t k = 0;
-        while (block_codes[k] <= 2 * Q.levels) ++k;
+        while (valid_code(Q, block_codes[k])) ++k;
         first_bad = first + k;
       }
     }
