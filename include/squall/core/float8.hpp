@@ -52,9 +52,9 @@ using e4m3_format = float8_format<3, 7, 0x7e, 0x7f>;
 using e5m2_format = float8_format<2, 15, 0x7b, 0x7e>;
 
 /// float -> 8 bits of `Format`, to nearest even, saturating; NaN -> the format's quiet NaN
-/// with the input's sign.
+/// with the input's sign. Through `round_to_nearest_even` (the reference form; branches).
 template <class Format>
-SQUALL_HOST_DEVICE constexpr std::uint8_t float_to_float8(float value) noexcept {
+SQUALL_HOST_DEVICE constexpr std::uint8_t float_to_float8_reference(float value) noexcept {
   const std::uint32_t bits = detail::bit_cast<std::uint32_t>(value);
   const auto sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);
   const std::uint32_t magnitude = bits & 0x7fffffffu;
@@ -63,6 +63,36 @@ SQUALL_HOST_DEVICE constexpr std::uint8_t float_to_float8(float value) noexcept 
       round_to_nearest_even<typename Format::rounding, binary32_format>(magnitude);
   const std::uint32_t kept = rounded > Format::max_finite ? Format::max_finite : rounded;
   return static_cast<std::uint8_t>(sign | kept);
+}
+
+/// The same conversion without branches (selects and a min only, so g++ vectorizes loops
+/// over it), as `binary32_to_binary16` does: normal results rebias the exponent and round at
+/// bit 23 - m by adding half a step less one plus the lowest kept bit (a carry moves into the
+/// exponent, which is right); subnormal results come from the float adder, adding a power of
+/// two whose ulp is the format's subnormal step (2^14 for E4M3, 2^7 for E5M2), which rounds to
+/// nearest even. Then saturation to the largest finite code, and NaN. Needs round-to-nearest
+/// float addition. Equal to `float_to_float8_reference` for every float (tests/unit).
+template <class Format>
+SQUALL_HOST_DEVICE constexpr std::uint8_t float_to_float8(float value) noexcept {
+  constexpr int shift = 23 - Format::man_bits;
+  constexpr std::uint32_t rebias = static_cast<std::uint32_t>(127 - Format::bias) << 23;
+  constexpr std::uint32_t smallest_normal = static_cast<std::uint32_t>(127 + 1 - Format::bias)
+                                            << 23;
+  constexpr std::uint32_t adder_bits =
+      static_cast<std::uint32_t>(127 + 24 - Format::bias - Format::man_bits) << 23;
+  const std::uint32_t bits = detail::bit_cast<std::uint32_t>(value);
+  const std::uint32_t sign = (bits >> 24) & 0x80u;
+  const std::uint32_t magnitude = bits & 0x7fffffffu;
+  const std::uint32_t normal =
+      (magnitude - rebias + ((1u << (shift - 1)) - 1u) + ((magnitude >> shift) & 1u)) >> shift;
+  const std::uint32_t subnormal =
+      detail::bit_cast<std::uint32_t>(detail::bit_cast<float>(magnitude) +
+                                      detail::bit_cast<float>(adder_bits)) -
+      adder_bits;
+  std::uint32_t out = select_bits(magnitude < smallest_normal, subnormal, normal);
+  out = out < Format::max_finite ? out : Format::max_finite;
+  out = select_bits(magnitude > 0x7f800000u, Format::quiet_nan, out);
+  return static_cast<std::uint8_t>(sign | out);
 }
 
 /// 8 bits of `Format` -> float, exactly: NaN for the format's NaNs, infinity for e5m2's.
@@ -111,6 +141,18 @@ SQUALL_HOST_DEVICE constexpr std::uint8_t float_to_float8_stochastic(
   const float threshold = static_cast<float>(random) * 0x1p-32f;
   return static_cast<std::uint8_t>(sign | (threshold < fraction ? lower + 1 : lower));
 }
+
+/// Every code's value (`float8_to_float`), for table-driven decoding on the host.
+template <class Format>
+struct float8_table {
+  float values[256];
+  constexpr float8_table() : values{} {
+    for (unsigned c = 0; c < 256; ++c)
+      values[c] = float8_to_float<Format>(static_cast<std::uint8_t>(c));
+  }
+};
+template <class Format>
+inline constexpr float8_table<Format> float8_values{};
 
 /// What `float8_e4m3` and `float8_e5m2` share: 8 bits and the conversions.
 template <class Derived, class Format>
