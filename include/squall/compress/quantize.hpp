@@ -317,8 +317,7 @@ requires(Format == 1 || Format == 2) struct fp8_spec {
   static constexpr payload_kind kind = payload_kind::fp8;
   static constexpr aggregation_set aggregations{aggregation::per_hop, aggregation::gather};
   static constexpr kernels::quantize_scheme scheme = {
-      .levels = Format == 1 ? squall::detail::e4m3_format::max_value
-                            : squall::detail::e5m2_format::max_value,
+      .levels = squall::detail::float8_max<squall::detail::float8_format_of<Format>>,
       .width = 8,
       .scale = kernels::bucket_scale::max_abs,
       .stochastic = Stochastic,

@@ -17,6 +17,7 @@
 #include <squall/core/types.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace squall {
 namespace detail {
@@ -40,11 +41,6 @@ struct float8_format {
   static constexpr int exp_bits = 7 - ManBits;
   static constexpr int bias = Bias;
   static constexpr std::uint8_t max_finite = MaxFinite;
-  /// The largest finite value (448 or 57344), an integer.
-  static constexpr std::uint32_t max_value =
-      (((1u << ManBits) | (MaxFinite & ((1u << ManBits) - 1)))
-       << ((MaxFinite >> ManBits) - Bias)) >>
-      ManBits;
   static constexpr std::uint8_t quiet_nan = QuietNan;
   using rounding = float8_rounding<ManBits, Bias>;
 };
@@ -117,6 +113,15 @@ SQUALL_HOST_DEVICE constexpr float float8_to_float(std::uint8_t code) noexcept {
   return detail::bit_cast<float>(sign | ((exponent - Format::bias + 127) << 23) |
                                  (fraction << (23 - m)));
 }
+
+/// The format's largest finite value (448 for E4M3, 57344 for E5M2), an integer.
+template <class Format>
+inline constexpr std::uint32_t float8_max =
+    static_cast<std::uint32_t>(float8_to_float<Format>(Format::max_finite));
+
+/// The format of a quantizer's `float8` field: 1 E4M3, 2 E5M2.
+template <unsigned Id>
+using float8_format_of = std::conditional_t<Id == 1, e4m3_format, e5m2_format>;
 
 /// float -> 8 bits of `Format`, rounding stochastically: up with probability (dropped part /
 /// one step), decided by `random` (32 uniform bits); unbiased in expectation below the largest
@@ -204,12 +209,9 @@ class float8_e5m2 : public detail::float8_base<float8_e5m2, detail::e5m2_format>
 };
 
 static_assert(sizeof(float8_e4m3) == 1 && sizeof(float8_e5m2) == 1);
-static_assert(detail::e4m3_format::max_value == 448 && detail::e5m2_format::max_value == 57344);
+static_assert(detail::float8_max<detail::e4m3_format> == 448 &&
+              detail::float8_max<detail::e5m2_format> == 57344);
 static_assert(std::is_trivially_copyable_v<float8_e4m3> &&
               std::is_trivially_copyable_v<float8_e5m2>);
-
-/// float8_e4m3 or float8_e5m2.
-template <class T>
-concept float8_like = std::is_same_v<T, float8_e4m3> || std::is_same_v<T, float8_e5m2>;
 
 }  // namespace squall

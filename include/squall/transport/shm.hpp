@@ -340,7 +340,7 @@ struct state {
 
   /// Closes this rank's memory to the peers (issue 15: no use after failure): sets its
   /// `revoked` word, then waits until no peer is inside a cross-memory copy of it. A peer
-  /// checks the word after raising its `touching` flag and before every copy (`touch`), so
+  /// checks the word after raising its `touching` flag and before every copy (`copy_with_peer`), so
   /// once this returns no peer reads or writes this rank's buffers again, and the caller may
   /// free them. A copy takes milliseconds (`copy_piece`); a peer still holding its flag after
   /// `revoke_grace` while stopped (SIGSTOP, a debugger) is killed (SIGKILL): the job has
@@ -365,12 +365,13 @@ struct state {
   static constexpr std::chrono::milliseconds revoke_grace{250};
   static constexpr std::chrono::seconds revoke_limit{10};
 
-  /// Runs `copy` (one cross-memory copy of at most `copy_piece` bytes of `peer`'s memory)
-  /// with this rank's `touching` flag raised, unless `peer` has closed its memory: then
-  /// throws `peer_failure` with what `peer` recorded. Returns what `copy` returned, errno
-  /// untouched.
-  template <class Copy>
-  long touch(int peer, const error_context& where, Copy&& copy) {
+  /// One cross-memory copy of at most `copy_piece` bytes between `local` and address `remote`
+  /// of `peer` (`write`: into the peer), run with this rank's `touching` flag raised, unless
+  /// `peer` has closed its memory: then throws `peer_failure` with what `peer` recorded.
+  /// Returns the bytes moved (> 0); a dead peer gives `peer_failure`, any other error the
+  /// system's, both leaving this transport failed.
+  std::size_t copy_with_peer(int peer, const error_context& where, std::byte* local,
+                             std::uint64_t remote, std::size_t bytes, bool write) {
     std::atomic<std::uint32_t>& flag = seg.channel(rank, peer).touching;
     flag.store(1);  // seq_cst: ordered before the read of `revoked` (Dekker with `revoke`)
     if (seg.rank(peer).revoked.load() != 0) {
@@ -379,9 +380,22 @@ struct state {
       give_up(peer_failure(where, "rank " + std::to_string(peer) + " closed its memory"),
               failure::gave_up, peer);
     }
-    const long got = copy();
+    const pid_t pid = seg.rank(peer).pid.load();
+    iovec mine{local, std::min(bytes, copy_piece)};
+    iovec theirs{reinterpret_cast<void*>(remote), mine.iov_len};
+    const ssize_t got = write ? process_vm_writev(pid, &mine, 1, &theirs, 1, 0)
+                              : process_vm_readv(pid, &mine, 1, &theirs, 1, 0);
+    const int err = errno;
     flag.store(0, std::memory_order_release);
-    return got;
+    if (got <= 0) {
+      if (err == ESRCH) {
+        give_up(peer_failure(where, "rank " + std::to_string(peer) + " died"), failure::died, peer);
+      }
+      give_up(error(std::error_code(err, shm_category()), where,
+                    write ? "process_vm_writev" : "process_vm_readv"),
+              failure::gave_up, rank);
+    }
+    return static_cast<std::size_t>(got);
   }
   /// The most one cross-memory copy moves, so that a failing peer waits at most one piece.
   static constexpr std::size_t copy_piece = std::size_t{16} << 20;
@@ -564,20 +578,8 @@ struct state {
   /// true when all of it is in. Bounded per call so that waits keep checking deadlines and
   /// failures, and a failing sender waits at most one piece.
   bool read_single_copy(int peer, operation& op, std::uint64_t source) {
-    const std::size_t bytes = std::min(copy_piece, op.bytes - op.done);
-    const error_context where{.operation = "recv", .rank = rank, .peer = peer};
-    const long got = touch(peer, where, [&] {
-      return read_peer(seg.rank(peer).pid.load(), op.recv_data + op.done, source + op.done, bytes);
-    });
-    if (got <= 0) {
-      const int err = errno;
-      if (err == ESRCH) {
-        give_up(peer_failure(where, "rank " + std::to_string(peer) + " died"), failure::died, peer);
-      }
-      give_up(error(std::error_code(err, shm_category()), where, "process_vm_readv"),
-              failure::gave_up, rank);
-    }
-    op.done += static_cast<std::size_t>(got);
+    op.done += copy_with_peer(peer, {.operation = "recv", .rank = rank, .peer = peer},
+                              op.recv_data + op.done, source + op.done, op.bytes - op.done, false);
     op.started = true;
     return op.done == op.bytes;
   }
@@ -858,27 +860,8 @@ class shm_transport {
       throw error(std::error_code(EPERM, shm_category()), where,
                   "cross-memory attach is not allowed between these processes");
     }
-    const pid_t pid = state_->seg.rank(peer).pid.load();
-    std::size_t done = 0;
-    while (done < bytes) {
-      const std::size_t piece = std::min(detail::shm::state::copy_piece, bytes - done);
-      iovec mine{local + done, piece};
-      iovec theirs{reinterpret_cast<void*>(remote + done), piece};
-      const long got = state_->touch(peer, where, [&] {
-        return static_cast<long>(write ? process_vm_writev(pid, &mine, 1, &theirs, 1, 0)
-                                       : process_vm_readv(pid, &mine, 1, &theirs, 1, 0));
-      });
-      if (got <= 0) {
-        const int err = errno;
-        if (err == ESRCH) {
-          state_->give_up(peer_failure(where, "rank " + std::to_string(peer) + " died"),
-                          detail::shm::failure::died, peer);
-        }
-        state_->give_up(error(std::error_code(err, shm_category()), where,
-                              write ? "process_vm_writev" : "process_vm_readv"),
-                        detail::shm::failure::gave_up, rank());
-      }
-      done += static_cast<std::size_t>(got);
+    for (std::size_t done = 0; done < bytes;) {
+      done += state_->copy_with_peer(peer, where, local + done, remote + done, bytes - done, write);
     }
   }
 

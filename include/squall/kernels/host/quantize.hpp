@@ -206,8 +206,7 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bool dequantize_block_loop(
     const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n, T scale, T* SQUALL_RESTRICT out) {
   unsigned over = 0;
   if constexpr (Q.float8 != 0) {  // a table of the 256 codes' values: no decode arithmetic
-    using format =
-        std::conditional_t<Q.float8 == 1, squall::detail::e4m3_format, squall::detail::e5m2_format>;
+    using format = squall::detail::float8_format_of<Q.float8>;
     const float* values = squall::detail::float8_values<format>.values;
     const T inverse = T(1) / static_cast<T>(Q.levels);
     for (std::size_t k = 0; k < n; ++k) {  // the order of `dequantize_code`'s products
