@@ -10,6 +10,7 @@
 #include <squall/compress/by_name.hpp>
 #include <squall/compress/cast.hpp>
 #include <squall/compress/error_feedback.hpp>
+#include <squall/compress/homomorphic.hpp>
 #include <squall/compress/linear_body.hpp>
 #include <squall/compress/none.hpp>
 #include <squall/compress/payload.hpp>

@@ -11,6 +11,7 @@
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/cast.hpp>
 #include <squall/compress/error_feedback.hpp>
+#include <squall/compress/homomorphic.hpp>
 #include <squall/compress/quantize.hpp>
 #include <squall/compress/sketch.hpp>
 #include <squall/compress/sparsify.hpp>
@@ -221,6 +222,14 @@ TEST_SUITE("shm_compressed_collectives") {
       }
       return got == test::decoded_payload(c, sum, static_cast<std::uint64_t>(s), 0);
     });
+  }
+
+  TEST_CASE("linear: hq on halving-doubling, the integer sum of the agreed payloads") {
+    const squall::homomorphic_compressor c{.bits = 4, .seed = 6};
+    run_on_processes<squall::halving_doubling_topology>(
+        c, false, [&](int s, const std::vector<float>& got) {
+          return got == test::hq_reference(c, inputs_at(s, false), static_cast<std::uint64_t>(s));
+        });
   }
 
   TEST_CASE("gather then reduce: int8, qsgd, topk, threshold, sign_vote on three topologies") {

@@ -5,13 +5,16 @@
 // uses (random_stream{step, rank}), decoded, and combined in rank order.
 
 #include <squall/backend/host.hpp>
+#include <squall/compress/homomorphic.hpp>
 #include <squall/compress/state.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
 #include <squall/core/random.hpp>
 
+#include <algorithm>  // max
 #include <cstddef>
 #include <cstdint>
+#include <cstring>  // memcpy, memcmp
 #include <string>
 #include <vector>
 
@@ -68,6 +71,84 @@ std::vector<T> vote_reference(const C& c, const std::vector<std::vector<T>>& inp
     out[i] = votes[i] > 0 ? magnitude[i] : votes[i] < 0 ? -magnitude[i] : T(0);
   }
   return out;
+}
+
+/// The range the ranks of a homomorphic compressor agree for `inputs` at `step`: the largest
+/// max |y| and rms of their local ranges, summing `inputs.size()` ranks.
+template <class T>
+agreed_range hq_agreed(const homomorphic_compressor& c, const std::vector<std::vector<T>>& inputs,
+                       std::uint64_t step) {
+  agreed_range r{.ranks = static_cast<std::uint32_t>(inputs.size())};
+  for (const auto& x : inputs) {
+    const agreed_range mine = c.local_range(host_backend{}, host_view<const T>(x), step);
+    r.max_abs = std::max(r.max_abs, mine.max_abs);
+    r.rms = std::max(r.rms, mine.rms);
+  }
+  return r;
+}
+
+/// Rank `rank`'s payload of `in` at `step` against the agreed range `agreed`.
+template <class T>
+std::vector<std::byte> hq_payload(const homomorphic_compressor& c, const std::vector<T>& in,
+                                  std::uint64_t step, std::uint32_t rank, agreed_range agreed) {
+  std::vector<std::byte> payload(c.max_payload_bytes(dtype_of<T>, in.size()));
+  payload.resize(c.encode(host_backend{}, host_view<const T>(in), host_view<std::byte>(payload),
+                          random_stream{step, rank}, agreed));
+  return payload;
+}
+
+/// The payloads' bodies added as 64-bit words, as a topology's sum adds them (the prefix,
+/// equal in all, from the first).
+inline std::vector<std::byte> hq_add_bodies(const std::vector<std::vector<std::byte>>& payloads) {
+  std::vector<std::byte> sum = payloads.at(0);
+  const std::size_t offset = homomorphic_compressor::body_offset;
+  for (std::size_t q = 1; q < payloads.size(); ++q) {
+    if (payloads[q].size() != sum.size() || std::memcmp(payloads[q].data(), sum.data(), offset)) {
+      throw invalid_argument({.operation = "hq reference"}, "payloads of different prefixes");
+    }
+    for (std::size_t at = offset; at < sum.size(); at += 8) {
+      std::uint64_t a = 0;
+      std::uint64_t b = 0;
+      std::memcpy(&a, sum.data() + at, 8);
+      std::memcpy(&b, payloads[q].data() + at, 8);
+      a += b;
+      std::memcpy(sum.data() + at, &a, 8);
+    }
+  }
+  return sum;
+}
+
+/// The homomorphic (linear) result: every rank's payload against the agreed range, the bodies
+/// added as integers, decoded once.
+template <class T>
+std::vector<T> hq_reference(const homomorphic_compressor& c,
+                            const std::vector<std::vector<T>>& inputs, std::uint64_t step) {
+  const agreed_range r = hq_agreed(c, inputs, step);
+  std::vector<std::vector<std::byte>> payloads;
+  for (std::size_t q = 0; q < inputs.size(); ++q) {
+    payloads.push_back(hq_payload(c, inputs[q], step, static_cast<std::uint32_t>(q), r));
+  }
+  const std::vector<std::byte> sum = hq_add_bodies(payloads);
+  std::vector<T> out(inputs.at(0).size());
+  c.decode(host_backend{}, host_view<const std::byte>(sum), host_view<T>(out));
+  return out;
+}
+
+/// hq gathered: every rank's payload against the agreed range of one rank per field,
+/// decoded one by one and summed in rank order, in T.
+template <class T>
+std::vector<T> hq_gather_reference(const homomorphic_compressor& c,
+                                   const std::vector<std::vector<T>>& inputs, std::uint64_t step) {
+  agreed_range r = hq_agreed(c, inputs, step);
+  r.ranks = 1;
+  std::vector<T> sum(inputs.at(0).size());
+  std::vector<T> one(sum.size());
+  for (std::size_t q = 0; q < inputs.size(); ++q) {
+    const auto payload = hq_payload(c, inputs[q], step, static_cast<std::uint32_t>(q), r);
+    c.decode(host_backend{}, host_view<const std::byte>(payload), host_view<T>(one));
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = q == 0 ? one[i] : sum[i] + one[i];
+  }
+  return sum;
 }
 
 /// The message of the `invalid_argument` that `f()` throws, or "(nothing thrown)".

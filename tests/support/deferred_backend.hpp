@@ -21,6 +21,7 @@
 #include <squall/core/ops.hpp>
 #include <squall/core/random.hpp>
 #include <squall/core/types.hpp>
+#include <squall/kernels/host/homomorphic.hpp>
 #include <squall/kernels/host/quantize.hpp>
 #include <squall/kernels/host/reduce.hpp>
 #include <squall/kernels/host/select.hpp>
@@ -243,6 +244,9 @@ SQUALL_TEST_EAGER_KERNEL(powersgd_multiply)
 SQUALL_TEST_EAGER_KERNEL(powersgd_multiply_transposed)
 SQUALL_TEST_EAGER_KERNEL(powersgd_orthogonalize)
 SQUALL_TEST_EAGER_KERNEL(powersgd_decompress)
+SQUALL_TEST_EAGER_KERNEL(hq_range)
+SQUALL_TEST_EAGER_KERNEL(hq_encode)
+SQUALL_TEST_EAGER_KERNEL(hq_decode)
 #undef SQUALL_TEST_EAGER_KERNEL
 
 // ... and those called with explicit template arguments.

@@ -11,6 +11,7 @@
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/cast.hpp>
 #include <squall/compress/error_feedback.hpp>
+#include <squall/compress/homomorphic.hpp>
 #include <squall/compress/quantize.hpp>
 #include <squall/compress/sketch.hpp>
 #include <squall/compress/sparsify.hpp>
@@ -300,6 +301,35 @@ void check_count_sketch() {
   }
 }
 
+/// hq: linear, bitwise the serial reference (the ranks' payloads against the agreed range,
+/// their bodies added as integers, decoded once); gathered, the payloads of one rank per field
+/// decoded and summed in rank order.
+template <class Topology>
+void check_homomorphic() {
+  const squall::homomorphic_compressor c{.bits = 4, .seed = 8};
+  for (int p = 1; p <= 4; ++p) {
+    for (const std::size_t count : counts_for(p)) {
+      CAPTURE(p);
+      CAPTURE(count);
+      const auto input = [count](int r, int s) { return random_input(r, s, count); };
+      const auto linear = run_compressed<Topology>(p, c, count, 2, input);
+      squall::collective_tuning gather = tiny_pieces;
+      gather.aggregation = squall::aggregation::gather;
+      const auto gathered = run_compressed<Topology>(p, c, count, 2, input, gather);
+      check_bitwise_equal(linear);
+      check_bitwise_equal(gathered);
+      for (int s = 0; s < 2; ++s) {
+        const auto in = all_inputs(p, s, count, false);
+        const auto step = static_cast<std::uint64_t>(s);
+        REQUIRE(linear[0].out[static_cast<std::size_t>(s)] ==
+                squall::test::hq_reference(c, in, step));
+        REQUIRE(gathered[0].out[static_cast<std::size_t>(s)] ==
+                squall::test::hq_gather_reference(c, in, step));
+      }
+    }
+  }
+}
+
 // ---- gather then reduce ------------------------------------------------------------------
 
 template <class Topology, class C, class Op = squall::sum_op>
@@ -460,6 +490,11 @@ TEST_SUITE("compressed_collectives") {
     check_count_sketch<Topology>();
   }
 
+  TEST_CASE_TEMPLATE("linear: hq, the integer sum of the payloads against the agreed range",
+                     Topology, SQUALL_LINEAR_TOPOLOGIES) {
+    check_homomorphic<Topology>();
+  }
+
   TEST_CASE_TEMPLATE("gather then reduce: the serial sum of every rank's decoded payload", Topology,
                      squall::ring_topology, squall::tree_topology, squall::direct_topology,
                      squall::hierarchical_topology<>) {
@@ -538,6 +573,8 @@ TEST_SUITE("compressed_collectives") {
         error_feedback<squall::qsgd_compressor<2>>{{.bucket = 64, .seed = 1}}, 1e-4);
     check_conservation<squall::ring_topology>(
         error_feedback<squall::randomk_compressor>{{.ratio = 0.1, .seed = 2}}, 1e-4);
+    check_conservation<squall::tree_topology>(
+        error_feedback<squall::homomorphic_compressor>{{.bits = 3, .seed = 4}}, 1e-4);
     // bfloat16: the sums are rounded per hop, which error feedback does not see
     check_conservation<squall::ring_topology>(
         error_feedback<squall::cast_compressor<squall::bfloat16>>{}, 5 * 2 * 4 * 8.0 / 256);

@@ -2,7 +2,7 @@
 #pragma once
 /// Compressors by name, the way a command line names them:
 /// "name[:parameter][+ef][@aggregation][/chunks]", e.g. "topk:0.01+ef", "qsgd:4", "cast:bf16",
-/// "powersgd:4+ef", "topk:0.001+ef@gtopk", "int8@gather", "topk:0.01+ef/4" (overlapped in 4
+/// "hq:4", "powersgd:4+ef", "topk:0.001+ef@gtopk", "int8@gather", "topk:0.01+ef/4" (overlapped in 4
 /// chunks: `collective_tuning::overlap_chunks`), "none". `parse_compressor` reads the text (and
 /// says what is wrong with it); `visit_compressor` calls a generic callable with the policy the
 /// text names, so a program instantiates its compressed path once per policy and picks one at run
@@ -10,6 +10,7 @@
 
 #include <squall/compress/cast.hpp>
 #include <squall/compress/error_feedback.hpp>
+#include <squall/compress/homomorphic.hpp>
 #include <squall/compress/none.hpp>
 #include <squall/compress/quantize.hpp>
 #include <squall/compress/sketch.hpp>
@@ -50,10 +51,11 @@ struct compressor_choice {
 };
 
 /// The names `parse_compressor` accepts, and what each takes after the colon.
-inline constexpr std::array<std::pair<std::string_view, std::string_view>, 13> compressor_names{{
+inline constexpr std::array<std::pair<std::string_view, std::string_view>, 14> compressor_names{{
     {"none", ""},
     {"cast", "fp16|bf16|e4m3|e5m2|e4m3_sr|e5m2_sr (default bf16)"},
     {"int8", ""},
+    {"hq", "BITS 2..8 per rank's code (default 4)"},
     {"sign", ""},
     {"sign_vote", ""},
     {"terngrad", ""},
@@ -190,6 +192,15 @@ decltype(auto) visit_compressor(const compressor_choice& choice, F&& f) {
     detail::bad_compressor(choice.text, "cast takes fp16, bf16, e4m3, e5m2, e4m3_sr or e5m2_sr");
   }
   if (n == "int8") return with(int8_compressor{});
+  if (n == "hq") {
+    homomorphic_compressor c;
+    const double b = detail::compressor_parameter(choice, 4);
+    if (b != static_cast<double>(static_cast<unsigned>(b)) || b < 2 || b > 8) {
+      detail::bad_compressor(choice.text, "hq takes 2 to 8 bits");
+    }
+    c.bits = static_cast<unsigned>(b);
+    return with(c);
+  }
   if (n == "sign") return with(sign_compressor{});
   if (n == "sign_vote") return with(sign_vote_compressor{});
   if (n == "terngrad") return with(terngrad_compressor{});

@@ -153,6 +153,29 @@ struct error_feedback {
                      buffer_view<T, typename B::memory_space> scratch,
                      random_stream stream = {}) const {
     using M = typename B::memory_space;
+    return encode_through(
+        backend, residual, in, scratch,
+        [&](buffer_view<const T, M> r) -> std::size_t {
+          if constexpr (requires { inner.encode(backend, r, payload, stream); }) {
+            return inner.encode(backend, r, payload, stream);
+          } else {
+            return inner.encode(backend, r, payload);
+          }
+        },
+        payload);
+  }
+
+  /// The step of `encode` with the inner compressor's encode given as `encode_inner(r)`
+  /// (writing `payload` from the compensated residual `r`, returning its size): residual +=
+  /// in; encode_inner; residual -= decode. The compressed algorithms use it for compressors
+  /// whose ranks agree a range between the two (`range_agreeing`).
+  template <class B, element T, class EncodeInner>
+  std::size_t encode_through(const B& backend, buffer_view<T, typename B::memory_space> residual,
+                             buffer_view<const T, typename B::memory_space> in,
+                             buffer_view<T, typename B::memory_space> scratch,
+                             EncodeInner&& encode_inner,
+                             buffer_view<std::byte, typename B::memory_space> payload) const {
+    using M = typename B::memory_space;
     if (residual.count() != in.count() || scratch.count() != in.count()) {
       throw invalid_argument({.operation = name},
                              "residual of " + std::to_string(residual.count()) +
@@ -160,13 +183,7 @@ struct error_feedback {
                                  " elements for a gradient of " + std::to_string(in.count()));
     }
     reduce_into(backend, sum_op{}, residual, in);
-    const buffer_view<const T, M> r(residual);
-    std::size_t written;
-    if constexpr (requires { inner.encode(backend, r, payload, stream); }) {
-      written = inner.encode(backend, r, payload, stream);
-    } else {
-      written = inner.encode(backend, r, payload);
-    }
+    const std::size_t written = encode_inner(buffer_view<const T, M>(residual));
     const buffer_view<const std::byte, M> sent(payload.data(), written);
     if constexpr (requires { inner.decode_subtract(backend, sent, residual); }) {
       inner.decode_subtract(backend, sent, residual);  // sparse: only the k entries sent

@@ -15,13 +15,16 @@
 /// |---|---|---|---|
 /// | `identity_compressor` | 0 | count | T |
 /// | `cast_compressor<To>` | 16 | count | To (float16 or bfloat16; summed per hop in float, rounded
-/// to To) | | `randomk_compressor` | 40 | k = entries(count) | T | | `count_sketch_compressor<R,
-/// C>` | 40 | R x C | T |
+/// to To) |
+/// | `randomk_compressor` | 40 | k = entries(count) | T |
+/// | `count_sketch_compressor<R, C>` | 40 | R x C | T |
+/// | `homomorphic_compressor` | 48 | 1 + words of fields (from the payload's size) | int64 |
 ///
 /// PowerSGD is linear in its factors but not in its payload (P is orthogonalized between the
 /// two sums), so the communicator runs it on its own path.
 
 #include <squall/compress/cast.hpp>
+#include <squall/compress/homomorphic.hpp>
 #include <squall/compress/none.hpp>
 #include <squall/compress/payload.hpp>
 #include <squall/compress/sketch.hpp>
@@ -29,6 +32,7 @@
 #include <squall/core/types.hpp>
 
 #include <cstddef>  // size_t
+#include <cstdint>
 
 namespace squall {
 
@@ -82,6 +86,30 @@ struct linear_body<count_sketch_compressor<Rows, Cols>> {
     return {count_sketch_compressor<Rows, Cols>::body_offset, Rows * Cols};
   }
 };
+
+/// hq: the summed count and the fields, 64-bit words added as integers (wrapping, which the
+/// field widths make impossible); how many depends on the agreed ranks, so it is read from
+/// the encoded size.
+template <>
+struct linear_body<homomorphic_compressor> {
+  template <class T>
+  using element = std::int64_t;
+  template <class T>
+  static linear_body_range of(const homomorphic_compressor& /*c*/, std::size_t /*count*/,
+                              std::size_t bytes) {
+    return {homomorphic_compressor::body_offset, homomorphic_compressor::body_words(bytes)};
+  }
+};
+
+/// Where the body of `c`'s payload of `bytes` bytes for `count` elements lies.
+template <class T, class C>
+linear_body_range linear_body_of(const C& c, std::size_t count, std::size_t bytes) {
+  if constexpr (requires { linear_body<C>::template of<T>(c, count, bytes); }) {
+    return linear_body<C>::template of<T>(c, count, bytes);
+  } else {
+    return linear_body<C>::template of<T>(c, count);
+  }
+}
 
 /// Whether `C`'s payloads are reduced in place through a topology (a specialization exists).
 template <class C>

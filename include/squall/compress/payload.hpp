@@ -37,6 +37,7 @@ enum class payload_kind : std::uint8_t {
   count_sketch = 11,
   powersgd = 12,
   fp8 = 13,  ///< E4M3 or E5M2, told apart by the levels field (448 or 57344)
+  hq = 14,   ///< homomorphic integer quantization (compress/homomorphic.hpp)
 };
 
 struct payload_header {

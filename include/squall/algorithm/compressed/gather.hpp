@@ -84,7 +84,8 @@ void gather_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense
   const auto encode = [&](std::size_t k) {
     const random_stream stream = chunk_stream(state.step(), dense.rank(), dense.size(), k);
     const buffer_view<const T, M> in(data.subview(plan.offset(k), plan.count_of(k)));
-    return encode_chunk(b, c, *payloads[k % 2], stream, in, state, plan.offset(k));
+    return encode_chunk(b, c, *payloads[k % 2], stream, in, state, plan.offset(k),
+                        range_agreement(dense, 1));
   };
   const auto transfer = [&](std::size_t k, std::size_t bytes) {
     strides[k % 2] = gather_payloads<inner_compressor_t<C>>(dense, *gathered[k % 2],
@@ -134,7 +135,8 @@ void compressed_allgather(Dense& dense, const C& c,
                           phase_clock& clock) {
   const auto& b = dense.backend();
   const std::size_t count = in.count();
-  const std::size_t bytes = encode_payload(b, c, pw, dense.rank(), in, state);
+  const std::size_t bytes =
+      encode_payload(b, c, pw, dense.rank(), in, state, range_agreement(dense, 1));
   clock.mark(phase::encode);
   const std::size_t stride =
       gather_payloads<inner_compressor_t<C>>(dense, w, pw.payload.data(), bytes);

@@ -13,6 +13,7 @@
 #include <squall/core/random.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace squall::detail {
@@ -49,11 +50,11 @@ void linear_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense
   const auto encode = [&](std::size_t k) {
     const random_stream stream = chunk_stream(state.step(), dense.rank(), dense.size(), k);
     return encode_chunk(b, c, *slots[k % 2], stream, buffer_view<const T, M>(chunk(k)), state,
-                        plan.offset(k));
+                        plan.offset(k),
+                        range_agreement(dense, static_cast<std::uint32_t>(dense.size())));
   };
   const auto transfer = [&](std::size_t k, std::size_t bytes) {
-    const linear_body_range body =
-        linear_body<Inner>::template of<T>(inner_of(c), plan.count_of(k));
+    const linear_body_range body = linear_body_of<T>(inner_of(c), plan.count_of(k), bytes);
     if (body.offset > bytes || body.count > (bytes - body.offset) / sizeof(E)) {
       throw error(make_error_code(errc::internal), {.operation = "compressed allreduce"},
                   "a payload of " + std::to_string(bytes) + " bytes has no body of " +

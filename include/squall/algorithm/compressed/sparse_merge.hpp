@@ -25,8 +25,8 @@ void sparse_merge_allreduce(Dense& dense, const C& c,
                             phase_clock& clock) {
   using M = typename Dense::memory_space;
   const auto& b = dense.backend();
-  const std::size_t bytes =
-      encode_payload(b, c, pw, dense.rank(), buffer_view<const T, M>(data), state);
+  const std::size_t bytes = encode_payload(b, c, pw, dense.rank(), buffer_view<const T, M>(data),
+                                           state, range_agreement(dense, 1));
   clock.mark(phase::encode);
   dense.settle();
   buffer_view<T, M> residual;

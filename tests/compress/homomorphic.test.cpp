@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: Apache-2.0
+// Homomorphic quantization (`homomorphic_compressor`, "hq:<bits>", issue 17) against references
+// computed here in double from the inputs alone: the rotation is orthonormal and its own
+// inverse; one rank's decode is within sqrt(padded) levels of its input and, without clipping,
+// unbiased over 3,000 encodings; P ranks' payloads encoded against the agreed range and added
+// as 64-bit words decode to the sum of their single decodes (the integer sum is the payloads'
+// sum, no carry crossing a field) and to within sqrt(P padded) levels of the exact sum; the
+// largest codes of P ranks fill a field without overflowing it, for every bits and P up to
+// 1024; decode refuses corrupt payloads; and the relative error of the sum does not grow with P.
+#include <squall/backend/host.hpp>
+#include <squall/compress/by_name.hpp>
+#include <squall/compress/homomorphic.hpp>
+#include <squall/compress/linear_body.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "../support/compressed_reference.hpp"
+#include "../support/data.hpp"
+#include "../support/host_codec.hpp"
+
+namespace {
+
+using squall::agreed_range;
+using squall::homomorphic_compressor;
+using squall::test::hq_add_bodies;
+using squall::test::hq_agreed;
+using squall::test::hq_payload;
+using host_view_f = squall::host_view<const float>;
+
+template <class T>
+double norm_of(const std::vector<T>& v) {
+  double s = 0;
+  for (const T x : v) s += static_cast<double>(x) * static_cast<double>(x);
+  return std::sqrt(s);
+}
+
+// The scale an encode used (the prefix's f64 at offset 40).
+double scale_of(const std::vector<std::byte>& payload) {
+  double s = 0;
+  std::memcpy(&s, payload.data() + 40, 8);
+  return s;
+}
+
+}  // namespace
+
+TEST_SUITE("homomorphic") {
+  TEST_CASE("the rotation is orthonormal and its own inverse") {
+    for (const std::size_t n : {1, 2, 8, 256, 1024}) {
+      CAPTURE(n);
+      const auto x = squall::test::normal_values<double>(n, 3 + n);
+      auto y = x;
+      squall::kernels::hq_hadamard(y.data(), n);
+      CHECK(norm_of(y) == doctest::Approx(norm_of(x)).epsilon(1e-12));
+      squall::kernels::hq_hadamard(y.data(), n);
+      for (std::size_t i = 0; i < n; ++i) REQUIRE(y[i] == doctest::Approx(x[i]).epsilon(1e-9));
+    }
+  }
+
+  TEST_CASE("fields hold the sum of P codes: P x (2^bits - 2) < 2^width, for P up to 1024") {
+    for (unsigned bits = 2; bits <= 8; ++bits) {
+      for (std::uint32_t p = 1; p <= 1024; ++p) {
+        const unsigned w = squall::kernels::hq_field_bits(bits, p);
+        REQUIRE(w <= 64);
+        REQUIRE(std::uint64_t{p} * 2 * squall::kernels::hq_levels(bits) < (std::uint64_t{1} << w));
+        REQUIRE(w <= bits + 10);  // ceil(log2 P) more bits, no more
+      }
+    }
+  }
+
+  TEST_CASE_TEMPLATE("one rank: within sqrt(padded) levels, the largest codes exact", T, float,
+                     double) {
+    for (const bool rotate : {true, false}) {
+      for (const unsigned bits : {2u, 4u, 8u}) {
+        for (const std::size_t n : {1, 7, 1000, 3001}) {
+          CAPTURE(rotate);
+          CAPTURE(bits);
+          CAPTURE(n);
+          const homomorphic_compressor c{.bits = bits, .rotate = rotate, .clip = 0, .seed = 5};
+          const auto g = squall::test::normal_values<T>(n, 11 + n, 3.0);
+          const auto payload = squall::test::encode_on_host(c, g, {2, 0});
+          const squall::kernels::hq_shape shape{
+              .count = n, .rotate = rotate, .bits = bits, .field = bits};
+          // one rank's fields are `bits` wide, floor(64 / bits) to a word
+          REQUIRE(payload.size() == homomorphic_compressor::body_offset + 8 + 8 * shape.words());
+          REQUIRE(payload.size() <= c.max_payload_bytes(squall::dtype_of<T>, n));
+          const auto out = squall::test::decode_on_host(c, payload, n, T(-12345));
+          const double level = scale_of(payload) / squall::kernels::hq_levels(bits);
+          std::vector<double> d(n);
+          for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<double>(out[i]) - g[i];
+          const double tolerance = (std::is_same_v<T, float> ? 1e-5 : 1e-12) * norm_of(g);
+          CHECK(norm_of(d) <= std::sqrt(static_cast<double>(shape.padded())) * level + tolerance);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("without clipping, unbiased: the mean of 3,000 encodings is the input") {
+    const std::size_t n = 600;  // one block of 1024 (zero-padded)
+    const auto g = squall::test::normal_values<double>(n, 9, 1.0);
+    const homomorphic_compressor c{.bits = 3, .clip = 0, .seed = 1};
+    const int draws = 3000;
+    std::vector<double> mean(n, 0.0);
+    double level = 0;
+    for (int k = 0; k < draws; ++k) {
+      const auto out = squall::test::decode_on_host(
+          c, squall::test::encode_on_host(c, g, {static_cast<std::uint64_t>(k), 0}), n, 0.0);
+      for (std::size_t i = 0; i < n; ++i) mean[i] += out[i] / draws;
+      level = std::max(
+          level, scale_of(squall::test::encode_on_host(c, g, {static_cast<std::uint64_t>(k), 0})) /
+                     squall::kernels::hq_levels(3));
+    }
+    // each rotated element's draw has a variance of at most level^2 / 4, so each element of
+    // the mean (an orthonormal mix of them) one of at most level^2 / (4 draws): 6 sigma
+    const double sigma = level / 2 / std::sqrt(static_cast<double>(draws));
+    for (std::size_t i = 0; i < n; ++i) {
+      INFO("element " << i);
+      REQUIRE(std::fabs(mean[i] - g[i]) <= 6 * sigma);
+    }
+  }
+
+  TEST_CASE_TEMPLATE("P ranks: the words' integer sum decodes to the sum, within sqrt(P) levels", T,
+                     float, double) {
+    for (const std::uint32_t p : {1u, 2u, 3u, 4u, 7u, 8u}) {
+      for (const unsigned bits : {2u, 4u, 8u}) {
+        CAPTURE(p);
+        CAPTURE(bits);
+        const std::size_t n = 2500;
+        const homomorphic_compressor c{.bits = bits, .seed = 3};
+        std::vector<std::vector<T>> in;
+        for (std::uint32_t q = 0; q < p; ++q) {
+          in.push_back(squall::test::normal_values<T>(n, 100 * p + q, 1.0 + q));
+        }
+        const agreed_range r = hq_agreed(c, in, 6);
+        std::vector<std::vector<std::byte>> payloads;
+        std::vector<double> single_sum(n, 0.0);
+        std::vector<double> exact(n, 0.0);
+        for (std::uint32_t q = 0; q < p; ++q) {
+          payloads.push_back(hq_payload(c, in[q], 6, q, r));
+          const auto one = squall::test::decode_on_host(c, payloads.back(), n, T(0));
+          for (std::size_t i = 0; i < n; ++i) {
+            single_sum[i] += one[i];
+            exact[i] += in[q][i];
+          }
+        }
+        const auto sum = hq_add_bodies(payloads);
+        const auto out = squall::test::decode_on_host(c, sum, n, T(-1));
+        const double level = scale_of(sum) / squall::kernels::hq_levels(bits);
+        const double eps = std::is_same_v<T, float> ? 1e-5 : 1e-12;
+        std::vector<double> to_single(n);
+        std::vector<double> to_exact(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          to_single[i] = out[i] - single_sum[i];
+          to_exact[i] = out[i] - exact[i];
+        }
+        CHECK(norm_of(to_single) <= eps * norm_of(exact) * p);
+        // clipped elements are not bounded by a level: compare against the unclipped range
+        const squall::kernels::hq_shape shape{.count = n, .bits = bits, .field = bits};
+        if (scale_of(sum) == r.max_abs) {
+          CHECK(norm_of(to_exact) <=
+                std::sqrt(static_cast<double>(p * shape.padded())) * level + eps * norm_of(exact));
+        }
+      }
+    }
+  }
+
+  TEST_CASE("the largest codes of P ranks fill a field without a carry into the next") {
+    for (const std::uint32_t p : {1u, 2u, 3u, 5u, 8u, 16u, 1000u}) {
+      for (const unsigned bits : {2u, 4u, 8u}) {
+        CAPTURE(p);
+        CAPTURE(bits);
+        // without rotation an element equal to the scale is the top code 2L, for any draw
+        const homomorphic_compressor c{.bits = bits, .rotate = false, .clip = 0};
+        const std::vector<double> top(37, 2.0);
+        const agreed_range r{.max_abs = 2.0, .rms = 2.0, .ranks = p};
+        std::vector<std::vector<std::byte>> payloads;
+        for (std::uint32_t q = 0; q < p; ++q) payloads.push_back(hq_payload(c, top, 0, q, r));
+        const auto out = squall::test::decode_on_host(c, hq_add_bodies(payloads), top.size(), 0.0);
+        for (const double v : out) REQUIRE(v == doctest::Approx(2.0 * p).epsilon(1e-12));
+      }
+    }
+  }
+
+  TEST_CASE("relative error of the sum: flat in P (2, 4, 8), where the exact sum grows") {
+    const std::size_t n = 8192;
+    const homomorphic_compressor c{.bits = 4, .seed = 7};
+    std::vector<double> errors;
+    for (const std::uint32_t p : {2u, 4u, 8u}) {
+      std::vector<std::vector<float>> in;
+      // correlated gradients: a common part and a rank's own
+      const auto common = squall::test::normal_values<float>(n, 1, 1.0);
+      for (std::uint32_t q = 0; q < p; ++q) {
+        auto x = squall::test::normal_values<float>(n, 50 + q, 0.5);
+        for (std::size_t i = 0; i < n; ++i) x[i] += common[i];
+        in.push_back(x);
+      }
+      const agreed_range r = hq_agreed(c, in, 1);
+      std::vector<std::vector<std::byte>> payloads;
+      std::vector<double> exact(n, 0.0);
+      for (std::uint32_t q = 0; q < p; ++q) {
+        payloads.push_back(hq_payload(c, in[q], 1, q, r));
+        for (std::size_t i = 0; i < n; ++i) exact[i] += in[q][i];
+      }
+      const auto out = squall::test::decode_on_host(c, hq_add_bodies(payloads), n, 0.0f);
+      std::vector<double> d(n);
+      for (std::size_t i = 0; i < n; ++i) d[i] = out[i] - exact[i];
+      errors.push_back(norm_of(d) / norm_of(exact));
+      MESSAGE("hq:4, P = " << p << ": relative error " << errors.back());
+    }
+    // independent draws: the error's norm grows as sqrt(P), the sum's as P
+    CHECK(errors[1] < errors[0]);
+    CHECK(errors[2] < errors[1]);
+  }
+
+  TEST_CASE("decode refuses corrupt payloads, naming what is wrong") {
+    const homomorphic_compressor c{.bits = 4};
+    const auto g = squall::test::normal_values<float>(100, 2);
+    const auto good = hq_payload(c, g, 0, 0, {.max_abs = 4, .rms = 1, .ranks = 3});
+    const auto refused = [&](std::vector<std::byte> p, const std::string& what) {
+      CAPTURE(what);
+      try {
+        squall::test::decode_on_host(c, p, g.size(), 0.0f);
+        FAIL("decoded");
+      } catch (const squall::invalid_argument& e) {
+        CHECK(std::string(e.what()).find(what) != std::string::npos);
+      }
+    };
+    auto p = good;
+    p[16] = std::byte{5};
+    refused(p, "5-bit codes");
+    p = good;
+    p[17] = std::byte{4};
+    refused(p, "does not hold 3 ranks");
+    p = good;
+    std::uint64_t summed = 0;
+    std::memcpy(p.data() + homomorphic_compressor::body_offset, &summed, 8);
+    refused(p, "sums 0 ranks");
+    summed = 4;
+    std::memcpy(p.data() + homomorphic_compressor::body_offset, &summed, 8);
+    refused(p, "sums 4 ranks");
+    p = good;
+    p.back() = std::byte{0xff};  // the last word's top fields: above 1 x 2L
+    p[p.size() - 8] = std::byte{0xff};
+    refused(p, "is above 1 x 2L");
+    p = good;
+    p.pop_back();
+    refused(p, "bytes where");
+    p = good;
+    const double negative = -1;
+    std::memcpy(p.data() + 40, &negative, 8);
+    refused(p, "negative");
+    CHECK_THROWS_AS(
+        (void)homomorphic_compressor{.bits = 9}.max_payload_bytes(squall::dtype::float32, 8),
+        squall::invalid_argument);
+  }
+
+  TEST_CASE("NaN: the range is NaN; with check_finite, encode names the element") {
+    std::vector<float> g(50, 1.0f);
+    g[17] = std::numeric_limits<float>::quiet_NaN();
+    homomorphic_compressor c;
+    CHECK(std::isnan(c.local_range(squall::host_backend{}, host_view_f(g)).max_abs));
+    c.check_finite = true;
+    CHECK_THROWS_WITH_AS(squall::test::encode_on_host(c, g), doctest::Contains("element 17"),
+                         squall::invalid_argument);
+  }
+
+  TEST_CASE("by name: hq:<bits>, 2 to 8") {
+    const auto bits = [](const char* text) {
+      return squall::visit_compressor(squall::parse_compressor(text), [](const auto& c) {
+        if constexpr (requires { c.bits; }) {
+          return static_cast<int>(c.bits);
+        } else if constexpr (requires { c.inner.bits; }) {
+          return static_cast<int>(c.inner.bits);
+        } else {
+          return -1;
+        }
+      });
+    };
+    CHECK(bits("hq") == 4);
+    CHECK(bits("hq:2") == 2);
+    CHECK(bits("hq:8+ef") == 8);
+    for (const char* bad : {"hq:1", "hq:9", "hq:4.5", "hq:x"}) {
+      CAPTURE(bad);
+      CHECK_THROWS_AS(bits(bad), squall::invalid_argument);
+    }
+  }
+}
