@@ -214,6 +214,14 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
       return false;
     else if constexpr (!squall::compression_traits<squall::inner_compressor_t<C>>::fixed_size)
       return true;
+    else if constexpr (requires {
+                         squall::inner_of(comm.compressor())
+                             .max_payload_bytes(squall::dtype::float32, count, 1u);
+                       })  // hq: its size on these ranks, not its bound for any number
+      return squall::inner_of(comm.compressor())
+                 .max_payload_bytes(squall::dtype::float32, count,
+                                    static_cast<std::uint32_t>(comm.size())) <
+             count * sizeof(float);
     else
       return comm.compressor().max_payload_bytes(squall::dtype::float32, count) <
              count * sizeof(float);

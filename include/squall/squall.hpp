@@ -9,6 +9,7 @@
 #include <squall/backend/host.hpp>
 #include <squall/compress/by_name.hpp>
 #include <squall/compress/cast.hpp>
+#include <squall/compress/chain.hpp>
 #include <squall/compress/error_feedback.hpp>
 #include <squall/compress/homomorphic.hpp>
 #include <squall/compress/linear_body.hpp>

@@ -10,6 +10,7 @@
 // host_backend and on the deferred backend, whose results must be bitwise the host's.
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/cast.hpp>
+#include <squall/compress/chain.hpp>
 #include <squall/compress/error_feedback.hpp>
 #include <squall/compress/homomorphic.hpp>
 #include <squall/compress/quantize.hpp>
@@ -373,6 +374,8 @@ void check_every_gather_compressor() {
   check_gather<Topology>(squall::sign_vote_compressor{});
   check_gather<Topology>(squall::topk_compressor{.ratio = 0.1});
   check_gather<Topology>(squall::threshold_compressor{.tau = 0.5});
+  check_gather<Topology>(squall::chain<squall::topk_compressor, squall::int4_compressor>{
+      {.ratio = 0.1}, {.bucket = 64}});
 }
 
 // ---- PowerSGD ----------------------------------------------------------------------------
@@ -575,6 +578,11 @@ TEST_SUITE("compressed_collectives") {
         error_feedback<squall::randomk_compressor>{{.ratio = 0.1, .seed = 2}}, 1e-4);
     check_conservation<squall::tree_topology>(
         error_feedback<squall::homomorphic_compressor>{{.bits = 3, .seed = 4}}, 1e-4);
+    using cocktail = squall::chain<squall::randomk_compressor,
+                                   squall::chain<squall::topk_compressor, squall::int4_compressor>>;
+    check_conservation<squall::ring_topology>(
+        error_feedback<cocktail>{{{.ratio = 0.5, .seed = 5}, {{.ratio = 0.2}, {.bucket = 64}}}},
+        1e-4);
     // bfloat16: the sums are rounded per hop, which error feedback does not see
     check_conservation<squall::ring_topology>(
         error_feedback<squall::cast_compressor<squall::bfloat16>>{}, 5 * 2 * 4 * 8.0 / 256);

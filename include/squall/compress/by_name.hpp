@@ -9,6 +9,7 @@
 /// time. squall-bench and examples/train_fashion_mnist choose their compressors through it.
 
 #include <squall/compress/cast.hpp>
+#include <squall/compress/chain.hpp>
 #include <squall/compress/error_feedback.hpp>
 #include <squall/compress/homomorphic.hpp>
 #include <squall/compress/none.hpp>
@@ -26,6 +27,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace squall {
 
@@ -81,6 +83,7 @@ inline std::string compressor_usage() {
       out += parameter.substr(0, parameter.find(' '));
     }
   }
+  out += " or a chain: topk:RATIO>int8|int4, randomk:RATIO>topk:RATIO>int4";
   out += " [+ef] [@automatic|linear|low_rank|per_hop|gtopk|gather] [/chunks 1..32]";
   return out;
 }
@@ -108,6 +111,51 @@ template <class C, class F>
 decltype(auto) visit_with_feedback(const compressor_choice& choice, C c, F&& f) {
   if (choice.error_feedback) return std::forward<F>(f)(error_feedback<C>{std::move(c)});
   return std::forward<F>(f)(std::move(c));
+}
+
+/// The ratio of a chain's part "name:RATIO" (in (0, 1]), or throws naming the chain.
+inline double chain_ratio(const compressor_choice& chain, std::string_view part,
+                          std::string_view name) {
+  const std::string prefix = std::string(name) + ":";
+  if (!part.starts_with(prefix)) {
+    bad_compressor(chain.text, "'" + std::string(part) + "' is not " + prefix + "RATIO");
+  }
+  compressor_choice p;
+  p.text = chain.text;
+  p.parameter = std::string(part.substr(prefix.size()));
+  const double r = compressor_parameter(p, 0.01);
+  if (r > 1) bad_compressor(chain.text, "the ratio " + p.parameter + " is above 1");
+  return r;
+}
+
+/// Calls `with` with the chain `choice.parameter` names: "topk:R>int8", "topk:R>int4" or
+/// "randomk:R>topk:R>int4" (compress/chain.hpp); throws `invalid_argument` for another.
+template <class With>
+decltype(auto) visit_chain(const compressor_choice& choice, With&& with) {
+  std::vector<std::string_view> parts;
+  std::string_view rest = choice.parameter;
+  for (std::size_t at = rest.find('>'); at != std::string_view::npos; at = rest.find('>')) {
+    parts.push_back(rest.substr(0, at));
+    rest.remove_prefix(at + 1);
+  }
+  parts.push_back(rest);
+  if (parts.size() == 2 && (parts[1] == "int8" || parts[1] == "int4")) {
+    topk_compressor top;
+    top.ratio = chain_ratio(choice, parts[0], "topk");
+    if (parts[1] == "int8") return with(chain<topk_compressor, int8_compressor>{top, {}});
+    return with(chain<topk_compressor, int4_compressor>{top, {}});
+  }
+  if (parts.size() == 3 && parts[2] == "int4") {
+    randomk_compressor random;
+    random.ratio = chain_ratio(choice, parts[0], "randomk");
+    topk_compressor top;
+    top.ratio = chain_ratio(choice, parts[1], "topk");
+    return with(
+        chain<randomk_compressor, chain<topk_compressor, int4_compressor>>{random, {top, {}}});
+  }
+  bad_compressor(choice.text,
+                 "not a chain squall offers (topk:RATIO>int8, topk:RATIO>int4, "
+                 "randomk:RATIO>topk:RATIO>int4)");
 }
 
 }  // namespace detail
@@ -145,6 +193,11 @@ inline compressor_choice parse_compressor(std::string_view text) {
     choice.error_feedback = true;
     body.resize(body.size() - 3);
   }
+  if (body.find('>') != std::string::npos) {  // a chain: its parts are read by visit_compressor
+    choice.name = "chain";
+    choice.parameter = body;
+    return choice;
+  }
   const std::size_t colon = body.find(':');
   choice.name = body.substr(0, colon);
   if (colon != std::string::npos) choice.parameter = body.substr(colon + 1);
@@ -179,6 +232,7 @@ decltype(auto) visit_compressor(const compressor_choice& choice, F&& f) {
     if (r > 1) detail::bad_compressor(choice.text, "the ratio " + p + " is above 1");
     return r;
   };
+  if (n == "chain") return detail::visit_chain(choice, with);
   if (n == "cast") {
     if (p == "fp16" || p == "float16") return with(cast_compressor<float16>{});
     if (p.empty() || p == "bf16" || p == "bfloat16") return with(cast_compressor<bfloat16>{});

@@ -68,10 +68,11 @@ concept range_agreeing = requires(const C& c, const B& b,
 /// Homomorphic integer quantization (see the file comment). Runtime parameters: `bits` per
 /// rank's code (2 to 8: L = 2^(bits-1) - 1 levels each side), `rotate` (a randomized Hadamard
 /// rotation in blocks of 1024 before quantizing, which spreads a gradient's outliers over its
-/// block so that a scale fits all), `clip` (the scale is min(max |y|, clip x rms(y)) with the
-/// agreed max and rms; 0 for the max alone, which makes the compressor unbiased; negative,
-/// the default, for the clip that minimizes a Gaussian's error at these bits), `seed` (the
-/// rotation's signs and the rounding's draws) and `check_finite`.
+/// block so that a scale fits all), `clip` (the scale is min(M, clip x rms(y)) with the
+/// agreed M and rms, M = max |y|, or with a clip a bound on it: `local_range`; 0 for max |y|
+/// alone, which makes the compressor unbiased; negative, the default, for the clip that
+/// minimizes a Gaussian's error at these bits), `seed` (the rotation's signs and the
+/// rounding's draws) and `check_finite`.
 ///
 /// Error: unbiased without clipping (each code is a stochastic rounding between neighbouring
 /// levels, and the rotation is orthonormal); per rank the variance of an element is at most
@@ -119,12 +120,27 @@ struct homomorphic_compressor {
     return payload_bytes(count, max_ranks);
   }
 
-  /// This rank's range: max |y| and rms(y) of its rotated `in`.
+  /// The payload's size for `count` elements summed over `ranks` ranks (what the linear
+  /// aggregation sends on `ranks` ranks; the gathered one, for 1).
+  std::size_t max_payload_bytes(dtype type, std::size_t count, std::uint32_t ranks) const {
+    (void)max_payload_bytes(type, count);  // the type's and the count's checks
+    if (ranks == 0 || ranks > max_ranks) {
+      throw invalid_argument({.operation = name}, "a sum over " + std::to_string(ranks) +
+                                                      " ranks (1 to " + std::to_string(max_ranks) +
+                                                      ")");
+    }
+    return payload_bytes(count, ranks);
+  }
+
+  /// This rank's range: rms(y) and max |y| of its rotated `in`; with a clip, a bound on max |y|
+  /// that needs no rotation (`kernels::hq_range`: min(||x||_1 / sqrt(B), ||x||_2) per block),
+  /// since the clip decides the scale unless every |y| is below clip x rms (and then the
+  /// bound keeps every element unclipped all the same).
   template <class B, real_gradient T>
   agreed_range local_range(const B& backend, buffer_view<const T, typename B::memory_space> in,
                            std::uint64_t step = 0) const {
     agreed_range r;
-    hq_range(backend, shape(in.count(), 1, step), in.data(), r.max_abs, r.rms);
+    hq_range(backend, shape(in.count(), 1, step), in.data(), clip_in_use() > 0, r.max_abs, r.rms);
     return r;
   }
 

@@ -38,6 +38,8 @@ enum class payload_kind : std::uint8_t {
   powersgd = 12,
   fp8 = 13,  ///< E4M3 or E5M2, told apart by the levels field (448 or 57344)
   hq = 14,   ///< homomorphic integer quantization (compress/homomorphic.hpp)
+  int4 = 15,
+  chain = 16,  ///< a selection and its compressed values (compress/chain.hpp)
 };
 
 struct payload_header {

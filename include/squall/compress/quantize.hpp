@@ -223,6 +223,21 @@ struct int8_spec {
 };
 using int8_compressor = quantize_compressor<int8_spec>;
 
+/// int4: as int8 with 15 levels (-7..7) in 4-bit codes: error at most scale / 14. The values
+/// of a chained compressor (compress/chain.hpp: "topk:0.01>int4").
+struct int4_spec {
+  static constexpr std::string_view name = "int4";
+  static constexpr payload_kind kind = payload_kind::int4;
+  static constexpr aggregation_set aggregations{aggregation::per_hop, aggregation::gather};
+  static constexpr kernels::quantize_scheme scheme = {.levels = 7,
+                                                      .width = 4,
+                                                      .scale = kernels::bucket_scale::max_abs,
+                                                      .stochastic = false,
+                                                      .sign_only = false};
+  static constexpr std::uint64_t default_bucket = 512;
+};
+using int4_compressor = quantize_compressor<int4_spec>;
+
 /// Scaled sign: 1 bit per element and the bucket's mean |g| as its magnitude (Seide et al.,
 /// "1-Bit Stochastic Gradient Descent", Interspeech 2014; Karimireddy et al., "Error Feedback
 /// Fixes SignSGD and other Gradient Compression Schemes", ICML 2019, whose scale is
@@ -392,6 +407,7 @@ struct fp8_compressor {
 };
 
 static_assert(compressor<int8_compressor>);
+static_assert(compressor<int4_compressor>);
 static_assert(compressor<sign_compressor>);
 static_assert(compressor<sign_vote_compressor>);
 static_assert(compressor<terngrad_compressor>);

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace squall::kernels {
@@ -39,25 +40,34 @@ SQUALL_HOST_DEVICE constexpr unsigned hq_field_bits(unsigned bits, std::uint32_t
 /// Fields per 64-bit word: floor(64 / width) (a field never straddles two words).
 SQUALL_HOST_DEVICE constexpr unsigned hq_fields_per_word(unsigned field) { return 64u / field; }
 
-/// Rademacher sign of element `i` of the rotation keyed by (seed, step): +1 or -1, the same
-/// on every rank (the shared stream).
+/// Rademacher sign of element `i` of the rotation keyed by (seed, step): bit i % 32 of word
+/// i / 32 of the shared stream (the same on every rank); set means negative.
 SQUALL_HOST_DEVICE inline bool hq_sign_negative(std::uint64_t seed, std::uint64_t step,
                                                 std::uint64_t i) {
   const std::uint32_t word = random_word(seed, {step, shared_rank}, i / 32);
   return ((word >> (i % 32)) & 1u) != 0;
 }
 
-/// The stochastic code of `y` (already divided by the step s / L): clamp to [-L, L], shift to
-/// [0, 2L], and round down or up with the probability that keeps the mean (`u` in [0, 1)).
+/// The stochastic code of `scaled` (a rotated value divided by the step s / L): shifted to
+/// [0, 2L], clamped there (a NaN becomes 0), and rounded down or up with the probability that
+/// keeps the mean, from 24 random bits of `word` (float) or all 32 (double). Branch-free
+/// selects, so the host loop vectorizes.
 template <class A>
-SQUALL_HOST_DEVICE inline std::uint64_t hq_code(A scaled, std::uint32_t levels, A u) {
-  const A l = static_cast<A>(levels);
-  A v = scaled < -l ? -l : scaled;  // a NaN stays NaN through neither branch
-  v = v > l ? l : v;
-  const A shifted = v + l + u;  // in [0, 2L + 1)
+SQUALL_HOST_DEVICE SQUALL_FORCEINLINE std::uint8_t hq_code(A scaled, std::uint32_t levels,
+                                                           std::uint32_t word) {
   const A top = static_cast<A>(2 * levels);
-  const A c = std::floor(shifted);
-  return c >= top ? 2u * levels : c > 0 ? static_cast<std::uint64_t>(c) : 0u;  // NaN: 0
+  A x = scaled + static_cast<A>(levels);
+  x = x > A(0) ? x : A(0);  // NaN -> 0
+  x = x < top ? x : top;
+  const auto low = static_cast<std::int32_t>(x);  // floor, x >= 0
+  const A fraction = x - static_cast<A>(low);
+  std::int32_t up;
+  if constexpr (std::is_same_v<A, float>) {
+    up = static_cast<float>(static_cast<std::int32_t>(word >> 8)) < fraction * 16777216.0f;
+  } else {
+    up = static_cast<double>(word) < fraction * 4294967296.0;
+  }
+  return static_cast<std::uint8_t>(low + up);  // low == 2L has fraction 0
 }
 
 /// The rotated value a sum of `contributions` codes stands for: (sum - n L) x step.
@@ -70,16 +80,32 @@ SQUALL_HOST_DEVICE inline A hq_value(std::uint64_t sum, std::uint64_t contributi
 }
 
 /// In-place fast Walsh-Hadamard transform of `n` (a power of two) values, scaled by
-/// 1 / sqrt(n) so that it is orthonormal and its own inverse.
+/// 1 / sqrt(n) so that it is orthonormal and its own inverse. The first three stages run
+/// together on groups of 8, the others as loops over contiguous halves, which vectorize.
 template <class A>
-void hq_hadamard(A* SQUALL_RESTRICT v, std::size_t n) {
-  for (std::size_t h = 1; h < n; h *= 2) {
+SQUALL_HOST_CLONES void hq_hadamard(A* SQUALL_RESTRICT v, std::size_t n) {
+  std::size_t h = 1;
+  if (n >= 8) {
+    for (std::size_t i = 0; i < n; i += 8) {
+      A* g = v + i;
+      const A a0 = g[0] + g[1], a1 = g[0] - g[1], a2 = g[2] + g[3], a3 = g[2] - g[3];
+      const A a4 = g[4] + g[5], a5 = g[4] - g[5], a6 = g[6] + g[7], a7 = g[6] - g[7];
+      const A b0 = a0 + a2, b1 = a1 + a3, b2 = a0 - a2, b3 = a1 - a3;
+      const A b4 = a4 + a6, b5 = a5 + a7, b6 = a4 - a6, b7 = a5 - a7;
+      g[0] = b0 + b4, g[1] = b1 + b5, g[2] = b2 + b6, g[3] = b3 + b7;
+      g[4] = b0 - b4, g[5] = b1 - b5, g[6] = b2 - b6, g[7] = b3 - b7;
+    }
+    h = 8;
+  }
+  for (; h < n; h *= 2) {
     for (std::size_t i = 0; i < n; i += 2 * h) {
-      for (std::size_t j = i; j < i + h; ++j) {
-        const A a = v[j];
-        const A b = v[j + h];
-        v[j] = a + b;
-        v[j + h] = a - b;
+      A* SQUALL_RESTRICT lo = v + i;
+      A* SQUALL_RESTRICT hi = v + i + h;
+      for (std::size_t j = 0; j < h; ++j) {
+        const A a = lo[j];
+        const A b = hi[j];
+        lo[j] = a + b;
+        hi[j] = a - b;
       }
     }
   }
@@ -119,6 +145,23 @@ struct hq_shape {
 
 namespace detail {
 
+/// The sign words of block `k` (`hq_sign_negative`'s, 32 signs a word), drawn together.
+inline void hq_sign_words(const hq_shape& s, std::size_t k, std::size_t length,
+                          std::uint32_t* words) {
+  const std::size_t first_word = k * hq_max_block / 32;  // a multiple of 32: block / 4 whole
+  philox_fill(s.seed, {s.step, shared_rank}, first_word / 4, (length + 127) / 128, words);
+}
+
+/// Flips the sign of element j of `v` (`length` of them) where sign bit j of `words` is set.
+template <class T>
+void hq_apply_signs(T* SQUALL_RESTRICT v, std::size_t length,
+                    const std::uint32_t* SQUALL_RESTRICT words) {
+  for (std::size_t j = 0; j < length; ++j) {
+    const T flip = static_cast<T>(1) - static_cast<T>(2 * ((words[j / 32] >> (j % 32)) & 1u));
+    v[j] *= flip;
+  }
+}
+
 /// Block `k` of `in` (zero-padded past its end), sign-flipped and rotated, into `out`;
 /// returns its padded length.
 template <class T>
@@ -129,31 +172,81 @@ std::size_t hq_rotated_block(const hq_shape& s, const T* in, std::size_t k, T* o
   for (std::size_t j = 0; j < n; ++j) out[j] = in[first + j];
   std::fill(out + n, out + length, T{0});
   if (!s.rotate) return length;
-  for (std::size_t j = 0; j < length; ++j) {
-    if (hq_sign_negative(s.seed, s.step, first + j)) out[j] = -out[j];
-  }
+  std::uint32_t signs[hq_max_block / 32 + 4];
+  hq_sign_words(s, k, length, signs);
+  hq_apply_signs(out, length, signs);
   hq_hadamard(out, length);
   return length;
 }
 
 }  // namespace detail
 
-/// max |y| and the root mean square of y = the rotation of `in` over the padded length; a NaN
-/// or infinity anywhere makes max |y| NaN (never skipped).
+/// The codes of `n` rotated values against 1 / step (`hq_code`), draws from `words`.
 template <class T>
-void hq_range(const host_backend& /*b*/, const hq_shape& s, const T* in, double& max_abs,
-              double& rms) {
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_loop(
+    const T* SQUALL_RESTRICT y, std::size_t n, T inverse_step, std::uint32_t levels,
+    const std::uint32_t* SQUALL_RESTRICT words, std::uint8_t* SQUALL_RESTRICT codes) {
+  for (std::size_t j = 0; j < n; ++j) codes[j] = hq_code<T>(y[j] * inverse_step, levels, words[j]);
+}
+
+/// ORs the `n` codes of elements first, first + 1, ... into their fields of `words` (field
+/// i % F of word i / F, F = floor(64 / field)).
+inline void hq_pack(const std::uint8_t* codes, std::size_t first, std::size_t n, unsigned field,
+                    std::uint64_t* words) {
+  const unsigned per_word = hq_fields_per_word(field);
+  std::size_t word = first / per_word;
+  auto f = static_cast<unsigned>(first % per_word);
+  std::size_t j = 0;
+  while (j < n) {
+    std::uint64_t w = words[word];
+    for (; f < per_word && j < n; ++f, ++j) w |= std::uint64_t{codes[j]} << (f * field);
+    words[word] = w;
+    if (f == per_word) {
+      f = 0;
+      ++word;
+    }
+  }
+}
+
+/// The range of `in`'s rotation y: its root mean square over the padded length (the rotation
+/// keeps the norm, so it is computed on `in`), and max |y|, exactly (each block rotated) or,
+/// with `bound_only`, a bound that needs no rotation: per block min(||x||_1 / sqrt(B),
+/// ||x||_2), which no |y_j| exceeds (y_j is a +-1 combination of x over sqrt(B); Cauchy-
+/// Schwarz). Without rotation y = x and the max is exact either way. A NaN or infinity
+/// anywhere makes max |y| NaN (never skipped).
+template <class T>
+void hq_range(const host_backend& /*b*/, const hq_shape& s, const T* in, bool bound_only,
+              double& max_abs, double& rms) {
   std::vector<T> buf(hq_max_block);
   double top = 0;
   double squares = 0;
   bool finite = true;
   for (std::size_t k = 0; k < s.blocks(); ++k) {
-    const std::size_t length = detail::hq_rotated_block(s, in, k, buf.data());
-    for (std::size_t j = 0; j < length; ++j) {
-      const double a = std::fabs(static_cast<double>(buf[j]));
+    const std::size_t first = k * hq_max_block;
+    const std::size_t length = s.block_length(k);
+    const std::size_t n = std::min(length, s.count - first);
+    double largest = 0;
+    double l1 = 0;
+    double l2 = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const double a = std::fabs(static_cast<double>(in[first + j]));
       finite = finite && std::isfinite(a);
-      top = a > top ? a : top;
-      squares += a * a;
+      largest = a > largest ? a : largest;
+      l1 += a;
+      l2 += a * a;
+    }
+    squares += l2;
+    if (!s.rotate) {
+      top = largest > top ? largest : top;
+    } else if (bound_only) {
+      const double bound = std::min(l1 / std::sqrt(static_cast<double>(length)), std::sqrt(l2));
+      top = bound > top ? bound : top;
+    } else {
+      detail::hq_rotated_block(s, in, k, buf.data());
+      for (std::size_t j = 0; j < length; ++j) {
+        const double a = std::fabs(static_cast<double>(buf[j]));
+        top = a > top ? a : top;
+      }
     }
   }
   max_abs = finite ? top : std::nan("");
@@ -167,7 +260,6 @@ template <class T>
 std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in, double scale,
                       std::uint64_t seed, random_stream stream, std::uint64_t* words) {
   const std::uint32_t levels = hq_levels(s.bits);
-  const unsigned per_word = hq_fields_per_word(s.field);
   const T inverse_step = scale > 0 ? static_cast<T>(levels / scale) : T{0};
   std::fill(words, words + s.words(), std::uint64_t{0});
   std::vector<T> buf(hq_max_block);
@@ -177,14 +269,18 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
     const std::size_t first = k * hq_max_block;
     const std::size_t length = detail::hq_rotated_block(s, in, k, buf.data());
     philox_fill(seed, stream, first / 4, (length + 3) / 4, draws.data());
-    for (std::size_t j = 0; j < length; ++j) {
-      const T y = buf[j];
-      if (bad == s.count && first + j < s.count && !std::isfinite(in[first + j])) bad = first + j;
-      const T u = static_cast<T>(unit_interval(draws[j]));
-      const std::uint64_t code = hq_code<T>(y * inverse_step, levels, u);
-      const std::size_t i = first + j;
-      words[i / per_word] |= code << ((i % per_word) * s.field);
+    if (bad == s.count) {
+      const std::size_t n = std::min(length, s.count - first);
+      for (std::size_t j = 0; j < n; ++j) {
+        if (!std::isfinite(in[first + j])) {
+          bad = first + j;
+          break;
+        }
+      }
     }
+    std::uint8_t codes[hq_max_block];
+    hq_code_loop(buf.data(), length, inverse_step, levels, draws.data(), codes);
+    hq_pack(codes, first, length, s.field, words);
   }
   return bad;
 }
@@ -204,17 +300,24 @@ std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::u
   for (std::size_t k = 0; k < s.blocks(); ++k) {
     const std::size_t first = k * hq_max_block;
     const std::size_t length = s.block_length(k);
+    std::size_t word = first / per_word;
+    unsigned shift = static_cast<unsigned>(first % per_word) * s.field;
+    const unsigned end = per_word * s.field;
     for (std::size_t j = 0; j < length; ++j) {
-      const std::size_t i = first + j;
-      const std::uint64_t sum = (words[i / per_word] >> ((i % per_word) * s.field)) & mask;
-      if (sum > top) return i < s.count ? i : s.count - 1;
+      const std::uint64_t sum = (words[word] >> shift) & mask;
+      if (sum > top) return first + j < s.count ? first + j : s.count - 1;
       buf[j] = hq_value<T>(sum, contributions, levels, step);
+      shift += s.field;
+      if (shift == end) {
+        shift = 0;
+        ++word;
+      }
     }
     if (s.rotate) {
+      std::uint32_t signs[hq_max_block / 32 + 4];
+      detail::hq_sign_words(s, k, length, signs);
       hq_hadamard(buf.data(), length);
-      for (std::size_t j = 0; j < length; ++j) {
-        if (hq_sign_negative(s.seed, s.step, first + j)) buf[j] = -buf[j];
-      }
+      detail::hq_apply_signs(buf.data(), length, signs);
     }
     const std::size_t n = std::min(length, s.count - first);
     for (std::size_t j = 0; j < n; ++j) out[first + j] = buf[j];
