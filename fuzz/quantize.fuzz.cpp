@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target: the decoders of compress/quantize.hpp (int8, sign, sign_vote, terngrad,
-// qsgd with 1, 4 and 127 levels: code widths 2, 4 and 8; fp8 E4M3 and E5M2), into float and
-// double. The
-// parameter byte sets the encoder's bucket (mutate mode) to (parameter % 128) x 8 elements
-// (0: one bucket) and its seed; decode reads the bucket from the payload. Layout: fuzz_common.hpp.
+// libFuzzer target: the decoders of compress/quantize.hpp (int8, int4, sign, sign_vote,
+// terngrad, qsgd with 1, 4 and 127 levels: code widths 2, 4 and 8; fp8 E4M3 and E5M2), of
+// homomorphic quantization (compress/homomorphic.hpp) and of the chains of compress/chain.hpp
+// (topk>int4, randomk>topk>int4), into float and double. The parameter byte sets the
+// quantizers' bucket (mutate mode) to (parameter % 128) x 8 elements (0: one bucket) and their
+// seed; decode reads the bucket from the payload. hq: bits 2 + parameter % 7, rotated for an
+// even parameter; chains: ratios from the parameter. Layout: fuzz_common.hpp.
+#include <squall/compress/chain.hpp>
+#include <squall/compress/homomorphic.hpp>
 #include <squall/compress/quantize.hpp>
 
 #include "fuzz_common.hpp"
@@ -11,7 +15,7 @@
 namespace {
 
 struct quantize_family {
-  static constexpr std::size_t compressors = 9;
+  static constexpr std::size_t compressors = 13;
   template <class C>
   static C configured(std::uint8_t parameter) {
     C c;
@@ -53,6 +57,24 @@ struct quantize_family {
         f(c);
         break;
       }
+      case 8:
+        f(configured<squall::int4_compressor>(parameter));
+        break;
+      case 9:
+        f(squall::homomorphic_compressor{
+            .bits = 2u + parameter % 7u, .rotate = parameter % 2 == 0, .seed = parameter});
+        break;
+      case 10:
+        f(squall::chain<squall::topk_compressor, squall::int4_compressor>{
+            {.ratio = (parameter % 64 + 1) / 64.0},
+            configured<squall::int4_compressor>(parameter)});
+        break;
+      case 11:
+        f(squall::chain<squall::randomk_compressor,
+                        squall::chain<squall::topk_compressor, squall::int4_compressor>>{
+            {.ratio = (parameter % 16 + 1) / 16.0, .seed = parameter},
+            {{.ratio = (parameter / 16 % 16 + 1) / 16.0}, {}}});
+        break;
       default:
         f(configured<squall::qsgd_compressor<127>>(parameter));
         break;
