@@ -4,6 +4,7 @@
 //
 //   train_fashion_mnist [-n P] [--epochs E] [--batch B] [--lr LR] [--momentum M]
 //                       [--schedule cosine|constant] [--warmup EPOCHS] [--masking on|off]
+//                       [--sparsity-warmup EPOCHS]
 //                       [--hidden H] [--compressor SPEC[,SPEC...]] [--train-subset N]
 //                       [--test-subset N] [--data DIR] [--csv FILE] [--seed S]
 //                       [--transport shm|mpi] [--require-accuracy FRACTION]
@@ -67,9 +68,10 @@ struct settings {
   std::size_t batch = 32;  // per rank
   float lr = 0.05f;
   float momentum = 0.9f;
-  bool cosine = true;   // --schedule cosine|constant
-  double warmup = 0;    // --warmup EPOCHS
-  bool masking = true;  // --masking on|off
+  bool cosine = true;       // --schedule cosine|constant
+  double warmup = 0;        // --warmup EPOCHS
+  bool masking = true;      // --masking on|off
+  int sparsity_warmup = 0;  // --sparsity-warmup EPOCHS (DGC)
   std::size_t hidden = 256;
   std::vector<squall::compressor_choice> compressors;
   std::size_t train_subset = 0;  // 0: all 60,000
@@ -86,6 +88,7 @@ struct settings {
       stderr,
       "train_fashion_mnist: %s\nusage: train_fashion_mnist [-n P] [--epochs E] [--batch B] "
       "[--lr LR] [--momentum M] [--schedule cosine|constant] [--warmup EPOCHS] [--masking on|off] "
+      "[--sparsity-warmup EPOCHS] "
       "[--hidden H] "
       "[--compressor SPEC[,SPEC...]] "
       "[--train-subset N] [--test-subset N] [--data DIR] [--csv FILE] [--seed S] "
@@ -123,6 +126,8 @@ settings parse(int argc, char** argv) {
       s.momentum = static_cast<float>(number(a, v));
     else if (a == "--warmup")
       s.warmup = number(a, v);
+    else if (a == "--sparsity-warmup")
+      s.sparsity_warmup = static_cast<int>(number(a, v));
     else if (a == "--masking") {
       if (v != "on" && v != "off") usage("--masking takes on or off");
       s.masking = v == "on";
@@ -178,6 +183,28 @@ void set_columns(C& c, std::size_t columns) {
     c.columns = columns;
   else if constexpr (requires { c.inner.columns; })
     c.inner.columns = columns;
+}
+
+/// Where compressor `c` keeps a top-k ratio (its own, error feedback's inner one, a chain's
+/// selection), or null: what the sparsity warm-up lowers.
+template <class C>
+double* topk_ratio(C& c) {
+  if constexpr (std::is_same_v<C, squall::topk_compressor>)
+    return &c.ratio;
+  else if constexpr (requires { c.inner; })
+    return topk_ratio(c.inner);
+  else if constexpr (requires { c.select; })
+    return topk_ratio(c.select);
+  else
+    return nullptr;
+}
+
+/// DGC's sparsity warm-up (Lin et al., "Deep Gradient Compression", ICLR 2018): over the first
+/// `epochs` epochs the density falls geometrically from 25% towards `target` (DGC's 75%,
+/// 93.75%, 98.4375%, 99.6% sparsity for 4 epochs and 0.1%), then stays at `target`.
+double warmup_density(double target, int epoch, int epochs) {
+  if (epoch > epochs || target >= 0.25) return target;
+  return 0.25 * std::pow(target / 0.25, static_cast<double>(epoch - 1) / epochs);
 }
 
 /// Who this rank is, and how it makes a transport for each of its two communicators.
@@ -301,8 +328,18 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
 
   bool diverged = false;
   double final_accuracy = 0;
+  C warm_template = compressor;
+  const double* target_ratio = topk_ratio(warm_template);
+  const double target = target_ratio != nullptr ? *target_ratio : 0;
   for (int epoch = 1; epoch <= s.epochs; ++epoch) {
     const auto epoch_start = clock_type::now();
+    if (s.sparsity_warmup > 0 && target_ratio != nullptr) {  // every rank alike, between calls
+      for (comm_type* comm : {&comm1, &comm2}) {
+        C c = comm->compressor();
+        *topk_ratio(c) = warmup_density(target, epoch, s.sparsity_warmup);
+        comm->set_compressor(c);
+      }
+    }
     comm_seconds = 0;
     std::iota(order.begin(), order.end(), std::size_t{0});
     std::mt19937_64 shuffle(s.seed * 1000003 + static_cast<std::uint64_t>(epoch));

@@ -101,6 +101,11 @@ class communicator {
   Transport& transport() { return dense_.transport(); }
   const Topology& topology() const { return dense_.topology(); }
   const Compressor& compressor() const { return compressor_; }
+  /// Replaces the compressor's parameters for the compressed collectives that follow (a
+  /// sparsity warm-up lowers top-k's ratio epoch by epoch, as DGC does). Every rank must set
+  /// the same parameters between the same two collectives; the states stay valid (their
+  /// count, step and residual do not depend on the parameters).
+  void set_compressor(Compressor c) { compressor_ = std::move(c); }
   /// Where the kernels run (the CUDA backend carries its device and stream).
   const Backend& backend() const { return dense_.backend(); }
   /// The views the dense collectives take: buffers in the backend's memory.
