@@ -69,7 +69,7 @@ SQUALL_HOST_DEVICE constexpr std::uint8_t float_to_float8_reference(float value)
 /// nearest even. Then saturation to the largest finite code, and NaN. Needs round-to-nearest
 /// float addition. Equal to `float_to_float8_reference` for every float (tests/unit).
 template <class Format>
-SQUALL_HOST_DEVICE constexpr std::uint8_t float_to_float8(float value) noexcept {
+SQUALL_HOST_DEVICE SQUALL_FORCEINLINE constexpr std::uint8_t float_to_float8(float value) noexcept {
   constexpr int shift = 23 - Format::man_bits;
   constexpr std::uint32_t rebias = static_cast<std::uint32_t>(127 - Format::bias) << 23;
   constexpr std::uint32_t smallest_normal = static_cast<std::uint32_t>(127 + 1 - Format::bias)
@@ -127,7 +127,7 @@ using float8_format_of = std::conditional_t<Id == 1, e4m3_format, e5m2_format>;
 /// one step), decided by `random` (32 uniform bits); unbiased in expectation below the largest
 /// finite value; saturating; NaN as `float_to_float8`.
 template <class Format>
-SQUALL_HOST_DEVICE constexpr std::uint8_t float_to_float8_stochastic(
+SQUALL_HOST_DEVICE SQUALL_FORCEINLINE constexpr std::uint8_t float_to_float8_stochastic(
     float value, std::uint32_t random) noexcept {
   const std::uint32_t bits = detail::bit_cast<std::uint32_t>(value);
   const auto sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);

@@ -179,12 +179,27 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bucket_stats bucket_stats_of(const T*
   }
 }
 
+/// The 8-bit float codes of a block: integer selects only, so it needs no
+/// `SQUALL_NO_TRAPPING_MATH`, under which g++ 12 does not inline the conversion into the
+/// loop and leaves it scalar (1.2 GB/s before, docs/performance.md).
+template <quantize_scheme Q, class T>
+SQUALL_HOST_CLONES void quantize_float8_loop(const T* SQUALL_RESTRICT in, std::size_t n, T inverse,
+                                             const std::uint32_t* SQUALL_RESTRICT words,
+                                             std::uint8_t* SQUALL_RESTRICT codes) {
+  for (std::size_t k = 0; k < n; ++k)
+    codes[k] = quantize_code(Q, in[k], inverse, Q.stochastic ? words[k] : 0u);
+}
+
 template <quantize_scheme Q, class T>
 SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void quantize_block_loop(
     const T* SQUALL_RESTRICT in, std::size_t n, T inverse,
     const std::uint32_t* SQUALL_RESTRICT words, std::uint8_t* SQUALL_RESTRICT codes) {
-  for (std::size_t k = 0; k < n; ++k)
-    codes[k] = quantize_code(Q, in[k], inverse, Q.stochastic ? words[k] : 0u);
+  if constexpr (Q.float8 != 0) {
+    quantize_float8_loop<Q>(in, n, inverse, words, codes);
+  } else {
+    for (std::size_t k = 0; k < n; ++k)
+      codes[k] = quantize_code(Q, in[k], inverse, Q.stochastic ? words[k] : 0u);
+  }
 }
 
 /// The same for a bucket whose levels / scale overflows T (a subnormal scale): values and
