@@ -137,6 +137,27 @@ TEST_SUITE("chain") {
     refused(p, "inside its two sizes");
   }
 
+  TEST_CASE("by name: sign:BUCKET, 0 for EF-SignSGD's one scale for the tensor") {
+    const auto bucket = [](const char* text) {
+      return squall::visit_compressor(squall::parse_compressor(text), [](const auto& c) {
+        if constexpr (requires { c.inner.bucket; }) {
+          return static_cast<long>(c.inner.bucket);
+        } else if constexpr (requires { c.bucket; }) {
+          return static_cast<long>(c.bucket);
+        } else {
+          return -1L;
+        }
+      });
+    };
+    CHECK(bucket("sign") == 512);
+    CHECK(bucket("sign:0+ef") == 0);
+    CHECK(bucket("sign:64") == 64);
+    for (const char* bad : {"sign:7", "sign:-8", "sign:x", "sign:8.0"}) {
+      CAPTURE(bad);
+      CHECK_THROWS_AS(bucket(bad), squall::invalid_argument);
+    }
+  }
+
   TEST_CASE("by name: topk:R>int8, topk:R>int4, randomk:R>topk:R>int4, and nothing else") {
     const auto label = [](const char* text) {
       return squall::visit_compressor(squall::parse_compressor(text), [](const auto& c) {

@@ -58,7 +58,7 @@ inline constexpr std::array<std::pair<std::string_view, std::string_view>, 14> c
     {"cast", "fp16|bf16|e4m3|e5m2|e4m3_sr|e5m2_sr (default bf16)"},
     {"int8", ""},
     {"hq", "BITS 2..8 per rank's code (default 4)"},
-    {"sign", ""},
+    {"sign", "BUCKET elements per scale, 0 for the tensor (default 512)"},
     {"sign_vote", ""},
     {"terngrad", ""},
     {"qsgd", "4|16|127 levels (default 4)"},
@@ -255,7 +255,18 @@ decltype(auto) visit_compressor(const compressor_choice& choice, F&& f) {
     c.bits = static_cast<unsigned>(b);
     return with(c);
   }
-  if (n == "sign") return with(sign_compressor{});
+  if (n == "sign") {  // sign:0 is EF-SignSGD's one ||g||_1 / d for the whole tensor
+    sign_compressor c;
+    if (!p.empty()) {
+      char* end = nullptr;
+      const unsigned long b = std::strtoul(p.c_str(), &end, 10);
+      if (p[0] < '0' || p[0] > '9' || *end != '\0' || b % 8 != 0) {
+        detail::bad_compressor(choice.text, "sign takes a bucket that is a multiple of 8 (0: one)");
+      }
+      c.bucket = b;
+    }
+    return with(c);
+  }
   if (n == "sign_vote") return with(sign_vote_compressor{});
   if (n == "terngrad") return with(terngrad_compressor{});
   if (n == "qsgd") {
