@@ -7,6 +7,7 @@
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/cast.hpp>
 #include <squall/compress/error_feedback.hpp>
+#include <squall/compress/homomorphic.hpp>
 #include <squall/compress/quantize.hpp>
 #include <squall/compress/sketch.hpp>
 #include <squall/compress/sparsify.hpp>
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../support/compressed_reference.hpp"
@@ -123,6 +125,17 @@ void check(const C& c) {
               for (std::size_t i = 0; i < count; ++i) res[i] = res[i] + in[i];
               block = squall::test::decoded_payload(c.inner, res, static_cast<std::uint64_t>(s), q);
               for (std::size_t i = 0; i < count; ++i) res[i] = res[i] - block[i];
+            } else if constexpr (std::is_same_v<C, squall::homomorphic_compressor>) {
+              // against the range all ranks agreed, fields of one rank
+              std::vector<std::vector<float>> all;
+              for (int o = 0; o < p; ++o) all.push_back(input_of(o, s, count));
+              auto r = squall::test::hq_agreed(c, all, static_cast<std::uint64_t>(s));
+              r.ranks = 1;
+              const auto payload = squall::test::hq_payload(c, in, static_cast<std::uint64_t>(s),
+                                                            static_cast<std::uint32_t>(q), r);
+              block.assign(count, 0.0f);
+              c.decode(squall::host_backend{}, squall::host_view<const std::byte>(payload),
+                       squall::host_view<float>(block));
             } else {
               block = squall::test::decoded_payload(c, in, static_cast<std::uint64_t>(s), q);
             }
@@ -154,6 +167,7 @@ TEST_SUITE("compressed_allgather") {
     check<squall::tree_topology>(squall::threshold_compressor{.tau = 0.5});
     check<squall::ring_topology>(squall::powersgd_compressor{.rank = 2, .columns = 0, .seed = 1});
     check<squall::ring_topology>(squall::identity_compressor{});
+    check<squall::tree_topology>(squall::homomorphic_compressor{.bits = 3, .seed = 2});
   }
 
   TEST_CASE("error feedback: the residual keeps what each payload left out") {
