@@ -4,8 +4,8 @@
 /// Hadamard rotation in blocks, stochastic rounding of every rotated value to a code in
 /// [0, 2L] against a scale all ranks agreed, and the codes packed into fields of 64-bit words
 /// wide enough that the words of P ranks add as integers without a carry crossing a field.
-/// The per-element math (`hq_code`, `hq_value`, the rotation's signs and butterflies) is
-/// `SQUALL_HOST_DEVICE`, for a CUDA twin.
+/// The per-element math (`hq_code`, the rotation's signs, the field widths) is
+/// `SQUALL_HOST_DEVICE`, for a CUDA twin (not written yet).
 
 #include <squall/backend/host.hpp>
 #include <squall/core/config.hpp>
@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>  // integer_sequence
 #include <vector>
 
 namespace squall::kernels {
@@ -68,15 +69,6 @@ SQUALL_HOST_DEVICE SQUALL_FORCEINLINE std::uint8_t hq_code(A scaled, std::uint32
     up = static_cast<double>(word) < fraction * 4294967296.0;
   }
   return static_cast<std::uint8_t>(low + up);  // low == 2L has fraction 0
-}
-
-/// The rotated value a sum of `contributions` codes stands for: (sum - n L) x step.
-template <class A>
-SQUALL_HOST_DEVICE inline A hq_value(std::uint64_t sum, std::uint64_t contributions,
-                                     std::uint32_t levels, A step) {
-  return (static_cast<A>(static_cast<std::int64_t>(sum)) -
-          static_cast<A>(static_cast<std::int64_t>(contributions * levels))) *
-         step;
 }
 
 /// In-place fast Walsh-Hadamard transform of `n` (a power of two) values, scaled by
@@ -189,23 +181,76 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_loop(
   for (std::size_t j = 0; j < n; ++j) codes[j] = hq_code<T>(y[j] * inverse_step, levels, words[j]);
 }
 
+namespace detail {
+
+/// Calls `f(std::integral_constant<unsigned, W>{})` for the field width `field` (2 to 28: 8
+/// bits and 20 more for up to `homomorphic_compressor::max_ranks`), so that the packing loops
+/// know floor(64 / W) at compile time and unroll a word's fields.
+template <class F>
+decltype(auto) with_field_width(unsigned field, F&& f) {
+  return [&]<unsigned... W>(std::integer_sequence<unsigned, W...>)->decltype(auto) {
+    using result = decltype(f(std::integral_constant<unsigned, 2>{}));
+    if constexpr (std::is_void_v<result>) {
+      (void)((field == W + 2 ? (f(std::integral_constant<unsigned, W + 2>{}), true) : false) ||
+             ...);
+    } else {
+      result r{};
+      (void)((field == W + 2 ? (r = f(std::integral_constant<unsigned, W + 2>{}), true) : false) ||
+             ...);
+      return r;
+    }
+  }
+  (std::make_integer_sequence<unsigned, 27>{});
+}
+
+/// Field `f` of elements first, first + 1, ...: element i in field i % F of word i / F.
+template <unsigned W, class Visit>
+SQUALL_FORCEINLINE void hq_walk_fields(std::size_t first, std::size_t n, Visit&& visit) {
+  constexpr unsigned per_word = 64 / W;
+  std::size_t word = first / per_word;
+  auto f = static_cast<unsigned>(first % per_word);
+  std::size_t j = 0;
+  for (; f != 0 && f < per_word && j < n; ++f, ++j) visit(word, f * W, j);  // a partial word
+  if (f == per_word) ++word;
+  for (; j + per_word <= n; j += per_word, ++word) {  // whole words, unrolled
+    for (unsigned t = 0; t < per_word; ++t) visit(word, t * W, j + t);
+  }
+  for (unsigned t = 0; j < n; ++t, ++j) visit(word, t * W, j);
+}
+
+}  // namespace detail
+
 /// ORs the `n` codes of elements first, first + 1, ... into their fields of `words` (field
 /// i % F of word i / F, F = floor(64 / field)).
 inline void hq_pack(const std::uint8_t* codes, std::size_t first, std::size_t n, unsigned field,
                     std::uint64_t* words) {
-  const unsigned per_word = hq_fields_per_word(field);
-  std::size_t word = first / per_word;
-  auto f = static_cast<unsigned>(first % per_word);
-  std::size_t j = 0;
-  while (j < n) {
-    std::uint64_t w = words[word];
-    for (; f < per_word && j < n; ++f, ++j) w |= std::uint64_t{codes[j]} << (f * field);
-    words[word] = w;
-    if (f == per_word) {
-      f = 0;
-      ++word;
-    }
-  }
+  detail::with_field_width(field, [&](auto width) {
+    detail::hq_walk_fields<width()>(first, n, [&](std::size_t word, unsigned shift, std::size_t j) {
+      words[word] |= std::uint64_t{codes[j]} << shift;
+    });
+  });
+}
+
+/// The fields of elements first, ..., first + n - 1 into `sums`; returns the largest.
+inline std::uint64_t hq_unpack(const std::uint64_t* words, std::size_t first, std::size_t n,
+                               unsigned field, std::uint32_t* sums) {
+  return detail::with_field_width(field, [&](auto width) {
+    constexpr std::uint64_t mask = (std::uint64_t{1} << width()) - 1;
+    std::uint64_t largest = 0;
+    detail::hq_walk_fields<width()>(first, n, [&](std::size_t word, unsigned shift, std::size_t j) {
+      const std::uint64_t v = (words[word] >> shift) & mask;
+      sums[j] = static_cast<std::uint32_t>(v);
+      largest = v > largest ? v : largest;
+    });
+    return largest;
+  });
+}
+
+/// rotated value j = (sums[j] - n L) x step, for `n` sums (vectorizes).
+template <class T>
+SQUALL_HOST_CLONES void hq_values(const std::uint32_t* SQUALL_RESTRICT sums, std::size_t n,
+                                  T offset, T step, T* SQUALL_RESTRICT out) {
+  for (std::size_t j = 0; j < n; ++j) out[j] = (static_cast<T>(sums[j]) - offset) * step;
 }
 
 /// The range of `in`'s rotation y: its root mean square over the padded length (the rotation
@@ -292,27 +337,21 @@ template <class T>
 std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::uint64_t* words,
                       std::uint64_t contributions, double scale, T* out) {
   const std::uint32_t levels = hq_levels(s.bits);
-  const unsigned per_word = hq_fields_per_word(s.field);
-  const std::uint64_t mask = s.field >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << s.field) - 1;
   const std::uint64_t top = contributions * 2u * levels;
   const T step = static_cast<T>(scale / levels);
+  // (sum - n L) x step: n L is exact in T (at most 2^20 x 127)
+  const auto offset = static_cast<T>(static_cast<double>(contributions * levels));
   std::vector<T> buf(hq_max_block);
+  std::uint32_t sums[hq_max_block];
   for (std::size_t k = 0; k < s.blocks(); ++k) {
     const std::size_t first = k * hq_max_block;
     const std::size_t length = s.block_length(k);
-    std::size_t word = first / per_word;
-    unsigned shift = static_cast<unsigned>(first % per_word) * s.field;
-    const unsigned end = per_word * s.field;
-    for (std::size_t j = 0; j < length; ++j) {
-      const std::uint64_t sum = (words[word] >> shift) & mask;
-      if (sum > top) return first + j < s.count ? first + j : s.count - 1;
-      buf[j] = hq_value<T>(sum, contributions, levels, step);
-      shift += s.field;
-      if (shift == end) {
-        shift = 0;
-        ++word;
+    if (hq_unpack(words, first, length, s.field, sums) > top) {
+      for (std::size_t j = 0; j < length; ++j) {
+        if (sums[j] > top) return first + j < s.count ? first + j : s.count - 1;
       }
     }
+    hq_values(sums, length, offset, step, buf.data());
     if (s.rotate) {
       std::uint32_t signs[hq_max_block / 32 + 4];
       detail::hq_sign_words(s, k, length, signs);
