@@ -6,15 +6,19 @@ table of docs/performance.md: per compressor, the final test accuracy's mean and
 bytes a rank sent (the most of any rank, the last epoch's total) and how many times fewer than
 dense.
 
-    examples/summarize_seeds.py build/fm_seed1/results.csv build/fm_seed2/results.csv ...
+    examples/summarize_seeds.py [--after EPOCH] build/fm_seed1/results.csv ...
+
+With --after EPOCH the bytes are those sent after that epoch (a warm-up's epochs left out),
+against dense's over the same epochs.
 """
 import csv
 import sys
 
 
-def final_rows(path):
-    """{compressor: (accuracy, bytes)} at each run's last epoch."""
+def final_rows(path, after):
+    """{compressor: (accuracy, bytes)} at each run's last epoch; bytes since epoch `after`."""
     last = {}
+    before = {}
     with open(path, newline="") as f:
         for row in csv.reader(f):
             if not row or row[3] == "epoch":
@@ -22,16 +26,22 @@ def final_rows(path):
             name, epoch, accuracy, sent = row[0], int(row[3]), float(row[5]), float(row[8])
             if name not in last or epoch >= last[name][0]:
                 last[name] = (epoch, accuracy, sent)
-    return {name: (acc, sent) for name, (_, acc, sent) in last.items()}
+            if epoch == after:
+                before[name] = sent
+    return {name: (acc, sent - before.get(name, 0)) for name, (_, acc, sent) in last.items()}
 
 
-def main(paths):
-    seeds = [final_rows(p) for p in paths]
+def main(args):
+    after = 0
+    if args[:1] == ["--after"]:
+        after, args = int(args[1]), args[2:]
+    seeds = [final_rows(p, after) for p in args]
     names = []
     for s in seeds:
         names += [n for n in s if n not in names]
     print(f"| compressor | final test accuracy, mean (min - max) over {len(seeds)} seeds "
-          "| vs dense, mean of the per-seed differences | bytes sent per rank, 10 epochs "
+          "| vs dense, mean of the per-seed differences "
+          f"| bytes sent per rank{f' after epoch {after}' if after else ', 10 epochs'} "
           "| fewer bytes than dense |")
     print("|---|---|---|---|---|")
     for name in names:

@@ -258,8 +258,15 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
   auto state1 = comm1.template make_state<float>(compress1 ? model.w1_count() : 0);
   auto state2 = comm2.template make_state<float>(compress2 ? model.w2_count() : 0);
 
+  C warm_template = compressor;
+  const double* target_ratio = topk_ratio(warm_template);
+  const double target = target_ratio != nullptr ? *target_ratio : 0;
+  // the name printed and written to the CSV: the compressor's, and its warm-up
+  const bool warms = s.sparsity_warmup > 0 && target_ratio != nullptr && target < 0.25;
+  const std::string label =
+      choice.text + (warms ? " warm-up " + std::to_string(s.sparsity_warmup) : std::string());
   if (me.rank == 0) {
-    std::printf("# %s: W1 (%zu values) %s, W2 (%zu) %s, biases (%zu) dense\n", choice.text.c_str(),
+    std::printf("# %s: W1 (%zu values) %s, W2 (%zu) %s, biases (%zu) dense\n", label.c_str(),
                 model.w1_count(), compress1 ? "compressed" : "dense", model.w2_count(),
                 compress2 ? "compressed" : "dense", model.bias_count());
   }
@@ -328,12 +335,9 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
 
   bool diverged = false;
   double final_accuracy = 0;
-  C warm_template = compressor;
-  const double* target_ratio = topk_ratio(warm_template);
-  const double target = target_ratio != nullptr ? *target_ratio : 0;
   for (int epoch = 1; epoch <= s.epochs; ++epoch) {
     const auto epoch_start = clock_type::now();
-    if (s.sparsity_warmup > 0 && target_ratio != nullptr) {  // every rank alike, between calls
+    if (warms) {  // every rank alike, between calls
       for (comm_type* comm : {&comm1, &comm2}) {
         C c = comm->compressor();
         *topk_ratio(c) = warmup_density(target, epoch, s.sparsity_warmup);
@@ -404,18 +408,18 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
       std::printf(
           "%-22s epoch %2d  loss %.4f  test accuracy %6.2f%%  wall %6.2f s  comm %6.2f s  "
           "wire %10.3f MB/rank\n",
-          choice.text.c_str(), epoch, loss, 100 * accuracy, wall_max, comm_max, bytes_max / 1e6);
+          label.c_str(), epoch, loss, 100 * accuracy, wall_max, comm_max, bytes_max / 1e6);
       std::fflush(stdout);
       if (!s.csv.empty()) {
         std::FILE* f = std::fopen(s.csv.c_str(), "a");
         if (f == nullptr) throw std::runtime_error("cannot append to " + s.csv);
-        std::fprintf(f, "%s,%d,%zu,%d,%.6f,%.6f,%.4f,%.4f,%.0f\n", choice.text.c_str(), me.size,
-                     s.batch, epoch, loss, accuracy, wall_max, comm_max, bytes_max);
+        std::fprintf(f, "%s,%d,%zu,%d,%.6f,%.6f,%.4f,%.4f,%.0f\n", label.c_str(), me.size, s.batch,
+                     epoch, loss, accuracy, wall_max, comm_max, bytes_max);
         std::fclose(f);
       }
       if (diverged) {
         std::printf("%-22s diverged (the training loss is not finite): stopping this run\n",
-                    choice.text.c_str());
+                    label.c_str());
       }
     }
     if (diverged) break;  // every rank saw the same summed loss; a finding, not a failure
@@ -427,14 +431,14 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
   const bool same = std::memcmp(highest.data(), params.data(), params.size() * sizeof(float)) == 0;
   const double differing = across(same ? 0.0 : 1.0, true);
   if (me.rank == 0) {
-    std::printf("%-22s weights identical on all %d ranks: %s\n", choice.text.c_str(), me.size,
+    std::printf("%-22s weights identical on all %d ranks: %s\n", label.c_str(), me.size,
                 differing == 0 ? "yes" : "NO");
   }
   if (differing != 0) return 3;
   if (final_accuracy < s.require_accuracy) {
     if (me.rank == 0) {
       std::printf("%-22s final test accuracy %.2f%% is below --require-accuracy %.2f%%\n",
-                  choice.text.c_str(), 100 * final_accuracy, 100 * s.require_accuracy);
+                  label.c_str(), 100 * final_accuracy, 100 * s.require_accuracy);
     }
     return 4;
   }
