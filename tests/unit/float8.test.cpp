@@ -199,6 +199,34 @@ TEST_SUITE("float8") {
     CHECK(differ == 0);
   }
 
+  TEST_CASE("float8: the branch-free stochastic conversion equals the reference") {
+    // every exponent, 2^23 / 509 mantissas each, both signs, a random word per value (and the
+    // words at the ends: 0 and 2^32 - 1)
+    int differ = 0;
+    std::uint32_t word = 0x9e3779b9u;
+    for (std::uint32_t e = 0; e < 256; ++e) {
+      for (std::uint32_t m = 0; m < (1u << 23); m += 509) {
+        for (const std::uint32_t s : {0u, 1u}) {
+          const std::uint32_t bits = (s << 31) | (e << 23) | m;
+          float x;
+          std::memcpy(&x, &bits, 4);
+          word ^= word << 13;
+          word ^= word >> 17;
+          word ^= word << 5;
+          using squall::detail::e4m3_format;
+          using squall::detail::e5m2_format;
+          for (const std::uint32_t r : {word, 0u, 0xffffffffu}) {
+            differ += squall::detail::float_to_float8_stochastic<e4m3_format>(x, r) !=
+                      squall::detail::float_to_float8_stochastic_reference<e4m3_format>(x, r);
+            differ += squall::detail::float_to_float8_stochastic<e5m2_format>(x, r) !=
+                      squall::detail::float_to_float8_stochastic_reference<e5m2_format>(x, r);
+          }
+        }
+      }
+    }
+    CHECK(differ == 0);
+  }
+
   TEST_CASE("float8_e4m3: every code decodes as the OFP8 specification says, and round-trips") {
     check_every_code<squall::float8_e4m3>();
     CHECK(float(squall::float8_e4m3::from_bits(0x7e)) == 448.0f);

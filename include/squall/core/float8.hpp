@@ -125,9 +125,10 @@ using float8_format_of = std::conditional_t<Id == 1, e4m3_format, e5m2_format>;
 
 /// float -> 8 bits of `Format`, rounding stochastically: up with probability (dropped part /
 /// one step), decided by `random` (32 uniform bits); unbiased in expectation below the largest
-/// finite value; saturating; NaN as `float_to_float8`.
+/// finite value; saturating; NaN as `float_to_float8`. The reference form (branches, the
+/// neighbours decoded); `float_to_float8_stochastic` is the same function without branches.
 template <class Format>
-SQUALL_HOST_DEVICE SQUALL_FORCEINLINE constexpr std::uint8_t float_to_float8_stochastic(
+SQUALL_HOST_DEVICE constexpr std::uint8_t float_to_float8_stochastic_reference(
     float value, std::uint32_t random) noexcept {
   const std::uint32_t bits = detail::bit_cast<std::uint32_t>(value);
   const auto sign = static_cast<std::uint8_t>((bits >> 24) & 0x80u);
@@ -145,6 +146,52 @@ SQUALL_HOST_DEVICE SQUALL_FORCEINLINE constexpr std::uint8_t float_to_float8_sto
   const float fraction = (magnitude_value - below) / (above - below);
   const float threshold = static_cast<float>(random) * 0x1p-32f;
   return static_cast<std::uint8_t>(sign | (threshold < fraction ? lower + 1 : lower));
+}
+
+/// `float_to_float8_stochastic_reference` without branches, so that a loop of it vectorizes:
+/// the code below |value| by truncation (a normal value's float fraction cut to the format's
+/// bits; a subnormal one's multiple of the subnormal step), the dropped part over one step (a
+/// power of two, so the quotient is exact), then up when the random fraction is below it. Equal
+/// to the reference for every float and random word (tests/unit/float8.test.cpp).
+template <class Format>
+SQUALL_HOST_DEVICE SQUALL_FORCEINLINE constexpr std::uint8_t float_to_float8_stochastic(
+    float value, std::uint32_t random) noexcept {
+  constexpr int m = Format::man_bits;
+  constexpr int shift = 23 - m;
+  constexpr std::uint32_t rebias = static_cast<std::uint32_t>(127 - Format::bias) << 23;
+  constexpr std::uint32_t smallest_normal = static_cast<std::uint32_t>(127 + 1 - Format::bias)
+                                            << 23;
+  // one over the subnormal step 2^(1 - bias - m)
+  constexpr float per_step_sub = static_cast<float>(1u << (Format::bias - 1 + m));
+  const std::uint32_t bits = detail::bit_cast<std::uint32_t>(value);
+  const std::uint32_t sign = (bits >> 24) & 0x80u;
+  const std::uint32_t magnitude = bits & 0x7fffffffu;
+  const float magnitude_value = detail::bit_cast<float>(magnitude);
+  const bool normal = magnitude >= smallest_normal;
+  // normal: the format's code is the float's bits rebiased, the fraction cut; the dropped
+  // part over the step 2^(e - m) is the cut bits over 2^shift
+  const std::uint32_t normal_code = (magnitude - rebias) >> shift;
+  const float normal_fraction =
+      static_cast<float>(static_cast<std::int32_t>(magnitude & ((1u << shift) - 1u))) *
+      (1.0f / static_cast<float>(1u << shift));
+  // subnormal: value / step is exact (a power of two); its integer part is the code
+  // (selects on bits, not ternaries over floats, which g++ does not if-convert)
+  const float scaled = detail::bit_cast<float>(
+      select_bits(normal, 0u, detail::bit_cast<std::uint32_t>(magnitude_value * per_step_sub)));
+  const auto sub_code = static_cast<std::int32_t>(scaled);  // below 2^m
+  const float sub_fraction = scaled - static_cast<float>(sub_code);
+  const std::uint32_t lower =
+      select_bits(normal, normal_code, static_cast<std::uint32_t>(sub_code));
+  const float fraction =
+      detail::bit_cast<float>(select_bits(normal, detail::bit_cast<std::uint32_t>(normal_fraction),
+                                          detail::bit_cast<std::uint32_t>(sub_fraction)));
+  const float threshold = static_cast<float>(random) * 0x1p-32f;
+  const std::uint32_t up = threshold < fraction ? 1u : 0u;
+  // at or above the largest finite code (or an infinity): the largest finite, never up
+  const bool saturated = lower >= Format::max_finite;
+  std::uint32_t out = select_bits(saturated, Format::max_finite, lower + up);
+  out = select_bits(magnitude > 0x7f800000u, Format::quiet_nan, out);
+  return static_cast<std::uint8_t>(sign | out);
 }
 
 /// Every code's value (`float8_to_float`), for table-driven decoding on the host.
