@@ -191,8 +191,9 @@ struct homomorphic_compressor {
 
   /// Decodes a payload (one rank's, or the sum of n ranks' payloads of one agreement) into
   /// `out`: checks the header, the prefix (bits, field width for the ranks, reserved bytes,
-  /// a finite non-negative scale), the size, the number of payloads summed (1 to P) and that
-  /// every field is at most n x 2L. Throws `invalid_argument` naming the first inconsistency.
+  /// a scale that is not negative; a NaN one, from a NaN on some rank, decodes to NaN), the
+  /// size, the number of payloads summed (1 to P) and that every field is at most n x 2L.
+  /// Throws `invalid_argument` naming the first inconsistency.
   template <class B, real_gradient T>
   void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
