@@ -176,7 +176,8 @@ struct homomorphic_compressor {
     std::memcpy(head + body_offset, &one, 8);
     store_bytes(backend, payload.data(), head, sizeof head);
     auto* words = reinterpret_cast<std::uint64_t*>(payload.data() + body_offset + 8);
-    const std::size_t bad = hq_encode(backend, s, in.data(), scale, seed, stream, words);
+    const std::size_t bad =
+        hq_encode(backend, s, in.data(), scale, seed, stream, check_finite, words);
     if (check_finite && bad != count) throw_not_finite(name, bad, "NaN or infinite");
     return size;
   }

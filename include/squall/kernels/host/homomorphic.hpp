@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <utility>  // integer_sequence
 #include <vector>
@@ -145,13 +146,60 @@ inline void hq_sign_words(const hq_shape& s, std::size_t k, std::size_t length,
 }
 
 /// Flips the sign of element j of `v` (`length` of them) where sign bit j of `words` is set.
+/// (Cloned: the per-lane variable shift vectorizes with AVX2.)
 template <class T>
-void hq_apply_signs(T* SQUALL_RESTRICT v, std::size_t length,
-                    const std::uint32_t* SQUALL_RESTRICT words) {
-  for (std::size_t j = 0; j < length; ++j) {
-    const T flip = static_cast<T>(1) - static_cast<T>(2 * ((words[j / 32] >> (j % 32)) & 1u));
-    v[j] *= flip;
+SQUALL_HOST_CLONES void hq_apply_signs(T* SQUALL_RESTRICT v, std::size_t length,
+                                       const std::uint32_t* SQUALL_RESTRICT words) {
+  for (std::size_t w = 0; w * 32 < length; ++w) {  // a word at a time: the shift varies by lane
+    const std::uint32_t word = words[w];
+    const std::size_t n = length - w * 32 < 32 ? length - w * 32 : 32;
+    T* SQUALL_RESTRICT x = v + w * 32;
+    for (std::size_t b = 0; b < n; ++b) {
+      x[b] *= static_cast<T>(1) - static_cast<T>(2 * ((word >> b) & 1u));
+    }
   }
+}
+
+/// |x| statistics of `n` values: the largest, the sum and the sum of squares, and whether all
+/// were finite. Eight partial sums in double (no float overflow of a square), so g++
+/// vectorizes it without reassociating on its own; the caller adds the blocks.
+struct hq_block_sums {
+  double largest = 0;
+  double l1 = 0;
+  double l2 = 0;
+  bool finite = true;
+};
+template <class T>
+SQUALL_HOST_CLONES hq_block_sums hq_sums(const T* SQUALL_RESTRICT x, std::size_t n) {
+  constexpr std::size_t lanes = 8;
+  T largest[lanes] = {};
+  double l1[lanes] = {}, l2[lanes] = {};
+  std::uint32_t bad[lanes] = {};
+  const std::size_t whole = n / lanes * lanes;
+  for (std::size_t j = 0; j < whole; j += lanes) {
+    for (std::size_t t = 0; t < lanes; ++t) {
+      const T a = std::fabs(x[j + t]);
+      bad[t] |= !(a <= std::numeric_limits<T>::max());  // NaN and infinity
+      largest[t] = a > largest[t] ? a : largest[t];
+      l1[t] += static_cast<double>(a);
+      l2[t] += static_cast<double>(a) * static_cast<double>(a);
+    }
+  }
+  hq_block_sums out;
+  for (std::size_t j = whole; j < n; ++j) {
+    const T a = std::fabs(x[j]);
+    out.finite = out.finite && a <= std::numeric_limits<T>::max();
+    out.largest = static_cast<double>(a) > out.largest ? static_cast<double>(a) : out.largest;
+    out.l1 += static_cast<double>(a);
+    out.l2 += static_cast<double>(a) * static_cast<double>(a);
+  }
+  for (std::size_t t = 0; t < lanes; ++t) {
+    out.finite = out.finite && bad[t] == 0;
+    out.largest = largest[t] > out.largest ? static_cast<double>(largest[t]) : out.largest;
+    out.l1 += l1[t];
+    out.l2 += l2[t];
+  }
+  return out;
 }
 
 /// Block `k` of `in` (zero-padded past its end), sign-flipped and rotated, into `out`;
@@ -270,16 +318,11 @@ void hq_range(const host_backend& /*b*/, const hq_shape& s, const T* in, bool bo
     const std::size_t first = k * hq_max_block;
     const std::size_t length = s.block_length(k);
     const std::size_t n = std::min(length, s.count - first);
-    double largest = 0;
-    double l1 = 0;
-    double l2 = 0;
-    for (std::size_t j = 0; j < n; ++j) {
-      const double a = std::fabs(static_cast<double>(in[first + j]));
-      finite = finite && std::isfinite(a);
-      largest = a > largest ? a : largest;
-      l1 += a;
-      l2 += a * a;
-    }
+    const detail::hq_block_sums b = detail::hq_sums(in + first, n);
+    const double largest = b.largest;
+    const double l1 = b.l1;
+    const double l2 = b.l2;
+    finite = finite && b.finite;
     squares += l2;
     if (!s.rotate) {
       top = largest > top ? largest : top;
@@ -300,10 +343,12 @@ void hq_range(const host_backend& /*b*/, const hq_shape& s, const T* in, bool bo
 
 /// Writes the codes of the rotation of `in` against `scale` (the agreed range) into `words`
 /// (s.words() of them): field i % F of word i / F holds element i's code, drawn from Philox
-/// (seed, stream, i). Returns the first element whose value was not finite, or `count`.
+/// (seed, stream, i). With `find_bad`, returns the first element whose value was not finite;
+/// else, or with none, `count`.
 template <class T>
 std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in, double scale,
-                      std::uint64_t seed, random_stream stream, std::uint64_t* words) {
+                      std::uint64_t seed, random_stream stream, bool find_bad,
+                      std::uint64_t* words) {
   const std::uint32_t levels = hq_levels(s.bits);
   const T inverse_step = scale > 0 ? static_cast<T>(levels / scale) : T{0};
   std::fill(words, words + s.words(), std::uint64_t{0});
@@ -314,7 +359,7 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
     const std::size_t first = k * hq_max_block;
     const std::size_t length = detail::hq_rotated_block(s, in, k, buf.data());
     philox_fill(seed, stream, first / 4, (length + 3) / 4, draws.data());
-    if (bad == s.count) {
+    if (find_bad && bad == s.count) {
       const std::size_t n = std::min(length, s.count - first);
       for (std::size_t j = 0; j < n; ++j) {
         if (!std::isfinite(in[first + j])) {
