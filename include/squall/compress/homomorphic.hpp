@@ -113,17 +113,14 @@ struct homomorphic_compressor {
   /// `invalid_argument` for another type than float32 or float64, bits outside 2 to 8, or
   /// overflow.
   std::size_t max_payload_bytes(dtype type, std::size_t count) const {
-    if (type != dtype::float32 && type != dtype::float64) {
-      throw invalid_argument({.operation = name}, "takes float32 or float64 elements, not " +
-                                                      std::string(to_string(type)));
-    }
+    require_type(type);
     return payload_bytes(count, max_ranks);
   }
 
   /// The payload's size for `count` elements summed over `ranks` ranks (what the linear
   /// aggregation sends on `ranks` ranks; the gathered one, for 1).
   std::size_t max_payload_bytes(dtype type, std::size_t count, std::uint32_t ranks) const {
-    (void)max_payload_bytes(type, count);  // the type's and the count's checks
+    require_type(type);
     if (ranks == 0 || ranks > max_ranks) {
       throw invalid_argument({.operation = name}, "a sum over " + std::to_string(ranks) +
                                                       " ranks (1 to " + std::to_string(max_ranks) +
@@ -152,13 +149,8 @@ struct homomorphic_compressor {
   std::size_t encode(const B& backend, buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload, random_stream stream,
                      agreed_range agreed) const {
-    if (agreed.ranks == 0 || agreed.ranks > max_ranks) {
-      throw invalid_argument({.operation = name}, "a sum over " + std::to_string(agreed.ranks) +
-                                                      " ranks (1 to " + std::to_string(max_ranks) +
-                                                      ")");
-    }
     const std::size_t count = in.count();
-    const std::size_t size = payload_bytes(count, agreed.ranks);
+    const std::size_t size = max_payload_bytes(dtype_of<T>, count, agreed.ranks);
     if (payload.count() < size) {
       throw invalid_argument({.operation = name}, "payload buffer of " +
                                                       std::to_string(payload.count()) +
@@ -260,6 +252,13 @@ struct homomorphic_compressor {
   }
 
  private:
+  void require_type(dtype type) const {
+    if (type != dtype::float32 && type != dtype::float64) {
+      throw invalid_argument({.operation = name}, "takes float32 or float64 elements, not " +
+                                                      std::string(to_string(type)));
+    }
+  }
+
   kernels::hq_shape shape(std::size_t count, std::uint32_t ranks, std::uint64_t step) const {
     if (bits < 2 || bits > 8) {
       throw invalid_argument({.operation = name},

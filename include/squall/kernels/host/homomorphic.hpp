@@ -4,8 +4,8 @@
 /// Hadamard rotation in blocks, stochastic rounding of every rotated value to a code in
 /// [0, 2L] against a scale all ranks agreed, and the codes packed into fields of 64-bit words
 /// wide enough that the words of P ranks add as integers without a carry crossing a field.
-/// The per-element math (`hq_code`, the rotation's signs, the field widths) is
-/// `SQUALL_HOST_DEVICE`, for a CUDA twin (not written yet).
+/// The per-element math (`hq_code`, the field widths) is `SQUALL_HOST_DEVICE`, for a CUDA
+/// twin (not written yet).
 
 #include <squall/backend/host.hpp>
 #include <squall/core/config.hpp>
@@ -19,7 +19,6 @@
 #include <limits>
 #include <type_traits>
 #include <utility>  // integer_sequence
-#include <vector>
 
 namespace squall::kernels {
 
@@ -41,14 +40,6 @@ SQUALL_HOST_DEVICE constexpr unsigned hq_field_bits(unsigned bits, std::uint32_t
 
 /// Fields per 64-bit word: floor(64 / width) (a field never straddles two words).
 SQUALL_HOST_DEVICE constexpr unsigned hq_fields_per_word(unsigned field) { return 64u / field; }
-
-/// Rademacher sign of element `i` of the rotation keyed by (seed, step): bit i % 32 of word
-/// i / 32 of the shared stream (the same on every rank); set means negative.
-SQUALL_HOST_DEVICE inline bool hq_sign_negative(std::uint64_t seed, std::uint64_t step,
-                                                std::uint64_t i) {
-  const std::uint32_t word = random_word(seed, {step, shared_rank}, i / 32);
-  return ((word >> (i % 32)) & 1u) != 0;
-}
 
 /// The stochastic code of `scaled` (a rotated value divided by the step s / L): shifted to
 /// [0, 2L], clamped there (a NaN becomes 0), and rounded down or up with the probability that
@@ -138,7 +129,8 @@ struct hq_shape {
 
 namespace detail {
 
-/// The sign words of block `k` (`hq_sign_negative`'s, 32 signs a word), drawn together.
+/// The Rademacher sign words of block `k`: word i / 32 of the shared stream (seed, step,
+/// `shared_rank`), the same on every rank; bit i % 32 set means element i is negated.
 inline void hq_sign_words(const hq_shape& s, std::size_t k, std::size_t length,
                           std::uint32_t* words) {
   const std::size_t first_word = k * hq_max_block / 32;  // a multiple of 32: block / 4 whole
@@ -310,7 +302,7 @@ SQUALL_HOST_CLONES void hq_values(const std::uint32_t* SQUALL_RESTRICT sums, std
 template <class T>
 void hq_range(const host_backend& /*b*/, const hq_shape& s, const T* in, bool bound_only,
               double& max_abs, double& rms) {
-  std::vector<T> buf(hq_max_block);
+  alignas(64) T buf[hq_max_block];  // one block, on the stack: no allocation per call
   double top = 0;
   double squares = 0;
   bool finite = true;
@@ -330,7 +322,7 @@ void hq_range(const host_backend& /*b*/, const hq_shape& s, const T* in, bool bo
       const double bound = std::min(l1 / std::sqrt(static_cast<double>(length)), std::sqrt(l2));
       top = bound > top ? bound : top;
     } else {
-      detail::hq_rotated_block(s, in, k, buf.data());
+      detail::hq_rotated_block(s, in, k, buf);
       for (std::size_t j = 0; j < length; ++j) {
         const double a = std::fabs(static_cast<double>(buf[j]));
         top = a > top ? a : top;
@@ -352,13 +344,13 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
   const std::uint32_t levels = hq_levels(s.bits);
   const T inverse_step = scale > 0 ? static_cast<T>(levels / scale) : T{0};
   std::fill(words, words + s.words(), std::uint64_t{0});
-  std::vector<T> buf(hq_max_block);
-  std::vector<std::uint32_t> draws(hq_max_block);  // first is a multiple of 1024: word j
+  alignas(64) T buf[hq_max_block];                // one block, on the stack: no allocation per call
+  alignas(64) std::uint32_t draws[hq_max_block];  // first is a multiple of 1024: word j
   std::size_t bad = s.count;
   for (std::size_t k = 0; k < s.blocks(); ++k) {
     const std::size_t first = k * hq_max_block;
-    const std::size_t length = detail::hq_rotated_block(s, in, k, buf.data());
-    philox_fill(seed, stream, first / 4, (length + 3) / 4, draws.data());
+    const std::size_t length = detail::hq_rotated_block(s, in, k, buf);
+    philox_fill(seed, stream, first / 4, (length + 3) / 4, draws);
     if (find_bad && bad == s.count) {
       const std::size_t n = std::min(length, s.count - first);
       for (std::size_t j = 0; j < n; ++j) {
@@ -369,7 +361,7 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
       }
     }
     std::uint8_t codes[hq_max_block];
-    hq_code_loop(buf.data(), length, inverse_step, levels, draws.data(), codes);
+    hq_code_loop(buf, length, inverse_step, levels, draws, codes);
     hq_pack(codes, first, length, s.field, words);
   }
   return bad;
@@ -386,7 +378,7 @@ std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::u
   const T step = static_cast<T>(scale / levels);
   // (sum - n L) x step: n L is exact in T (at most 2^20 x 127)
   const auto offset = static_cast<T>(static_cast<double>(contributions * levels));
-  std::vector<T> buf(hq_max_block);
+  alignas(64) T buf[hq_max_block];  // one block, on the stack: no allocation per call
   std::uint32_t sums[hq_max_block];
   for (std::size_t k = 0; k < s.blocks(); ++k) {
     const std::size_t first = k * hq_max_block;
@@ -396,12 +388,12 @@ std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::u
         if (sums[j] > top) return first + j < s.count ? first + j : s.count - 1;
       }
     }
-    hq_values(sums, length, offset, step, buf.data());
+    hq_values(sums, length, offset, step, buf);
     if (s.rotate) {
       std::uint32_t signs[hq_max_block / 32 + 4];
       detail::hq_sign_words(s, k, length, signs);
-      hq_hadamard(buf.data(), length);
-      detail::hq_apply_signs(buf.data(), length, signs);
+      hq_hadamard(buf, length);
+      detail::hq_apply_signs(buf, length, signs);
     }
     const std::size_t n = std::min(length, s.count - first);
     for (std::size_t j = 0; j < n; ++j) out[first + j] = buf[j];
