@@ -126,10 +126,20 @@ void decode(const C& c, const std::vector<std::byte>& payload, std::size_t count
 #else
   const std::byte* bytes = payload.data();
 #endif
+  const host_view<const std::byte> view(bytes, payload.size());
   try {
-    c.decode(host_backend{}, host_view<const std::byte>(bytes, payload.size()),
-             host_view<T>(out.data(), out.size()));
+    c.decode(host_backend{}, view, host_view<T>(out.data(), out.size()));
   } catch (const squall::error&) {
+  }
+  // a compressor that decodes through a state of its own (FetchSGD): through a fresh one too
+  if constexpr (requires(decltype(c.template make_state<T>(count)) s) {
+                  c.decode(host_backend{}, s, view, host_view<T>(out.data(), out.size()));
+                }) {
+    auto state = c.template make_state<T>(count);
+    try {
+      c.decode(host_backend{}, state, view, host_view<T>(out.data(), out.size()));
+    } catch (const squall::error&) {
+    }
   }
 }
 

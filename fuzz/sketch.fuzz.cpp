@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target: the decoders of compress/sketch.hpp: count_sketch_compressor<1, 1>,
-// <3, 64> and <5, 1024>, and powersgd_compressor, into float and double. The parameter byte
+// libFuzzer target: the decoders of compress/sketch.hpp and fetchsgd.hpp:
+// count_sketch_compressor<1, 1>, <3, 64> and <5, 1024>, fetchsgd_compressor<3, 64> (its
+// stateless decode and a step on a fresh state), and powersgd_compressor, into float and
+// double. The parameter byte
 // sets the count sketch's heavy_hitters (parameter % 64; 0: Cols / 4) and PowerSGD's rank
 // (1 + parameter % 8) and columns (0, the default square view, when bit 7 is clear; else
 // parameter % 16 + 1). Decode depends on those; the rest comes from the payload.
 // Layout: fuzz_common.hpp.
+#include <squall/compress/fetchsgd.hpp>
 #include <squall/compress/sketch.hpp>
 
 #include "fuzz_common.hpp"
@@ -12,7 +15,7 @@
 namespace {
 
 struct sketch_family {
-  static constexpr std::size_t compressors = 4;
+  static constexpr std::size_t compressors = 5;
   template <std::size_t Rows, std::size_t Cols>
   static squall::count_sketch_compressor<Rows, Cols> sketch(std::uint8_t parameter) {
     squall::count_sketch_compressor<Rows, Cols> c;
@@ -32,6 +35,13 @@ struct sketch_family {
       case 2:
         f(sketch<5, 1024>(parameter));
         break;
+      case 3: {
+        squall::fetchsgd_compressor<3, 64> c;
+        c.heavy_hitters = parameter % 64;
+        c.seed = parameter;
+        f(c);
+        break;
+      }
       default: {
         squall::powersgd_compressor c;
         c.rank = 1 + parameter % 8;

@@ -3,12 +3,13 @@
 // checkpoints, so any bytes must give a restored state or `squall::invalid_argument`, never a
 // crash, a sanitizer report or another exception.
 //
-// Input: byte 0 selects the state type (modulo 4: error_feedback<topk> float, int8 double,
-// PowerSGD rank 2 float, error_feedback<threshold> double); bytes 1.. are restored. A state
-// restored must save bytes that restore again to the same state. With SQUALL_FUZZ_SEED_DIR set,
-// LLVMFuzzerInitialize writes valid saved states of each type there (at two steps, with non-zero
-// residuals) for the fuzzer to mutate.
+// Input: byte 0 selects the state type (modulo 5: error_feedback<topk> float, int8 double,
+// PowerSGD rank 2 float, error_feedback<threshold> double, FetchSGD 3 x 64 float); bytes 1.. are
+// restored. A state restored must save bytes that restore again to the same state. With
+// SQUALL_FUZZ_SEED_DIR set, LLVMFuzzerInitialize writes valid saved states of each type there (at
+// two steps, with non-zero residuals) for the fuzzer to mutate.
 #include <squall/compress/error_feedback.hpp>
+#include <squall/compress/fetchsgd.hpp>
 #include <squall/compress/quantize.hpp>
 #include <squall/compress/sketch.hpp>
 #include <squall/compress/sparsify.hpp>
@@ -28,7 +29,7 @@ constexpr std::size_t count = 120;  // PowerSGD views it as 10 x 12
 /// Calls `f(state)` with a fresh state of the `which`-th type.
 template <class F>
 void with_state(std::uint8_t which, F&& f) {
-  switch (which % 4) {
+  switch (which % 5) {
     case 0: {
       using C = squall::error_feedback<squall::topk_compressor>;
       squall::compression_state<C, float> s(C{}, count);
@@ -43,6 +44,12 @@ void with_state(std::uint8_t which, F&& f) {
     case 2: {
       const squall::powersgd_compressor c{.rank = 2, .columns = 12, .seed = 3};
       squall::compression_state<squall::powersgd_compressor, float> s(c, count);
+      f(s);
+      return;
+    }
+    case 4: {
+      const squall::fetchsgd_compressor<3, 64> c{.seed = 3};
+      squall::compression_state<squall::fetchsgd_compressor<3, 64>, float> s(c, count);
       f(s);
       return;
     }
@@ -74,7 +81,7 @@ std::vector<std::byte> seed_of(std::uint8_t which, std::uint64_t step) {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   const char* dir = std::getenv("SQUALL_FUZZ_SEED_DIR");
   if (dir == nullptr) return 0;
-  for (std::uint8_t which = 0; which < 4; ++which) {
+  for (std::uint8_t which = 0; which < 5; ++which) {
     for (const std::uint64_t step : {std::uint64_t{0}, std::uint64_t{12345}}) {
       const std::vector<std::byte> bytes = seed_of(which, step);
       const std::string path =

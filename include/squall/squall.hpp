@@ -11,6 +11,7 @@
 #include <squall/compress/cast.hpp>
 #include <squall/compress/chain.hpp>
 #include <squall/compress/error_feedback.hpp>
+#include <squall/compress/fetchsgd.hpp>
 #include <squall/compress/homomorphic.hpp>
 #include <squall/compress/linear_body.hpp>
 #include <squall/compress/none.hpp>

@@ -3,9 +3,13 @@
 // double count sketch built from the documented hash formula, a full sort for the heavy
 // hitters, the Chebyshev + median recovery bound of Charikar et al. (ICALP 2002), exact
 // low-rank recovery and the Eckart-Young error of PowerSGD (Vogels et al., NeurIPS 2019),
-// the payload size formulas of docs/compressors.md, and decode's validation.
+// the payload size formulas of docs/compressors.md, and decode's validation; FetchSGD
+// (Rothchild et al., ICML 2020) against DGC's momentum correction with masking (Lin et al.,
+// ICLR 2018) where no two coordinates share a bucket, and its state's checks.
 #include <squall/backend/host.hpp>
+#include <squall/compress/fetchsgd.hpp>
 #include <squall/compress/sketch.hpp>
+#include <squall/compress/state.hpp>
 #include <squall/compress/traits.hpp>
 
 #include <doctest/doctest.h>
@@ -776,5 +780,127 @@ TEST_SUITE("sketch") {
       } catch (const squall::invalid_argument&) {
       }
     }
+  }
+
+  // ---- FetchSGD ----------------------------------------------------------------------------
+
+  TEST_CASE("fetchsgd: one hash for every step; the stateless decode is count_sketch's") {
+    const squall::fetchsgd_compressor<3, 64> f{.seed = 4, .heavy_hitters = 5};
+    const squall::count_sketch_compressor<3, 64> cs{.seed = 4, .heavy_hitters = 5};
+    const auto g = normal_floats(300, 3);
+    const auto at0 = encode(f, g, {0, 1});
+    REQUIRE(encode(f, g, {17, 2}) == at0);  // the stream's step and rank are not used
+    REQUIRE(at0 == encode(cs, g, {0, 9}));  // the count sketch of step 0
+    REQUIRE(decode<decltype(f), float>(f, at0, 300) == decode<decltype(cs), float>(cs, at0, 300));
+    // a fresh state's first step is the same decode
+    auto state = f.make_state<float>(300);
+    std::vector<float> out(300, -7.0f);
+    f.decode(host_backend{}, state, host_view<const std::byte>(at0), host_view<float>(out));
+    REQUIRE(out == decode<decltype(f), float>(f, at0, 300));
+  }
+
+  TEST_CASE("fetchsgd: without shared buckets, DGC's momentum correction with masking") {
+    // Eight coordinates in 1024 columns: find a seed under which no two share a bucket in any
+    // row; the median of three equal estimates is then the exact value, and FetchSGD must be
+    // DGC on the summed gradient: u = rho u + g; v += u; send the top k of v; u = v = 0 there.
+    constexpr std::size_t n = 8;
+    constexpr std::size_t cols = 1024;
+    std::uint64_t seed = 0;
+    for (;; ++seed) {
+      bool clash = false;
+      for (std::size_t r = 0; r < 3 && !clash; ++r) {
+        const reference_hash h(seed, 0, r, cols);
+        for (std::size_t i = 0; i < n && !clash; ++i) {
+          for (std::size_t j = i + 1; j < n; ++j) clash = clash || h.bucket(i) == h.bucket(j);
+        }
+      }
+      if (!clash) break;
+    }
+    const squall::fetchsgd_compressor<3, cols> f{
+        .seed = seed, .heavy_hitters = 2, .momentum = 0.75};
+    auto state = f.make_state<double>(n);
+    std::vector<double> u(n, 0.0), v(n, 0.0);
+    std::mt19937 gen(5);
+    std::uniform_int_distribution<int> pick(-16, 16);
+    for (int step = 0; step < 40; ++step) {
+      CAPTURE(step);
+      std::vector<double> g(n);
+      for (auto& x : g) x = pick(gen) / 4.0;  // dyadic: every sum below is exact
+      const auto payload = encode(f, g);
+      std::vector<double> got(n, -7.0);
+      f.decode(host_backend{}, state, host_view<const std::byte>(payload), host_view<double>(got));
+      std::vector<double> want(n, 0.0);
+      for (std::size_t i = 0; i < n; ++i) {
+        u[i] = f.momentum * u[i] + g[i];
+        v[i] += u[i];
+      }
+      std::vector<std::size_t> order(n);
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+        return std::fabs(v[a]) > std::fabs(v[b]);
+      });
+      for (std::size_t j = 0; j < 2; ++j) want[order[j]] = v[order[j]];
+      for (std::size_t i = 0; i < n; ++i) {
+        if (want[i] != 0.0) u[i] = v[i] = 0.0;
+      }
+      REQUIRE(got == want);
+    }
+  }
+
+  TEST_CASE("fetchsgd: a payload of another seed, count or size is refused; the state kept") {
+    const squall::fetchsgd_compressor<3, 64> f{.seed = 4, .momentum = 0.5};
+    const auto g = normal_floats(100, 8);
+    auto state = f.make_state<float>(100);
+    std::vector<float> out(100);
+    const auto step = [&](const squall::fetchsgd_compressor<3, 64>& c,
+                          const std::vector<std::byte>& payload, std::size_t count) {
+      std::vector<float> o(count);
+      c.decode(host_backend{}, state, host_view<const std::byte>(payload), host_view<float>(o));
+    };
+    const auto good = encode(f, g);
+    step(f, good, 100);
+    const auto before = state.save();
+    const squall::count_sketch_compressor<3, 64> other_step{.seed = 4};
+    CHECK_THROWS_AS(step(f, encode(other_step, g, {3, 0}), 100), squall::invalid_argument);
+    CHECK_THROWS_AS(step(squall::fetchsgd_compressor<3, 64>{.seed = 5}, good, 100),
+                    squall::invalid_argument);
+    CHECK_THROWS_AS(step(f, good, 99), squall::invalid_argument);
+    auto shorter = good;
+    shorter.pop_back();
+    CHECK_THROWS_AS(step(f, shorter, 100), squall::invalid_argument);
+    CHECK_THROWS_AS(step(squall::fetchsgd_compressor<3, 64>{.seed = 4, .momentum = 1.0}, good, 100),
+                    squall::invalid_argument);
+    REQUIRE(state.save() == before);
+    CHECK_THROWS_AS((squall::fetchsgd_compressor<3, 64>{.momentum = -0.1}.make_state<float>(1)),
+                    squall::invalid_argument);
+  }
+
+  TEST_CASE("fetchsgd: the state saves and restores, refusing another shape or type") {
+    using C = squall::fetchsgd_compressor<3, 64>;
+    const C f{.seed = 2, .momentum = 0.5};
+    squall::compression_state<C, float> a(f, 200);
+    std::vector<float> out(200);
+    for (int s = 0; s < 3; ++s) {
+      const auto payload = encode(f, normal_floats(200, 20 + s));
+      f.decode(host_backend{}, a.own(), host_view<const std::byte>(payload), host_view<float>(out));
+    }
+    const auto saved = a.save();
+    squall::compression_state<C, float> b(f, 200);
+    b.restore(host_view<const std::byte>(saved));
+    REQUIRE(b.save() == saved);
+    const auto own = a.own().save();
+    using state_64 = squall::fetchsgd_state<float, 3, 64>;
+    REQUIRE(state_64::restore(host_view<const std::byte>(own)).save() == own);
+    CHECK_THROWS_AS(
+        (squall::fetchsgd_state<float, 3, 128>::restore(host_view<const std::byte>(own))),
+        squall::invalid_argument);
+    CHECK_THROWS_AS(
+        (squall::fetchsgd_state<double, 3, 64>::restore(host_view<const std::byte>(own))),
+        squall::invalid_argument);
+    auto cut = own;
+    cut.pop_back();
+    CHECK_THROWS_AS(state_64::restore(host_view<const std::byte>(cut)), squall::invalid_argument);
+    squall::compression_state<squall::count_sketch_compressor<3, 64>, float> plain(200);
+    CHECK_THROWS_AS(plain.restore(host_view<const std::byte>(saved)), squall::invalid_argument);
   }
 }

@@ -339,6 +339,53 @@ TEST_SUITE("cuda") {
     }
   }
 
+  TEST_CASE_TEMPLATE(
+      "device FetchSGD momentum step and support reset equal the host's bit for "
+      "bit" *
+          doctest::skip(test::no_cuda_device()),
+      T, float, double) {
+    constexpr std::size_t rows = 3;
+    constexpr std::size_t cols = 1024;
+    const auto momentum = test::random_values<T>(rows * cols, 31);
+    const auto error = test::random_values<T>(rows * cols, 32);
+    const auto sum = test::random_values<T>(rows * cols, 33);
+    auto u = momentum;
+    auto e = error;
+    kernels::sketch_momentum_step(host_backend{}, host_view<T>(u), host_view<T>(e),
+                                  host_view<const T>(sum), T(0.9));
+    test::device_vector<T> du(momentum);
+    test::device_vector<T> de(error);
+    test::device_vector<T> ds(sum);
+    kernels::sketch_momentum_step(cuda_backend{}, du.view(), de.view(),
+                                  device_view<const T>(ds.view()), T(0.9));
+    for (const auto& [got, expected] : {std::pair{du.to_host(), u}, std::pair{de.to_host(), e}}) {
+      for (std::size_t j = 0; j < expected.size(); ++j) {
+        REQUIRE(test::bits_of(got[j]) == test::bits_of(expected[j]));
+      }
+    }
+    for (const std::size_t count : test::device_test_counts) {
+      CAPTURE(count);
+      auto values = test::random_values<T>(count, 34);
+      for (std::size_t i = 0; i < count; i += 3) values[i] = T(0);  // a sparse update
+      kernels::sketch_row_hash hash[rows];
+      for (std::size_t r = 0; r < rows; ++r) {
+        hash[r] = kernels::make_sketch_row_hash(7, {2, squall::shared_rank}, r);
+      }
+      auto a = momentum;
+      auto b = error;
+      kernels::count_sketch_zero_support<rows, cols>(host_backend{}, host_view<const T>(values),
+                                                     hash, a.data(), b.data());
+      test::device_vector<T> dv(values);
+      test::device_vector<T> da(momentum);
+      test::device_vector<T> db(error);
+      kernels::count_sketch_zero_support<rows, cols>(cuda_backend{},
+                                                     device_view<const T>(dv.view()), hash,
+                                                     da.view().data(), db.view().data());
+      REQUIRE(da.to_host() == a);  // only zeroes written: equal values are equal bits here
+      REQUIRE(db.to_host() == b);
+    }
+  }
+
   TEST_CASE_TEMPLATE("device PowerSGD equals the host within its documented tolerances" *
                          doctest::skip(test::no_cuda_device()),
                      T, float, double) {

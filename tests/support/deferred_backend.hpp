@@ -247,6 +247,7 @@ SQUALL_TEST_EAGER_KERNEL(powersgd_decompress)
 SQUALL_TEST_EAGER_KERNEL(hq_range)
 SQUALL_TEST_EAGER_KERNEL(hq_encode)
 SQUALL_TEST_EAGER_KERNEL(hq_decode)
+SQUALL_TEST_EAGER_KERNEL(sketch_momentum_step)
 #undef SQUALL_TEST_EAGER_KERNEL
 
 // ... and those called with explicit template arguments.
@@ -286,6 +287,11 @@ template <std::size_t Rows, std::size_t Cols, class M, class... A>
 void count_sketch_estimate(const basic_deferred_backend<M>& b, A&&... a) {
   b.synchronize();
   kernels::count_sketch_estimate<Rows, Cols>(host_backend{}, host_arg(std::forward<A>(a))...);
+}
+template <std::size_t Rows, std::size_t Cols, class M, class... A>
+void count_sketch_zero_support(const basic_deferred_backend<M>& b, A&&... a) {
+  b.synchronize();
+  kernels::count_sketch_zero_support<Rows, Cols>(host_backend{}, host_arg(std::forward<A>(a))...);
 }
 
 static_assert(backend<deferred_backend>);

@@ -61,6 +61,8 @@ TEST_SUITE("compress") {
     CHECK(visits<squall::threshold_compressor>("threshold:0.3"));
     CHECK(visits<squall::count_sketch_compressor<3, 4096>>("count_sketch:4096"));
     CHECK(visits<squall::count_sketch_compressor<3, 65536>>("count_sketch"));
+    CHECK(visits<squall::fetchsgd_compressor<3, 16384>>("fetchsgd"));
+    CHECK(visits<squall::fetchsgd_compressor<3, 4096>>("fetchsgd:4096"));
     CHECK(visits<squall::error_feedback<squall::powersgd_compressor>>("powersgd:2+ef"));
   }
 
@@ -130,5 +132,7 @@ TEST_SUITE("compress") {
     CHECK(fault_of("randomk:1.5").find("above 1") != std::string::npos);
     CHECK(fault_of("powersgd:2.5").find("not a whole number") != std::string::npos);
     CHECK(fault_of("count_sketch:100").find("4096, 16384 or 65536") != std::string::npos);
+    CHECK(fault_of("fetchsgd:100").find("4096, 16384 or 65536") != std::string::npos);
+    CHECK(fault_of("fetchsgd+ef").find("fetchsgd takes no +ef") != std::string::npos);
   }
 }

@@ -12,6 +12,7 @@
 #include <squall/compress/cast.hpp>
 #include <squall/compress/chain.hpp>
 #include <squall/compress/error_feedback.hpp>
+#include <squall/compress/fetchsgd.hpp>
 #include <squall/compress/homomorphic.hpp>
 #include <squall/compress/quantize.hpp>
 #include <squall/compress/sketch.hpp>
@@ -28,6 +29,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <concepts>
@@ -35,6 +37,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../support/collective_data.hpp"
@@ -302,6 +305,98 @@ void check_count_sketch() {
   }
 }
 
+/// FetchSGD, serially in double from the hash formula (kernels/host/sketch.hpp's
+/// `sketch_word`, `sketch_bucket`, `sketch_sign_bit`): the ranks' sketches summed, S_u = rho
+/// S_u + S, S_e += S_u, the k largest median estimates of S_e (ties to the lower index), S_u
+/// and S_e zeroed at the buckets of their support. With integer inputs and rho = 1/2 every
+/// value is a short dyadic fraction, so float arithmetic in any order must give these bits.
+template <std::size_t Rows, std::size_t Cols>
+struct fetchsgd_reference {
+  squall::fetchsgd_compressor<Rows, Cols> c;
+  std::vector<double> u = std::vector<double>(Rows * Cols, 0.0);
+  std::vector<double> e = std::vector<double>(Rows * Cols, 0.0);
+
+  std::vector<float> step(const std::vector<std::vector<float>>& in, std::size_t count) {
+    constexpr unsigned bits = static_cast<unsigned>(std::countr_zero(Cols));
+    const auto at = [&](std::size_t r, std::size_t i) {
+      const auto h = squall::kernels::make_sketch_row_hash(c.seed, {0, squall::shared_rank}, r);
+      const std::uint64_t w = squall::kernels::sketch_word(h, i);
+      return std::pair{r * Cols + squall::kernels::sketch_bucket(w, bits),
+                       squall::kernels::sketch_sign_bit(w) != 0 ? -1.0 : 1.0};
+    };
+    std::vector<double> sum(Rows * Cols, 0.0);
+    for (const auto& x : in) {
+      for (std::size_t i = 0; i < count; ++i) {
+        for (std::size_t r = 0; r < Rows; ++r) {
+          const auto [b, sign] = at(r, i);
+          sum[b] += sign * x[i];
+        }
+      }
+    }
+    for (std::size_t j = 0; j < sum.size(); ++j) {
+      u[j] = c.momentum * u[j] + sum[j];
+      e[j] += u[j];
+    }
+    std::vector<double> est(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      std::vector<double> rows;
+      for (std::size_t r = 0; r < Rows; ++r) {
+        const auto [b, sign] = at(r, i);
+        rows.push_back(sign * e[b]);
+      }
+      std::sort(rows.begin(), rows.end());
+      est[i] = rows[Rows / 2];
+    }
+    std::vector<std::size_t> order(count);
+    for (std::size_t i = 0; i < count; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return std::fabs(est[a]) > std::fabs(est[b]);
+    });
+    const std::size_t k = c.heavy_hitters != 0 ? c.heavy_hitters : Cols / 4;
+    std::vector<float> out(count, 0.0f);
+    for (std::size_t j = 0; j < std::min(k, count); ++j) {
+      out[order[j]] = static_cast<float>(est[order[j]]);
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      if (out[i] == 0.0f) continue;
+      for (std::size_t r = 0; r < Rows; ++r) {
+        const auto b = at(r, i).first;
+        u[b] = 0;
+        e[b] = 0;
+      }
+    }
+    return out;
+  }
+};
+
+/// FetchSGD over four steps: bitwise the serial reference, every rank alike; a state saved
+/// after two steps and restored gives the same last two steps.
+template <class Topology>
+void check_fetchsgd() {
+  const squall::fetchsgd_compressor<3, 64> c{.seed = 9, .heavy_hitters = 12, .momentum = 0.5};
+  for (int p = 1; p <= 4; ++p) {
+    for (const std::size_t count : counts_for(p)) {
+      CAPTURE(p);
+      CAPTURE(count);
+      const auto input = [count](int r, int s) { return exact_step_input(r, s, count); };
+      const auto records = run_compressed<Topology>(p, c, count, 4, input);
+      check_bitwise_equal(records);
+      fetchsgd_reference<3, 64> want{c};
+      for (int s = 0; s < 4; ++s) {
+        CAPTURE(s);
+        REQUIRE(records[0].out[static_cast<std::size_t>(s)] ==
+                want.step(all_inputs(p, s, count, true), count));
+      }
+      std::vector<std::vector<std::byte>> saved;
+      for (const auto& r : run_compressed<Topology>(p, c, count, 2, input))
+        saved.push_back(r.saved);
+      const auto resumed =
+          run_compressed<Topology>(p, c, count, 2, input, tiny_pieces, 4096, {}, &saved);
+      for (std::size_t s = 0; s < 2; ++s) REQUIRE(resumed[0].out[s] == records[0].out[s + 2]);
+    }
+  }
+}
+
 /// hq: linear, bitwise the serial reference (the ranks' payloads against the agreed range,
 /// their bodies added as integers, decoded once); gathered, the payloads of one rank per field
 /// decoded and summed in rank order.
@@ -491,6 +586,11 @@ TEST_SUITE("compressed_collectives") {
   TEST_CASE_TEMPLATE("linear: count_sketch is the decode of the sum's sketch", Topology,
                      SQUALL_LINEAR_TOPOLOGIES) {
     check_count_sketch<Topology>();
+  }
+
+  TEST_CASE_TEMPLATE("linear: fetchsgd, momentum and error in sketch space (serial reference)",
+                     Topology, SQUALL_LINEAR_TOPOLOGIES) {
+    check_fetchsgd<Topology>();
   }
 
   TEST_CASE_TEMPLATE("linear: hq, the integer sum of the payloads against the agreed range",

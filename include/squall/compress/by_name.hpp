@@ -11,6 +11,7 @@
 #include <squall/compress/cast.hpp>
 #include <squall/compress/chain.hpp>
 #include <squall/compress/error_feedback.hpp>
+#include <squall/compress/fetchsgd.hpp>
 #include <squall/compress/homomorphic.hpp>
 #include <squall/compress/none.hpp>
 #include <squall/compress/quantize.hpp>
@@ -53,7 +54,7 @@ struct compressor_choice {
 };
 
 /// The names `parse_compressor` accepts, and what each takes after the colon.
-inline constexpr std::array<std::pair<std::string_view, std::string_view>, 14> compressor_names{{
+inline constexpr std::array<std::pair<std::string_view, std::string_view>, 15> compressor_names{{
     {"none", ""},
     {"cast", "fp16|bf16|e4m3|e5m2|e4m3_sr|e5m2_sr (default bf16)"},
     {"int8", ""},
@@ -67,6 +68,7 @@ inline constexpr std::array<std::pair<std::string_view, std::string_view>, 14> c
     {"randomk", "RATIO (default 0.01)"},
     {"threshold", "TAU (default 0.01)"},
     {"count_sketch", "4096|16384|65536 columns of 3 rows (default 65536)"},
+    {"fetchsgd", "4096|16384|65536 columns of 3 rows (default 16384); no +ef: its error is kept"},
     {"powersgd", "RANK (default 4)"},
 }};
 
@@ -213,6 +215,9 @@ inline compressor_choice parse_compressor(std::string_view text) {
   if (choice.dense() && (choice.error_feedback || choice.aggregation || choice.chunks)) {
     detail::bad_compressor(text, "none takes no +ef, @algorithm or /chunks");
   }
+  if (choice.name == "fetchsgd" && choice.error_feedback) {
+    detail::bad_compressor(text, "fetchsgd takes no +ef: it keeps its error in sketch space");
+  }
   return choice;
 }
 
@@ -296,6 +301,12 @@ decltype(auto) visit_compressor(const compressor_choice& choice, F&& f) {
     if (p == "16384") return with(count_sketch_compressor<3, 16384>{});
     if (p.empty() || p == "65536") return with(count_sketch_compressor<3, 65536>{});
     detail::bad_compressor(choice.text, "count_sketch takes 4096, 16384 or 65536 columns");
+  }
+  if (n == "fetchsgd") {  // momentum and error in sketch space: its state, not +ef
+    if (p == "4096") return with(fetchsgd_compressor<3, 4096>{});
+    if (p.empty() || p == "16384") return with(fetchsgd_compressor<3, 16384>{});
+    if (p == "65536") return with(fetchsgd_compressor<3, 65536>{});
+    detail::bad_compressor(choice.text, "fetchsgd takes 4096, 16384 or 65536 columns");
   }
   if (n == "powersgd") {
     powersgd_compressor c;

@@ -18,12 +18,14 @@
 /// to To) |
 /// | `randomk_compressor` | 40 | k = entries(count) | T |
 /// | `count_sketch_compressor<R, C>` | 40 | R x C | T |
+/// | `fetchsgd_compressor<R, C>` | 40 | R x C | T |
 /// | `homomorphic_compressor` | 48 | 1 + words of fields (from the payload's size) | int64 |
 ///
 /// PowerSGD is linear in its factors but not in its payload (P is orthogonalized between the
 /// two sums), so the communicator runs it on its own path.
 
 #include <squall/compress/cast.hpp>
+#include <squall/compress/fetchsgd.hpp>
 #include <squall/compress/homomorphic.hpp>
 #include <squall/compress/none.hpp>
 #include <squall/compress/payload.hpp>
@@ -83,6 +85,16 @@ struct linear_body<count_sketch_compressor<Rows, Cols>> {
   template <class T>
   static linear_body_range of(const count_sketch_compressor<Rows, Cols>& /*c*/,
                               std::size_t /*count*/) {
+    return {count_sketch_compressor<Rows, Cols>::body_offset, Rows * Cols};
+  }
+};
+
+template <std::size_t Rows, std::size_t Cols>
+struct linear_body<fetchsgd_compressor<Rows, Cols>> {
+  template <class T>
+  using element = T;
+  template <class T>
+  static linear_body_range of(const fetchsgd_compressor<Rows, Cols>& /*c*/, std::size_t /*count*/) {
     return {count_sketch_compressor<Rows, Cols>::body_offset, Rows * Cols};
   }
 };

@@ -171,7 +171,7 @@ struct count_sketch_compressor {
                 buffer_view<T, typename B::memory_space> out) const {
     using M = typename B::memory_space;
     kernels::sketch_row_hash hash[Rows];
-    check<T>(backend, payload, out.count(), hash);
+    payload_hashes<T>(backend, payload, out.count(), hash);
     // the sketch values copied: the payload need not be aligned for T
     auto sketch = allocate_scratch<T>(backend, Rows * Cols);
     copy(backend, detail::as_writable_bytes(buffer_view<T, M>(sketch.data(), Rows * Cols)),
@@ -189,19 +189,14 @@ struct count_sketch_compressor {
     keep_largest_magnitudes(backend, out, kept());
   }
 
- private:
-  template <class B, class T>
-  static void accumulate(const B& backend, buffer_view<const T, typename B::memory_space> in,
-                         const kernels::sketch_row_hash (&hash)[Rows], T* sketch) {
-    count_sketch_accumulate<Rows, Cols>(backend, in, hash, sketch);
-  }
-
-  // Validates `payload` (its fixed fields copied to the host) and sets the row hashes its
-  // seed and step give.
+  /// Validates `payload` as a count sketch of `count` elements of `T` with Rows rows and Cols
+  /// columns and exactly its size (its fixed fields copied to the host), and sets `hash` to
+  /// the row hashes its seed and step give. Throws `invalid_argument` naming the first field
+  /// that is wrong.
   template <class T, class B>
-  static void check(const B& backend,
-                    buffer_view<const std::byte, typename B::memory_space> payload,
-                    std::size_t count, kernels::sketch_row_hash (&hash)[Rows]) {
+  static void payload_hashes(const B& backend,
+                             buffer_view<const std::byte, typename B::memory_space> payload,
+                             std::size_t count, kernels::sketch_row_hash (&hash)[Rows]) {
     std::byte head[body_offset] = {};
     load_bytes(backend, head, payload.data(),
                payload.count() < body_offset ? payload.count() : body_offset);
@@ -238,6 +233,13 @@ struct count_sketch_compressor {
     for (std::size_t r = 0; r < Rows; ++r) {
       hash[r] = kernels::make_sketch_row_hash(seed, {step, shared_rank}, r);
     }
+  }
+
+ private:
+  template <class B, class T>
+  static void accumulate(const B& backend, buffer_view<const T, typename B::memory_space> in,
+                         const kernels::sketch_row_hash (&hash)[Rows], T* sketch) {
+    count_sketch_accumulate<Rows, Cols>(backend, in, hash, sketch);
   }
 };
 static_assert(compressor<count_sketch_compressor<1, 1>>);

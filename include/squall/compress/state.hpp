@@ -7,11 +7,12 @@
 ///   and of the shared ones (randomk's indices, count_sketch's hashes); each compressed
 ///   collective advances it by one, so every rank must start from the same step;
 /// - the residual (`error_feedback_state<T, Backend>`) when `C` is `error_feedback<Inner>`;
-/// - a low-rank compressor's warm-started Q (PowerSGD's `powersgd_state<T, Backend>`) when `C`
-///   or `Inner` allows `aggregation::low_rank`.
+/// - the compressor's own state when `C` or `Inner` has a `make_state<T>(count)`
+///   (`keeps_own_state`): PowerSGD's warm-started Q (`powersgd_state<T, Backend>`), FetchSGD's
+///   momentum and error sketches (`fetchsgd_state<T, Rows, Cols, Backend>`).
 ///
 /// Both live in `Backend`'s memory (the communicator's `make_state` makes them on its
-/// backend: a device residual and Q with the CUDA backend). A low-rank compressor whose
+/// backend: a device residual and Q with the CUDA backend). A compressor whose
 /// `make_state<T>(count)` takes no backend keeps its state where it puts it (the host).
 ///
 /// `save()` gives checked bytes (layout below) and `restore()` takes them back, refusing a
@@ -26,8 +27,8 @@
 ///   offset 24  48 bytes: the compressor's label (`compressor_label<C>()`), zero padded
 ///   offset 72  u64 residual bytes R (0 without error feedback), then R bytes of
 ///              `error_feedback_state<T>::save()`
-///   then       u64 low-rank bytes S (0 without), then S bytes of the low-rank state's
-///              `save()` (`powersgd_state<T>::save()` for PowerSGD)
+///   then       u64 own-state bytes S (0 without), then S bytes of the compressor's own
+///              state's `save()` (`powersgd_state<T>::save()`, `fetchsgd_state<...>::save()`)
 ///   last       u64 `detail::fnv1a64` of every byte before it
 ///
 /// Version 1 (the same without the checksum) still restores: checkpoints made before the
@@ -81,11 +82,18 @@ template <class C>
 inline constexpr bool uses_low_rank =
     compression_traits<inner_compressor_t<C>>::aggregations.contains(aggregation::low_rank);
 
+/// Whether `C` (or its `Inner`) keeps a state of its own per tensor (`make_state<T>(count)`):
+/// PowerSGD's Q, FetchSGD's sketches. `compression_state` holds it.
+template <class C>
+inline constexpr bool keeps_own_state = requires(const inner_compressor_t<C>& c) {
+  c.template make_state<float>(std::size_t{});
+};
+
 namespace detail {
-/// A low-rank compressor's state on backend `b`: `make_state<T>(count, b)` where the
-/// compressor takes a backend (PowerSGD), else `make_state<T>(count)`.
+/// A compressor's own state on backend `b`: `make_state<T>(count, b)` where the compressor
+/// takes a backend (PowerSGD, FetchSGD), else `make_state<T>(count)`.
 template <class T, class I, class B>
-auto make_low_rank_state(const I& inner, std::size_t count, const B& b) {
+auto make_own_state(const I& inner, std::size_t count, const B& b) {
   if constexpr (requires { inner.template make_state<T>(count, b); }) {
     return inner.template make_state<T>(count, b);
   } else {
@@ -94,9 +102,9 @@ auto make_low_rank_state(const I& inner, std::size_t count, const B& b) {
 }
 }  // namespace detail
 
-/// The state a low-rank compressor keeps per tensor on `Backend` (`Inner::make_state`).
+/// The state a compressor keeps per tensor on `Backend` (`Inner::make_state`).
 template <class C, class T, class Backend = host_backend>
-using low_rank_state_t = decltype(detail::make_low_rank_state<T>(
+using own_state_t = decltype(detail::make_own_state<T>(
     std::declval<const inner_compressor_t<C>&>(), std::size_t{}, std::declval<const Backend&>()));
 
 /// The compressor `c` wraps (`c.inner` for error feedback), or `c` itself.
@@ -110,13 +118,13 @@ const inner_compressor_t<C>& inner_of(const C& c) {
 }
 
 namespace detail {
-/// The low-rank state `compression_state` keeps: `low_rank_state_t`, or nothing.
-template <class C, class T, class Backend, bool = uses_low_rank<C>>
-struct low_rank_slot {
-  using type = low_rank_state_t<C, T, Backend>;
+/// The compressor's own state `compression_state` keeps: `own_state_t`, or nothing.
+template <class C, class T, class Backend, bool = keeps_own_state<C>>
+struct own_state_slot {
+  using type = own_state_t<C, T, Backend>;
 };
 template <class C, class T, class Backend>
-struct low_rank_slot<C, T, Backend, false> {
+struct own_state_slot<C, T, Backend, false> {
   struct type {};
 };
 }  // namespace detail
@@ -151,18 +159,18 @@ class compression_state {
   using compressor_type = C;
   using value_type = T;
   using backend_type = Backend;
-  /// The low-rank compressor's state (`low_rank_state_t<C, T, Backend>`; an empty type for
-  /// others).
-  using low_rank_type = typename detail::low_rank_slot<C, T, Backend>::type;
+  /// The compressor's own state (`own_state_t<C, T, Backend>`; an empty type for others).
+  using own_state_type = typename detail::own_state_slot<C, T, Backend>::type;
 
-  /// A fresh state at step 0 on backend `b`: a zero residual, and PowerSGD's Q drawn from
-  /// the compressor's seed (the same on every rank). Throws `invalid_argument` for a
-  /// PowerSGD rank outside 1..65535.
+  /// A fresh state at step 0 on backend `b`: a zero residual, PowerSGD's Q drawn from the
+  /// compressor's seed (the same on every rank), FetchSGD's zero sketches. Throws
+  /// `invalid_argument` for a PowerSGD rank outside 1..65535 or a FetchSGD momentum outside
+  /// [0, 1).
   compression_state(const C& c, std::size_t count, const Backend& b = {})
       : count_(count), backend_(b) {
     if constexpr (is_error_feedback<C>) residual_.emplace(count, b);
-    if constexpr (uses_low_rank<C>) {
-      low_rank_.emplace(detail::make_low_rank_state<T>(inner_of(c), count, b));
+    if constexpr (keeps_own_state<C>) {
+      own_.emplace(detail::make_own_state<T>(inner_of(c), count, b));
     }
   }
   /// A fresh state for a default-constructed `C`.
@@ -185,9 +193,12 @@ class compression_state {
   const error_feedback_state<T, Backend>& residual() const requires is_error_feedback<C> {
     return *residual_;
   }
+  /// The compressor's own state (only where it keeps one: PowerSGD's Q, FetchSGD's sketches).
+  own_state_type& own() requires keeps_own_state<C> { return *own_; }
+  const own_state_type& own() const requires keeps_own_state<C> { return *own_; }
   /// The low-rank state, Q (only with a low-rank compressor: PowerSGD).
-  low_rank_type& low_rank() requires uses_low_rank<C> { return *low_rank_; }
-  const low_rank_type& low_rank() const requires uses_low_rank<C> { return *low_rank_; }
+  own_state_type& low_rank() requires uses_low_rank<C> { return *own_; }
+  const own_state_type& low_rank() const requires uses_low_rank<C> { return *own_; }
 
   /// The state as bytes (layout in the file comment).
   std::vector<std::byte> save() const {
@@ -205,8 +216,8 @@ class compression_state {
     std::memcpy(out.data() + 8, fields, 16);
     std::memcpy(out.data() + 24, label.data(), std::min(label.size(), label_bytes));
     append_blob(out, residual_ ? residual_->save() : std::vector<std::byte>{});
-    if constexpr (uses_low_rank<C>) {
-      append_blob(out, low_rank_->save());
+    if constexpr (keeps_own_state<C>) {
+      append_blob(out, own_->save());
     } else {
       append_blob(out, {});
     }
@@ -220,7 +231,7 @@ class compression_state {
   /// state unchanged) unless they are a version-2 state whose checksum matches (or a version-1
   /// state, which has none) of the same compressor (label and kind), element type and count,
   /// with the sub-states this compressor has, each valid and of this state's shape (residual
-  /// count; PowerSGD's m, c and rank).
+  /// count; PowerSGD's m, c and rank; FetchSGD's rows and columns).
   void restore(host_view<const std::byte> all) {
     const error_context where{.operation = "compression_state restore"};
     if (all.count() < fixed_bytes + 8) {
@@ -270,7 +281,7 @@ class compression_state {
     }
     std::size_t at = fixed_bytes;
     const host_view<const std::byte> residual_bytes = take_blob(bytes, at, where);
-    const host_view<const std::byte> low_rank_bytes = take_blob(bytes, at, where);
+    const host_view<const std::byte> own_bytes = take_blob(bytes, at, where);
     if (at != bytes.count()) {
       throw invalid_argument(where,
                              std::to_string(bytes.count() - at) + " bytes after the sub-states");
@@ -285,28 +296,29 @@ class compression_state {
     } else if (!residual_bytes.empty()) {
       throw invalid_argument(where, "a residual, where the compressor keeps none");
     }
-    std::optional<low_rank_type> low_rank;
-    if constexpr (uses_low_rank<C>) {
-      if constexpr (requires { low_rank_type::restore(low_rank_bytes, backend_); }) {
-        low_rank.emplace(low_rank_type::restore(low_rank_bytes, backend_));
+    std::optional<own_state_type> own;
+    if constexpr (keeps_own_state<C>) {
+      if constexpr (requires { own_state_type::restore(own_bytes, backend_); }) {
+        own.emplace(own_state_type::restore(own_bytes, backend_));
       } else {
-        low_rank.emplace(low_rank_type::restore(low_rank_bytes));
+        own.emplace(own_state_type::restore(own_bytes));
       }
-      if (low_rank->rows() != low_rank_->rows() || low_rank->columns() != low_rank_->columns() ||
-          low_rank->rank() != low_rank_->rank()) {
-        throw invalid_argument(where, "a low-rank state of " + std::to_string(low_rank->rows()) +
-                                          " x " + std::to_string(low_rank->columns()) + " rank " +
-                                          std::to_string(low_rank->rank()) + " restored for " +
-                                          std::to_string(low_rank_->rows()) + " x " +
-                                          std::to_string(low_rank_->columns()) + " rank " +
-                                          std::to_string(low_rank_->rank()));
+      if constexpr (requires { own->rank(); }) {  // PowerSGD: the view and rank must agree
+        if (own->rows() != own_->rows() || own->columns() != own_->columns() ||
+            own->rank() != own_->rank()) {
+          throw invalid_argument(
+              where, "a low-rank state of " + std::to_string(own->rows()) + " x " +
+                         std::to_string(own->columns()) + " rank " + std::to_string(own->rank()) +
+                         " restored for " + std::to_string(own_->rows()) + " x " +
+                         std::to_string(own_->columns()) + " rank " + std::to_string(own_->rank()));
+        }
       }
-    } else if (!low_rank_bytes.empty()) {
-      throw invalid_argument(where, "a low-rank state, where the compressor keeps none");
+    } else if (!own_bytes.empty()) {
+      throw invalid_argument(where, "a compressor's own state, where the compressor keeps none");
     }
     step_ = fields[1];
     if constexpr (is_error_feedback<C>) residual_ = std::move(residual);
-    if constexpr (uses_low_rank<C>) low_rank_ = std::move(low_rank);
+    if constexpr (keeps_own_state<C>) own_ = std::move(own);
   }
 
  private:
@@ -342,7 +354,7 @@ class compression_state {
   std::uint64_t step_ = 0;
   Backend backend_;
   std::optional<error_feedback_state<T, Backend>> residual_;
-  std::optional<low_rank_type> low_rank_;
+  std::optional<own_state_type> own_;
 };
 
 }  // namespace squall

@@ -34,7 +34,9 @@ struct linear_pairing {
 
 // Per chunk of `plan` (the whole tensor without overlap): step 0: encode; step 1: allreduce
 // the payload's body (elements E) with the topology's schedule, the header fields being equal
-// on every rank; step 2: decode the sum. Chunk k in payload slot k % 2 (`run_phases`).
+// on every rank; step 2: decode the sum (a compressor that keeps a state of its own and
+// decodes through it, FetchSGD, runs its step there: every rank on the same sum). Chunk k in
+// payload slot k % 2 (`run_phases`).
 template <class Dense, class C, class T>
 void linear_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense::backend_type>& w,
                       overlap_workspace<typename Dense::backend_type>& o, const chunk_plan& plan,
@@ -64,7 +66,12 @@ void linear_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense
                        body.count);
   };
   const auto decode = [&](std::size_t k, std::size_t bytes) {
-    c.decode(b, buffer_view<const std::byte, M>(slots[k % 2]->payload.data(), bytes), chunk(k));
+    const buffer_view<const std::byte, M> sum(slots[k % 2]->payload.data(), bytes);
+    if constexpr (requires { inner_of(c).decode(b, state.own(), sum, chunk(k)); }) {
+      inner_of(c).decode(b, state.own(), sum, chunk(k));  // a step of its own state: FetchSGD
+    } else {
+      c.decode(b, sum, chunk(k));
+    }
   };
   run_phases(plan, o, clock, encode, transfer, decode);
 }

@@ -254,6 +254,40 @@ __global__ void __launch_bounds__(sketch_threads)
   }
 }
 
+/// The two rounded operations of FetchSGD's step, as the host rounds them (no contraction).
+SQUALL_DEVICE inline float momentum_mul(float a, float b) { return __fmul_rn(a, b); }
+SQUALL_DEVICE inline double momentum_mul(double a, double b) { return __dmul_rn(a, b); }
+SQUALL_DEVICE inline float momentum_add(float a, float b) { return __fadd_rn(a, b); }
+SQUALL_DEVICE inline double momentum_add(double a, double b) { return __dadd_rn(a, b); }
+
+template <class T>
+__global__ void __launch_bounds__(sketch_threads)
+    sketch_momentum_kernel(T* momentum, T* error, const T* sum, std::size_t count, T rho) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * sketch_threads;
+  for (std::size_t j = static_cast<std::size_t>(blockIdx.x) * sketch_threads + threadIdx.x;
+       j < count; j += stride) {
+    const T u = momentum_add(momentum_mul(rho, momentum[j]), sum[j]);
+    momentum[j] = u;
+    error[j] = momentum_add(error[j], u);
+  }
+}
+
+template <std::size_t Rows, std::size_t Cols, class T>
+__global__ void __launch_bounds__(sketch_threads)
+    count_sketch_zero_support_kernel(const T* values, std::size_t count,
+                                     const sketch_row_hash* hash, unsigned bits, T* a, T* b) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * sketch_threads;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * sketch_threads + threadIdx.x;
+       i < count; i += stride) {
+    if (values[i] == T(0)) continue;
+    for (std::size_t r = 0; r < Rows; ++r) {
+      const std::size_t at = r * Cols + sketch_bucket(sketch_word(hash[r], i), bits);
+      a[at] = T(0);  // every thread writes the same zero: no order to race over
+      b[at] = T(0);
+    }
+  }
+}
+
 }  // namespace detail
 
 /// Device twin of the host `count_sketch_accumulate`: adds s_r(i) in[i] to bucket h_r(i) of
@@ -284,6 +318,34 @@ void count_sketch_estimate(const cuda_backend& backend, const T* sketch,
   detail::count_sketch_estimate_kernel<Rows, Cols>
       <<<detail::sketch_grid(out.count()), detail::sketch_threads, 0, backend.stream>>>(
           sketch, device_hash.data(), bits, out.count(), out.data());
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Device twin of the host `sketch_momentum_step`: momentum = rho momentum + sum; error +=
+/// momentum, rounded as the host rounds (bit for bit).
+template <real_gradient T>
+void sketch_momentum_step(const cuda_backend& backend, device_view<T> momentum,
+                          device_view<T> error, device_view<const T> sum, T rho) {
+  if (sum.empty()) return;
+  squall::detail::device_guard guard(backend.device);
+  detail::sketch_momentum_kernel<<<detail::sketch_grid(sum.count()), detail::sketch_threads, 0,
+                                   backend.stream>>>(momentum.data(), error.data(), sum.data(),
+                                                     sum.count(), rho);
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Device twin of the host `count_sketch_zero_support`: zeroes in `a` and `b` (device memory)
+/// the Rows buckets of every element where `values` is not zero (bit for bit the host's).
+template <std::size_t Rows, std::size_t Cols, real_gradient T>
+void count_sketch_zero_support(const cuda_backend& backend, device_view<const T> values,
+                               const sketch_row_hash (&hash)[Rows], T* a, T* b) {
+  if (values.empty()) return;
+  squall::detail::device_guard guard(backend.device);
+  const auto device_hash = detail::device_hashes(backend, hash);
+  constexpr auto bits = static_cast<unsigned>(std::countr_zero(Cols));
+  detail::count_sketch_zero_support_kernel<Rows, Cols>
+      <<<detail::sketch_grid(values.count()), detail::sketch_threads, 0, backend.stream>>>(
+          values.data(), values.count(), device_hash.data(), bits, a, b);
   SQUALL_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -195,6 +195,43 @@ void count_sketch_estimate(const host_backend& /*backend*/, const T* sketch,
   }
 }
 
+/// FetchSGD's momentum and error in sketch space, entry by entry of two Rows x Cols sketches
+/// (Rothchild et al., ICML 2020, Algorithm 1): momentum = rho momentum + sum, then error +=
+/// momentum. Each entry is rounded after the product and after each sum (no fused
+/// multiply-add: the baseline x86-64 has none, and the CUDA twin uses `__fmul_rn` /
+/// `__fadd_rn`), so every backend and every rank computes the same bits.
+template <real_gradient T>
+void sketch_momentum_step(const host_backend& /*backend*/, host_view<T> momentum,
+                          host_view<T> error, host_view<const T> sum, T rho) {
+  T* SQUALL_RESTRICT u = momentum.data();
+  T* SQUALL_RESTRICT e = error.data();
+  const T* SQUALL_RESTRICT s = sum.data();
+  for (std::size_t j = 0; j < sum.count(); ++j) {
+    const T scaled = rho * u[j];
+    u[j] = scaled + s[j];
+    e[j] += u[j];
+  }
+}
+
+/// Zeroes, in both `a` and `b` (Rows x Cols sketches, row-major), the Rows buckets h_r(i) of
+/// every element i where `values[i]` is not zero: FetchSGD's reset of momentum and error at
+/// the support of the update it applied (its sketch's non-zero entries). Writing zero is
+/// independent of order, so a parallel twin gives the same bits.
+template <std::size_t Rows, std::size_t Cols, real_gradient T>
+void count_sketch_zero_support(const host_backend& /*backend*/, host_view<const T> values,
+                               const sketch_row_hash (&hash)[Rows], T* a, T* b) {
+  constexpr unsigned bits = static_cast<unsigned>(std::countr_zero(Cols));
+  for (std::size_t i = 0; i < values.count(); ++i) {
+    if (values[i] == T(0)) continue;
+    for (std::size_t r = 0; r < Rows; ++r) {
+      const std::size_t at =
+          r * Cols + static_cast<std::size_t>(sketch_bucket(sketch_word(hash[r], i), bits));
+      a[at] = T(0);
+      b[at] = T(0);
+    }
+  }
+}
+
 /// Keeps the `k` entries of `values` largest in magnitude and writes zero elsewhere: top-k's
 /// own selection (`select_topk`, kernels/host/select.hpp), so the same order (NaN above every
 /// number) and the same tie rule (lower index first).
