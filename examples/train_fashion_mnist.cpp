@@ -11,18 +11,20 @@
 //
 // SPEC is squall's compressor name (squall/compress/by_name.hpp): none, cast:bf16, int8,
 // qsgd:4, terngrad, sign+ef, topk:0.01+ef, topk:0.001+ef@gtopk, randomk:0.01,
-// count_sketch:16384, powersgd:4+ef, ... Each SPEC trains the same network from the same
-// initial weights on P ranks (ring topology): -n P forked processes joined by the
+// count_sketch:16384, fetchsgd:16384, powersgd:4+ef, ... Each SPEC trains the same network from the
+// same initial weights on P ranks (ring topology): -n P forked processes joined by the
 // shared-memory transport, or with --transport mpi the ranks mpiexec started (the same code,
 // squall::mpi_transport in place of squall::shm_transport). Rank r trains on its B images of each
 // global batch of P x B; the gradients of the two weight matrices go through the compressed
 // allreduce (each with its own state: residual, PowerSGD's Q viewed as the layer's matrix), the 266
 // biases through a dense one, and so does a matrix whose fixed-size payload would not be smaller
 // than its values (a wide count sketch of W2). With error feedback the momentum is applied before
-// the allreduce (DGC's momentum correction), without it after. After each epoch: the mean training
-// loss, the accuracy on the test images (split across the ranks), the wall time, the time in the
-// gradient allreduces and the bytes this rank sent for them since the start, the most of any rank.
-// At the end every rank's weights are compared bit for bit. The compressed allreduces check
+// the allreduce (DGC's momentum correction), without it after; FetchSGD (fetchsgd:COLS) keeps
+// the momentum (--momentum) and the error in its sketches, so its result is the step itself.
+// After each epoch: the mean training loss, the accuracy on the test images (split across the
+// ranks), the wall time, the time in the gradient allreduces and the bytes this rank sent for
+// them since the start, the most of any rank. At the end every rank's weights are compared bit
+// for bit. The compressed allreduces check
 // their inputs (squall::options::check_finite): a non-finite gradient on any rank stops every
 // rank with an error naming it. The images come from Debian's
 // dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), $SQUALL_FASHION_MNIST or --data.
@@ -229,6 +231,10 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
   C c1 = compressor, c2 = compressor;
   set_columns(c1, model.hidden);
   set_columns(c2, model.classes);
+  // FetchSGD keeps the momentum in sketch space, after the sum: it gets --momentum, and the
+  // tensors it compresses take its result as the step (no velocity of their own)
+  constexpr bool sketch_momentum = requires { c1.momentum = 0.9; };
+  if constexpr (sketch_momentum) c1.momentum = c2.momentum = static_cast<double>(s.momentum);
   // a NaN or infinity in a gradient stops every rank at once, naming it, before it can enter
   // a payload, the sum or an error-feedback residual
   const squall::options opts{.check_finite = true};
@@ -378,10 +384,21 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
         }
       }
       const float lr = learning_rate(epoch - 1, step, steps);
-      for (std::size_t i = 0; i < params.size(); ++i) {
-        if constexpr (!local_momentum) velocity[i] = s.momentum * velocity[i] + grads[i];
-        params[i] -= lr * (local_momentum ? grads[i] : velocity[i]);
-      }
+      // FetchSGD's results are the steps themselves (its momentum is in the sketches)
+      const auto apply = [&](std::size_t from, std::size_t to, bool stepped) {
+        for (std::size_t i = from; i < to; ++i) {
+          if (stepped) {
+            params[i] -= lr * grads[i];
+            continue;
+          }
+          if constexpr (!local_momentum) velocity[i] = s.momentum * velocity[i] + grads[i];
+          params[i] -= lr * (local_momentum ? grads[i] : velocity[i]);
+        }
+      };
+      const std::size_t w2_end = model.w1_count() + model.w2_count();
+      apply(0, model.w1_count(), sketch_momentum && compress1);
+      apply(model.w1_count(), w2_end, sketch_momentum && compress2);
+      apply(w2_end, params.size(), false);
     }
     // the test images, split across the ranks
     const std::size_t lo =

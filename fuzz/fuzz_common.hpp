@@ -25,6 +25,7 @@
 /// seed corpus there (valid payloads in both modes) before fuzzing starts.
 
 #include <squall/backend/host.hpp>
+#include <squall/compress/state.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
 #include <squall/core/types.hpp>
@@ -132,13 +133,16 @@ void decode(const C& c, const std::vector<std::byte>& payload, std::size_t count
   } catch (const squall::error&) {
   }
   // a compressor that decodes through a state of its own (FetchSGD): through a fresh one too
-  if constexpr (requires(decltype(c.template make_state<T>(count)) s) {
-                  c.decode(host_backend{}, s, view, host_view<T>(out.data(), out.size()));
-                }) {
+  // (two steps: clang checks a requires-parameter's type before the requirement)
+  if constexpr (squall::keeps_own_state<C>) {
     auto state = c.template make_state<T>(count);
-    try {
-      c.decode(host_backend{}, state, view, host_view<T>(out.data(), out.size()));
-    } catch (const squall::error&) {
+    if constexpr (requires {
+                    c.decode(host_backend{}, state, view, host_view<T>(out.data(), out.size()));
+                  }) {
+      try {
+        c.decode(host_backend{}, state, view, host_view<T>(out.data(), out.size()));
+      } catch (const squall::error&) {
+      }
     }
   }
 }
