@@ -10,9 +10,9 @@
 /// Then every rank, on the same summed sketch S, runs the same step on the tensor's state
 /// (`fetchsgd_state`: two Rows x Cols sketches, momentum S_u and error S_e):
 ///
-///   S_u = rho S_u + S;   S_e += S_u;                          (momentum, then error, in sketch space)
-///   delta = the k largest in magnitude of U(S_e);             (U: the median estimates)
-///   S_u = S_e = 0 at the buckets of delta's support;          (the update leaves the sketches)
+///   S_u = rho S_u + S;  S_e += S_u;        (momentum, then error, in sketch space)
+///   delta = the k largest of U(S_e);       (in magnitude; U: the median estimates)
+///   S_u = S_e = 0 at delta's buckets;      (the update leaves the sketches)
 ///
 /// and the allreduce returns delta. Because the sketch is linear, S_u and S_e are the sketches
 /// of the momentum and error a single machine would keep of the summed gradient, so error
@@ -81,9 +81,9 @@ class fetchsgd_state {
   /// then S_u's and S_e's Rows x Cols values of T.
   std::vector<std::byte> save() const {
     std::vector<std::byte> out(header_bytes + 2 * entries * sizeof(T));
-    const std::uint32_t fields[4] = {save_magic, 1u | (static_cast<std::uint32_t>(dtype_of<T>) << 8),
-                                     static_cast<std::uint32_t>(Rows),
-                                     static_cast<std::uint32_t>(Cols)};
+    const std::uint32_t fields[4] = {
+        save_magic, 1u | (static_cast<std::uint32_t>(dtype_of<T>) << 8),
+        static_cast<std::uint32_t>(Rows), static_cast<std::uint32_t>(Cols)};
     std::memcpy(out.data(), fields, header_bytes);
     sketches_.save_to(out.data() + header_bytes);  // 16 bytes in: aligned (operator new)
     return out;
@@ -105,8 +105,8 @@ class fetchsgd_state {
     }
     const auto type = static_cast<dtype>((fields[1] >> 8) & 0xff);
     if (type != dtype_of<T>) {
-      throw invalid_argument(where, "a state of " + std::string(to_string(type)) +
-                                        " restored as " + std::string(to_string(dtype_of<T>)));
+      throw invalid_argument(where, "a state of " + std::string(to_string(type)) + " restored as " +
+                                        std::string(to_string(dtype_of<T>)));
     }
     if (fields[2] != Rows || fields[3] != Cols) {
       throw invalid_argument(where, "sketches of " + std::to_string(fields[2]) + " x " +
@@ -229,7 +229,8 @@ struct fetchsgd_compressor {
   template <class T, class B>
   void require_step_zero(const B& backend,
                          buffer_view<const std::byte, typename B::memory_space> payload,
-                         std::size_t count, kernels::sketch_row_hash (*hash)[Rows] = nullptr) const {
+                         std::size_t count,
+                         kernels::sketch_row_hash (*hash)[Rows] = nullptr) const {
     kernels::sketch_row_hash read[Rows];
     sketch_type::template payload_hashes<T>(backend, payload, count, read);
     for (std::size_t r = 0; r < Rows; ++r) {
