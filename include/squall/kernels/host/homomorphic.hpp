@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>  // memcpy
 #include <limits>
 #include <type_traits>
 #include <utility>  // integer_sequence
@@ -63,38 +64,115 @@ SQUALL_HOST_DEVICE SQUALL_FORCEINLINE std::uint8_t hq_code(A scaled, std::uint32
   return static_cast<std::uint8_t>(low + up);  // low == 2L has fraction 0
 }
 
-/// In-place fast Walsh-Hadamard transform of `n` (a power of two) values, scaled by
-/// 1 / sqrt(n) so that it is orthonormal and its own inverse. The first three stages run
-/// together on groups of 8, the others as loops over contiguous halves, which vectorize.
+namespace detail {
+
+/// The first three stages (butterflies at distances 1, 2 and 4) on each group of 8 of `n`
+/// values, as written: the sums and differences of `hq_hadamard` in its order.
 template <class A>
-SQUALL_HOST_CLONES void hq_hadamard(A* SQUALL_RESTRICT v, std::size_t n) {
-  std::size_t h = 1;
-  if (n >= 8) {
-    for (std::size_t i = 0; i < n; i += 8) {
-      A* g = v + i;
-      const A a0 = g[0] + g[1], a1 = g[0] - g[1], a2 = g[2] + g[3], a3 = g[2] - g[3];
-      const A a4 = g[4] + g[5], a5 = g[4] - g[5], a6 = g[6] + g[7], a7 = g[6] - g[7];
-      const A b0 = a0 + a2, b1 = a1 + a3, b2 = a0 - a2, b3 = a1 - a3;
-      const A b4 = a4 + a6, b5 = a5 + a7, b6 = a4 - a6, b7 = a5 - a7;
-      g[0] = b0 + b4, g[1] = b1 + b5, g[2] = b2 + b6, g[3] = b3 + b7;
-      g[4] = b0 - b4, g[5] = b1 - b5, g[6] = b2 - b6, g[7] = b3 - b7;
-    }
-    h = 8;
+void hq_hadamard8(A* SQUALL_RESTRICT v, std::size_t n) {
+  for (std::size_t i = 0; i < n; i += 8) {
+    A* g = v + i;
+    const A a0 = g[0] + g[1], a1 = g[0] - g[1], a2 = g[2] + g[3], a3 = g[2] - g[3];
+    const A a4 = g[4] + g[5], a5 = g[4] - g[5], a6 = g[6] + g[7], a7 = g[6] - g[7];
+    const A b0 = a0 + a2, b1 = a1 + a3, b2 = a0 - a2, b3 = a1 - a3;
+    const A b4 = a4 + a6, b5 = a5 + a7, b6 = a4 - a6, b7 = a5 - a7;
+    g[0] = b0 + b4, g[1] = b1 + b5, g[2] = b2 + b6, g[3] = b3 + b7;
+    g[4] = b0 - b4, g[5] = b1 - b5, g[6] = b2 - b6, g[7] = b3 - b7;
   }
-  for (; h < n; h *= 2) {
-    for (std::size_t i = 0; i < n; i += 2 * h) {
-      A* SQUALL_RESTRICT lo = v + i;
-      A* SQUALL_RESTRICT hi = v + i + h;
+}
+
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+/// The same three stages in AVX registers (g++ keeps the scalar form scalar): each stage
+/// swaps the partners within the register and blends x + partner (lower lane of the pair)
+/// with partner - x (upper lane), the same operations on the same operands, so the same bits.
+__attribute__((target("avx2"))) inline void hq_hadamard8_avx2(float* v, std::size_t n) {
+  for (std::size_t i = 0; i < n; i += 8) {
+    __m256 x = _mm256_loadu_ps(v + i);
+    __m256 p = _mm256_permute_ps(x, 0xb1);  // distance 1
+    x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xaa);
+    p = _mm256_permute_ps(x, 0x4e);  // distance 2
+    x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xcc);
+    p = _mm256_permute2f128_ps(x, x, 1);  // distance 4
+    x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xf0);
+    _mm256_storeu_ps(v + i, x);
+  }
+}
+__attribute__((target("avx2"))) inline void hq_hadamard8_avx2(double* v, std::size_t n) {
+  for (std::size_t i = 0; i < n; i += 8) {
+    __m256d x = _mm256_loadu_pd(v + i);
+    __m256d y = _mm256_loadu_pd(v + i + 4);
+    __m256d p = _mm256_permute_pd(x, 0x5);  // distance 1
+    __m256d q = _mm256_permute_pd(y, 0x5);
+    x = _mm256_blend_pd(_mm256_add_pd(x, p), _mm256_sub_pd(p, x), 0xa);
+    y = _mm256_blend_pd(_mm256_add_pd(y, q), _mm256_sub_pd(q, y), 0xa);
+    p = _mm256_permute2f128_pd(x, x, 1);  // distance 2
+    q = _mm256_permute2f128_pd(y, y, 1);
+    x = _mm256_blend_pd(_mm256_add_pd(x, p), _mm256_sub_pd(p, x), 0xc);
+    y = _mm256_blend_pd(_mm256_add_pd(y, q), _mm256_sub_pd(q, y), 0xc);
+    _mm256_storeu_pd(v + i, _mm256_add_pd(x, y));  // distance 4: two registers
+    _mm256_storeu_pd(v + i + 4, _mm256_sub_pd(x, y));
+  }
+}
+#endif
+
+/// The stages at distances h, 2h, ... up to n / 2, two a pass (radix 4: the same sums in the
+/// same order as one stage at a time, half the passes over the block), the last pass scaled
+/// by `norm`; scales alone where no stage is left.
+template <class A>
+SQUALL_HOST_CLONES void hq_hadamard_wide(A* SQUALL_RESTRICT v, std::size_t n, std::size_t h,
+                                         A norm) {
+  const bool scale_alone = h == n;  // no stage left (n = 1, or 8 after the first three)
+  for (; 4 * h <= n; h *= 4) {
+    const A scale = 4 * h == n ? norm : A(1);  // times 1 is exact
+    for (std::size_t i = 0; i < n; i += 4 * h) {
+      A* SQUALL_RESTRICT p0 = v + i;
+      A* SQUALL_RESTRICT p1 = v + i + h;
+      A* SQUALL_RESTRICT p2 = v + i + 2 * h;
+      A* SQUALL_RESTRICT p3 = v + i + 3 * h;
       for (std::size_t j = 0; j < h; ++j) {
-        const A a = lo[j];
-        const A b = hi[j];
-        lo[j] = a + b;
-        hi[j] = a - b;
+        const A a = p0[j] + p1[j], b = p0[j] - p1[j], c = p2[j] + p3[j], d = p2[j] - p3[j];
+        p0[j] = (a + c) * scale;
+        p1[j] = (b + d) * scale;
+        p2[j] = (a - c) * scale;
+        p3[j] = (b - d) * scale;
       }
     }
   }
-  const A norm = static_cast<A>(1) / std::sqrt(static_cast<A>(n));
-  for (std::size_t j = 0; j < n; ++j) v[j] *= norm;
+  if (2 * h == n) {  // one stage left
+    for (std::size_t j = 0; j < h; ++j) {
+      const A a = v[j];
+      const A b = v[j + h];
+      v[j] = (a + b) * norm;
+      v[j + h] = (a - b) * norm;
+    }
+  } else if (scale_alone) {
+    for (std::size_t j = 0; j < n; ++j) v[j] *= norm;
+  }
+}
+
+}  // namespace detail
+
+/// In-place fast Walsh-Hadamard transform of `n` (a power of two) values, scaled by
+/// 1 / sqrt(n) so that it is orthonormal and its own inverse. The first three stages run
+/// together on groups of 8 (in AVX registers where the CPU has AVX2), the others two a pass
+/// over contiguous quarters, which vectorize; the scale rides on the last pass. Every path
+/// computes the same bits.
+template <class A>
+void hq_hadamard(A* SQUALL_RESTRICT v, std::size_t n) {
+  std::size_t h = 1;
+  if (n >= 8) {
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+    if (squall::detail::cpu_has_avx2()) {
+      detail::hq_hadamard8_avx2(v, n);
+    } else {
+      detail::hq_hadamard8(v, n);
+    }
+#else
+    detail::hq_hadamard8(v, n);
+#endif
+    h = 8;
+  }
+  detail::hq_hadamard_wide(v, n, h, static_cast<A>(1) / std::sqrt(static_cast<A>(n)));
 }
 
 /// Where an hq payload's rotation and codes come from: the tensor's count, its rotation
@@ -137,24 +215,27 @@ inline void hq_sign_words(const hq_shape& s, std::size_t k, std::size_t length,
   philox_fill(s.seed, {s.step, shared_rank}, first_word / 4, (length + 127) / 128, words);
 }
 
-/// Flips the sign of element j of `v` (`length` of them) where sign bit j of `words` is set.
-/// (Cloned: the per-lane variable shift vectorizes with AVX2.)
+/// dst[j] = src[j] with its sign flipped where sign bit j of `words` is set, for `length`
+/// elements (`dst` may be `src`: in place). (Cloned: the per-lane variable shift vectorizes
+/// with AVX2.)
 template <class T>
-SQUALL_HOST_CLONES void hq_apply_signs(T* SQUALL_RESTRICT v, std::size_t length,
+SQUALL_HOST_CLONES void hq_apply_signs(T* dst, const T* src, std::size_t length,
                                        const std::uint32_t* SQUALL_RESTRICT words) {
   for (std::size_t w = 0; w * 32 < length; ++w) {  // a word at a time: the shift varies by lane
     const std::uint32_t word = words[w];
     const std::size_t n = length - w * 32 < 32 ? length - w * 32 : 32;
-    T* SQUALL_RESTRICT x = v + w * 32;
+    T* x = dst + w * 32;
+    const T* y = src + w * 32;
     for (std::size_t b = 0; b < n; ++b) {
-      x[b] *= static_cast<T>(1) - static_cast<T>(2 * ((word >> b) & 1u));
+      x[b] = y[b] * (static_cast<T>(1) - static_cast<T>(2 * ((word >> b) & 1u)));
     }
   }
 }
 
 /// |x| statistics of `n` values: the largest, the sum and the sum of squares, and whether all
-/// were finite. Eight partial sums in double (no float overflow of a square), so g++
-/// vectorizes it without reassociating on its own; the caller adds the blocks.
+/// were finite (a NaN or infinity makes the sum so). In 32-byte vectors (GCC's vector
+/// extension, which g++ and clang lower to what the target has): the largest in T, the sums in
+/// double lanes (no float overflow of a square); the caller adds the blocks.
 struct hq_block_sums {
   double largest = 0;
   double l1 = 0;
@@ -163,34 +244,47 @@ struct hq_block_sums {
 };
 template <class T>
 SQUALL_HOST_CLONES hq_block_sums hq_sums(const T* SQUALL_RESTRICT x, std::size_t n) {
-  constexpr std::size_t lanes = 8;
-  T largest[lanes] = {};
-  double l1[lanes] = {}, l2[lanes] = {};
-  std::uint32_t bad[lanes] = {};
+  // (typedef: g++ drops the attribute from an alias of a dependent type)
+  typedef T values __attribute__((vector_size(32)));
+  typedef double doubles __attribute__((vector_size(32)));
+  typedef T halves __attribute__((vector_size(16)));
+  constexpr std::size_t lanes = 32 / sizeof(T);
+  values largest = {};
+  doubles l1[2] = {}, l2[2] = {};
   const std::size_t whole = n / lanes * lanes;
   for (std::size_t j = 0; j < whole; j += lanes) {
-    for (std::size_t t = 0; t < lanes; ++t) {
-      const T a = std::fabs(x[j + t]);
-      bad[t] |= !(a <= std::numeric_limits<T>::max());  // NaN and infinity
-      largest[t] = a > largest[t] ? a : largest[t];
-      l1[t] += static_cast<double>(a);
-      l2[t] += static_cast<double>(a) * static_cast<double>(a);
+    values v;
+    std::memcpy(&v, x + j, sizeof v);
+    const values a = v < T(0) ? -v : v;
+    largest = a > largest ? a : largest;  // NaN: not taken (the sums carry it)
+    if constexpr (sizeof(T) == 4) {
+      const halves lo = {a[0], a[1], a[2], a[3]};
+      const halves hi = {a[4], a[5], a[6], a[7]};
+      const auto dlo = __builtin_convertvector(lo, doubles);
+      const auto dhi = __builtin_convertvector(hi, doubles);
+      l1[0] += dlo, l1[1] += dhi;
+      l2[0] += dlo * dlo, l2[1] += dhi * dhi;
+    } else {
+      l1[0] += a;
+      l2[0] += a * a;
     }
   }
   hq_block_sums out;
   for (std::size_t j = whole; j < n; ++j) {
-    const T a = std::fabs(x[j]);
-    out.finite = out.finite && a <= std::numeric_limits<T>::max();
-    out.largest = static_cast<double>(a) > out.largest ? static_cast<double>(a) : out.largest;
-    out.l1 += static_cast<double>(a);
-    out.l2 += static_cast<double>(a) * static_cast<double>(a);
+    const auto a = static_cast<double>(std::fabs(x[j]));
+    out.largest = a > out.largest ? a : out.largest;
+    out.l1 += a;
+    out.l2 += a * a;
   }
   for (std::size_t t = 0; t < lanes; ++t) {
-    out.finite = out.finite && bad[t] == 0;
-    out.largest = largest[t] > out.largest ? static_cast<double>(largest[t]) : out.largest;
-    out.l1 += l1[t];
-    out.l2 += l2[t];
+    const auto a = static_cast<double>(largest[t]);
+    out.largest = a > out.largest ? a : out.largest;
   }
+  for (std::size_t t = 0; t < 4; ++t) {
+    out.l1 += l1[0][t] + l1[1][t];
+    out.l2 += l2[0][t] + l2[1][t];
+  }
+  out.finite = std::isfinite(out.l1);
   return out;
 }
 
@@ -201,12 +295,16 @@ std::size_t hq_rotated_block(const hq_shape& s, const T* in, std::size_t k, T* o
   const std::size_t first = k * hq_max_block;
   const std::size_t length = s.block_length(k);
   const std::size_t n = std::min(length, s.count - first);
-  for (std::size_t j = 0; j < n; ++j) out[j] = in[first + j];
-  std::fill(out + n, out + length, T{0});
+  const T* from = in + first;
+  if (n < length || !s.rotate) {  // the last block, zero padded; or no rotation: a copy
+    for (std::size_t j = 0; j < n; ++j) out[j] = in[first + j];
+    std::fill(out + n, out + length, T{0});
+    from = out;
+  }
   if (!s.rotate) return length;
-  std::uint32_t signs[hq_max_block / 32 + 4];
+  std::uint32_t signs[hq_max_block / 32 + 4] = {};  // (all written; g++ cannot tell)
   hq_sign_words(s, k, length, signs);
-  hq_apply_signs(out, length, signs);
+  hq_apply_signs(out, from, length, signs);  // the copy and the signs in one pass
   hq_hadamard(out, length);
   return length;
 }
@@ -265,9 +363,26 @@ SQUALL_FORCEINLINE void hq_walk_fields(std::size_t first, std::size_t n, Visit&&
 inline void hq_pack(const std::uint8_t* codes, std::size_t first, std::size_t n, unsigned field,
                     std::uint64_t* words) {
   detail::with_field_width(field, [&](auto width) {
-    detail::hq_walk_fields<width()>(first, n, [&](std::size_t word, unsigned shift, std::size_t j) {
+    constexpr unsigned per_word = 64 / width();
+    const std::size_t head = std::min(n, (per_word - first % per_word) % per_word);
+    const std::size_t whole = (n - head) / per_word;
+    const auto one = [&](std::size_t word, unsigned shift, std::size_t j) {
       words[word] |= std::uint64_t{codes[j]} << shift;
-    });
+    };
+    detail::hq_walk_fields<width()>(first, head, one);  // a partial first word
+    std::uint64_t* SQUALL_RESTRICT out = words + (first + head) / per_word;
+    const std::uint8_t* SQUALL_RESTRICT in = codes + head;
+    for (std::size_t w = 0; w < whole; ++w) {  // whole words, built in a register
+      std::uint64_t acc = 0;
+      for (unsigned t = 0; t < per_word; ++t) {
+        acc |= std::uint64_t{in[w * per_word + t]} << (t * width());
+      }
+      out[w] |= acc;
+    }
+    const std::size_t done = head + whole * per_word;
+    detail::hq_walk_fields<width()>(
+        first + done, n - done,  // a partial last word
+        [&](std::size_t word, unsigned shift, std::size_t j) { one(word, shift, done + j); });
   });
 }
 
@@ -389,14 +504,15 @@ std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::u
       }
     }
     hq_values(sums, length, offset, step, buf);
+    const std::size_t n = std::min(length, s.count - first);
     if (s.rotate) {
-      std::uint32_t signs[hq_max_block / 32 + 4];
+      std::uint32_t signs[hq_max_block / 32 + 4] = {};  // (all written; g++ cannot tell)
       detail::hq_sign_words(s, k, length, signs);
       hq_hadamard(buf, length);
-      detail::hq_apply_signs(buf, length, signs);
+      detail::hq_apply_signs(out + first, buf, n, signs);  // the signs and the copy out
+    } else {
+      for (std::size_t j = 0; j < n; ++j) out[first + j] = buf[j];
     }
-    const std::size_t n = std::min(length, s.count - first);
-    for (std::size_t j = 0; j < n; ++j) out[first + j] = buf[j];
   }
   return s.count;
 }
