@@ -89,13 +89,15 @@ struct linear_body<count_sketch_compressor<Rows, Cols>> {
   }
 };
 
+/// FetchSGD sends count sketch's payload: its body.
 template <std::size_t Rows, std::size_t Cols>
 struct linear_body<fetchsgd_compressor<Rows, Cols>> {
+  using sketch_body = linear_body<count_sketch_compressor<Rows, Cols>>;
   template <class T>
-  using element = T;
+  using element = typename sketch_body::template element<T>;
   template <class T>
-  static linear_body_range of(const fetchsgd_compressor<Rows, Cols>& /*c*/, std::size_t /*count*/) {
-    return {count_sketch_compressor<Rows, Cols>::body_offset, Rows * Cols};
+  static linear_body_range of(const fetchsgd_compressor<Rows, Cols>& c, std::size_t count) {
+    return sketch_body::template of<T>(c.sketch(), count);
   }
 };
 
