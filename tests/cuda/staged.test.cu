@@ -4,7 +4,9 @@
 // core), each result copied back and compared with the serial double reference, bitwise. The
 // compressed allreduce staged the same way (encode and decode on the device, payloads through
 // host memory; state in device memory) against the same run on host_backend, bitwise: the
-// compressors used are the device kernels' deterministic twins (error_feedback.test.cu).
+// compressors used are the device kernels' deterministic twins (error_feedback.test.cu), and
+// both runs are told the aggregation, since the host's automatic choice for int8 is per_hop,
+// which does not stage.
 
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/cast.hpp>
@@ -20,6 +22,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "../support/collective_checks.hpp"
@@ -91,12 +94,14 @@ struct compressed_record {
 };
 
 template <class Backend, class C>
-std::vector<compressed_record> run_compressed(int p, const C& c, std::size_t count,
-                                              const Backend& backend) {
+std::vector<compressed_record> run_compressed(int p, const C& c, squall::aggregation how,
+                                              std::size_t count, const Backend& backend) {
   std::vector<compressed_record> records(static_cast<std::size_t>(p));
+  squall::collective_tuning tuning;
+  tuning.aggregation = how;
   test::run_ranks(p, [&](inproc_transport& t) {
     squall::communicator<inproc_transport, squall::ring_topology, C, Backend> comm(
-        std::move(t), {}, c, {}, {}, backend);
+        std::move(t), {}, c, {}, tuning, backend);
     const int r = comm.rank();
     auto state = comm.template make_state<float>(count);
     for (int step = 0; step < 3; ++step) {
@@ -117,12 +122,13 @@ std::vector<compressed_record> run_compressed(int p, const C& c, std::size_t cou
 }
 
 template <class C>
-void staged_compressed(int p, const C& c) {
+void staged_compressed(int p, const C& c, squall::aggregation how) {
   CAPTURE(squall::compressor_label<C>());
+  CAPTURE(std::string(squall::to_string(how)));
   for (const std::size_t count : {std::size_t{1}, std::size_t{1009}, std::size_t{1} << 18}) {
     CAPTURE(count);
-    const auto host = run_compressed(p, c, count, squall::host_backend{});
-    const auto device = run_compressed(p, c, count, cuda_backend(0, nullptr));
+    const auto host = run_compressed(p, c, how, count, squall::host_backend{});
+    const auto device = run_compressed(p, c, how, count, cuda_backend(0, nullptr));
     for (std::size_t r = 0; r < host.size(); ++r) {
       CAPTURE(r);
       for (std::size_t s = 0; s < host[r].out.size(); ++s) {
@@ -146,9 +152,11 @@ TEST_SUITE("cuda") {
     for (const int p : {1, 2, 3}) {
       CAPTURE(p);
       // linear (cast), gather (int8 and topk with error feedback; per_hop does not stage)
-      staged_compressed(p, squall::error_feedback<squall::cast_compressor<squall::bfloat16>>{});
-      staged_compressed(p, squall::int8_compressor{});
-      staged_compressed(p, squall::error_feedback<squall::topk_compressor>{{.ratio = 0.01}});
+      staged_compressed(p, squall::error_feedback<squall::cast_compressor<squall::bfloat16>>{},
+                        squall::aggregation::linear);
+      staged_compressed(p, squall::int8_compressor{}, squall::aggregation::gather);
+      staged_compressed(p, squall::error_feedback<squall::topk_compressor>{{.ratio = 0.01}},
+                        squall::aggregation::gather);
     }
   }
 

@@ -8,6 +8,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -49,6 +52,49 @@ class device_guard {
 inline detail::device_guard::device_guard(int device) {
   SQUALL_CUDA_CHECK(cudaGetDevice(&previous_));
   if (device != previous_) SQUALL_CUDA_CHECK(cudaSetDevice(device));
+}
+
+namespace detail {
+
+/// The stream-ordered memory pool squall's device scratch comes from on `device`: its own
+/// (the device's default pool, and its settings, stay the program's), keeping the memory it
+/// has handed out between synchronizations (release threshold: unlimited), as a caching
+/// allocator does, so that scratch taken and given back by every call (an encode's
+/// workspace, CUB's temporary storage, a word read back) costs no `cudaMalloc` after the
+/// first. Created on first use and kept for the process; `trim_device_scratch` returns what
+/// is not in use to the device.
+inline cudaMemPool_t scratch_pool(int device) {
+  static std::mutex mutex;
+  static std::map<int, cudaMemPool_t> pools;
+  const std::lock_guard lock(mutex);
+  if (const auto it = pools.find(device); it != pools.end()) return it->second;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool{};
+  SQUALL_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+  std::uint64_t keep_all = UINT64_MAX;
+  SQUALL_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  pools.emplace(device, pool);
+  return pool;
+}
+
+/// `bytes` of device memory from `scratch_pool(device)`, ordered on `stream`; give it back
+/// with `cudaFreeAsync`.
+inline void* allocate_device_scratch(int device, std::size_t bytes, cudaStream_t stream) {
+  void* p = nullptr;
+  SQUALL_CUDA_CHECK(cudaMallocFromPoolAsync(&p, bytes, scratch_pool(device), stream));
+  return p;
+}
+
+}  // namespace detail
+
+/// Returns the device scratch that squall's pool on `device` holds and no call is using to
+/// the device (`cudaMemPoolTrimTo`), after the work enqueued so far has finished with it.
+inline void trim_device_scratch(int device) {
+  SQUALL_CUDA_CHECK(cudaDeviceSynchronize());
+  SQUALL_CUDA_CHECK(cudaMemPoolTrimTo(detail::scratch_pool(device), 0));
 }
 
 /// The CUDA backend: kernels are enqueued on `stream` of `device` and return at once;

@@ -33,6 +33,30 @@ __device__ constexpr quantize_scheme scheme_of() {
           Stochastic, SignOnly, static_cast<std::uint8_t>(Float8)};
 }
 
+static_assert(static_cast<std::size_t>(quantize_threads) == bucket_sum_lanes,
+              "a block's threads are the lanes of the host's bucket sum");
+
+/// The bucket sum of the host's `bucket_stats_of`: thread t holds lane t's sum; the lanes are
+/// added pairwise, t taking t + s for s = 128, ..., 1 (shared memory, then shuffles within the
+/// first warp), each sum rounded once. Thread 0 gets the total.
+__device__ inline double bucket_sum(double mine, double* lanes) {
+  const unsigned t = threadIdx.x;
+  lanes[t] = mine;
+  __syncthreads();
+  for (unsigned half = quantize_threads / 2; half >= 32; half /= 2) {
+    if (t < half) lanes[t] = __dadd_rn(lanes[t], lanes[t + half]);
+    __syncthreads();
+  }
+  double v = t < 32 ? lanes[t] : 0.0;
+  if (t < 32) {
+    for (unsigned half = 16; half > 0; half /= 2) {
+      v = __dadd_rn(v, __shfl_down_sync(0xffffffffu, v, half));
+    }
+  }
+  __syncthreads();  // `lanes` is read before the next bucket writes it
+  return v;
+}
+
 template <std::uint32_t Levels, unsigned Width, int Scale, bool Stochastic, bool SignOnly,
           unsigned Float8, class T>
 __global__ void __launch_bounds__(quantize_threads)
@@ -45,9 +69,8 @@ __global__ void __launch_bounds__(quantize_threads)
       static_cast<bits_t>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
   constexpr bits_t magnitude =
       static_cast<bits_t>(sizeof(T) == 4 ? 0x7fffffffull : 0x7fffffffffffffffull);
-  using sum_reduce = cub::BlockReduce<double, quantize_threads>;
   using max_reduce = cub::BlockReduce<bits_t, quantize_threads>;
-  __shared__ typename sum_reduce::TempStorage sum_storage;
+  __shared__ double lane_sums[quantize_threads];
   __shared__ typename max_reduce::TempStorage max_storage;
   __shared__ T shared_scale;
   __shared__ bool shared_usable;
@@ -64,9 +87,13 @@ __global__ void __launch_bounds__(quantize_threads)
       bits &= magnitude;
       top = top > bits ? top : bits;
       const double a = fabs(static_cast<double>(v));
-      sum += Scale == static_cast<int>(bucket_scale::l2_norm) ? a * a : a;
+      // rounded apart, as the host: no fused multiply-add
+      sum = __dadd_rn(sum, Scale == static_cast<int>(bucket_scale::l2_norm) ? __dmul_rn(a, a) : a);
     }
-    const double total = sum_reduce(sum_storage).Sum(sum);
+    double total = 0;
+    if constexpr (Scale != static_cast<int>(bucket_scale::max_abs)) {
+      total = bucket_sum(sum, lane_sums);
+    }
     const bits_t largest =
         max_reduce(max_storage).Reduce(top, [](bits_t x, bits_t y) { return x > y ? x : y; });
     if (threadIdx.x == 0) {
@@ -151,7 +178,8 @@ namespace detail {
 class first_index_slot {
  public:
   first_index_slot(const cuda_backend& backend, std::size_t none) : backend_(backend), none_(none) {
-    SQUALL_CUDA_CHECK(cudaMallocAsync(&word_, sizeof *word_, backend_.stream));
+    word_ = static_cast<unsigned long long*>(
+        squall::detail::allocate_device_scratch(backend_.device, sizeof *word_, backend_.stream));
     SQUALL_CUDA_CHECK(
         cudaMemcpyAsync(word_, &none_, sizeof none_, cudaMemcpyHostToDevice, backend_.stream));
   }

@@ -114,9 +114,9 @@ void launch_reduce(const cuda_backend& backend, Op op, T* dst, const T* a, const
 
 }  // namespace detail
 
-/// Device scratch for `count` elements of `T`: `cudaMallocAsync` on the backend's stream when
-/// made, `cudaFreeAsync` on it when destroyed, so it is stream-ordered with the kernels that
-/// use it (contents unspecified). Move-only.
+/// Device scratch for `count` elements of `T`: taken from squall's pool (`scratch_pool`) on
+/// the backend's stream when made, `cudaFreeAsync` on it when destroyed, so it is
+/// stream-ordered with the kernels that use it (contents unspecified). Move-only.
 template <class T>
 class device_scratch {
  public:
@@ -128,9 +128,8 @@ class device_scratch {
                              "scratch of " + std::to_string(count) + " elements overflows");
     }
     squall::detail::device_guard guard(backend.device);
-    void* p = nullptr;
-    SQUALL_CUDA_CHECK(cudaMallocAsync(&p, count * sizeof(T), backend.stream));
-    data_ = static_cast<T*>(p);
+    data_ = static_cast<T*>(
+        squall::detail::allocate_device_scratch(backend.device, count * sizeof(T), backend.stream));
   }
   ~device_scratch() { release(); }
   device_scratch(device_scratch&& other) noexcept

@@ -10,6 +10,7 @@
 #include <squall/core/float8.hpp>
 #include <squall/core/random.hpp>
 
+#include <algorithm>  // max
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -126,9 +127,17 @@ namespace detail {
 /// Elements per inner block of the host loops (codes and random words stay in L1).
 inline constexpr std::size_t quantize_block = 1024;
 
+/// The order of a bucket's sum (QSGD's l2 norm, the scaled sign's mean): lane t adds
+/// elements t, t + 256, t + 512, ... in turn, then the lanes are added pairwise, lane t taking
+/// lane t + s for s = 128, 64, ..., 1; each square and each sum rounded once (no fused
+/// multiply-add). The CUDA twin's blocks of 256 threads follow the same order, so a float64
+/// bucket's sum, and so its scale and codes, are the host's bit for bit.
+inline constexpr std::size_t bucket_sum_lanes = 256;
+
 /// The scale of a bucket and whether it is finite, from one pass: the largest |v| is the
 /// largest of the magnitudes' bit patterns (an integer max, which vectorizes without fast-math),
-/// and a pattern at or above the exponent mask is an Inf or a NaN.
+/// and a pattern at or above the exponent mask is an Inf or a NaN; sums in the order of
+/// `bucket_sum_lanes`.
 template <bucket_scale S, class T>
 SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bucket_stats bucket_stats_of(const T* SQUALL_RESTRICT v,
                                                                         std::size_t n) {
@@ -137,35 +146,46 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bucket_stats bucket_stats_of(const T*
       static_cast<bits_t>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
   constexpr bits_t magnitude =
       static_cast<bits_t>(sizeof(T) == 4 ? 0x7fffffffull : 0x7fffffffffffffffull);
-  constexpr std::size_t lanes = 8;
-  bits_t top[lanes] = {};
-  double acc[lanes] = {};
-  const std::size_t whole = n - n % lanes;
-  for (std::size_t i = 0; i < whole; i += lanes) {
-    for (std::size_t j = 0; j < lanes; ++j) {
-      bits_t b;
-      std::memcpy(&b, &v[i + j], sizeof b);
-      b &= magnitude;
-      top[j] = top[j] > b ? top[j] : b;
-      if constexpr (S != bucket_scale::max_abs) {
-        const double a = std::fabs(static_cast<double>(v[i + j]));
-        acc[j] += S == bucket_scale::l2_norm ? a * a : a;
-      }
-    }
-  }
-  for (std::size_t i = whole; i < n; ++i) {
+  const auto magnitude_of = [](T x) {
     bits_t b;
-    std::memcpy(&b, &v[i], sizeof b);
-    b &= magnitude;
-    top[0] = top[0] > b ? top[0] : b;
-    const double a = std::fabs(static_cast<double>(v[i]));
-    acc[0] += S == bucket_scale::l2_norm ? a * a : a;
-  }
+    std::memcpy(&b, &x, sizeof b);
+    return static_cast<bits_t>(b & magnitude);
+  };
   bits_t largest = 0;
   double sum = 0;
-  for (std::size_t j = 0; j < lanes; ++j) {
-    largest = largest > top[j] ? largest : top[j];
-    sum += acc[j];
+  if constexpr (S == bucket_scale::max_abs) {  // any order: 8 lanes in registers
+    constexpr std::size_t lanes = 8;
+    bits_t top[lanes] = {};
+    const std::size_t whole = n - n % lanes;
+    for (std::size_t i = 0; i < whole; i += lanes) {
+      for (std::size_t j = 0; j < lanes; ++j) {
+        const bits_t b = magnitude_of(v[i + j]);
+        top[j] = top[j] > b ? top[j] : b;
+      }
+    }
+    for (std::size_t i = whole; i < n; ++i) top[0] = std::max(top[0], magnitude_of(v[i]));
+    for (const bits_t t : top) largest = largest > t ? largest : t;
+  } else {  // the order of `bucket_sum_lanes`
+    constexpr std::size_t lanes = bucket_sum_lanes;
+    alignas(64) bits_t top[lanes] = {};
+    alignas(64) double acc[lanes] = {};
+    const auto add = [&](std::size_t j, T x) {
+      const bits_t b = magnitude_of(x);
+      top[j] = top[j] > b ? top[j] : b;
+      const double a = std::fabs(static_cast<double>(x));
+      const double term = S == bucket_scale::l2_norm ? a * a : a;  // rounded before the sum
+      acc[j] += term;
+    };
+    const std::size_t whole = n - n % lanes;
+    for (std::size_t i = 0; i < whole; i += lanes) {
+      for (std::size_t j = 0; j < lanes; ++j) add(j, v[i + j]);
+    }
+    for (std::size_t i = whole; i < n; ++i) add(i - whole, v[i]);
+    for (const bits_t t : top) largest = largest > t ? largest : t;
+    for (std::size_t half = lanes / 2; half > 0; half /= 2) {
+      for (std::size_t t = 0; t < half; ++t) acc[t] += acc[t + half];
+    }
+    sum = acc[0];
   }
   const bool finite = largest < exponent;
   if constexpr (S == bucket_scale::max_abs) {

@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CUDA kernels beside the device-to-device copy of the same elements, in one run (Google
+// Benchmark, manual time from CUDA events around each call on the backend's stream).
+// bytes_per_second counts the fewest bytes each call must move through device memory (each
+// input read once, each output written once): the copy 2 x 4 bytes per float, reduce_into
+// 3 x 4, an encode 4 + its payload's bytes per element, a decode the reverse. `of_copy` is
+// that rate over the copy's at the same count, measured first. Top-k (1%) is timed beside
+// the full CUB radix sort of (key, index) pairs that it runs: `of_sort` is the sort's time
+// over top-k's. Inputs are normal draws (a hash of the index), different per buffer.
+// Built only where nvcc is; run on a GPU by scripts/gpu-check.sh.
+
+#include <squall/compress/cast.hpp>
+#include <squall/compress/quantize.hpp>
+#include <squall/compress/sparsify.hpp>
+#include <squall/cuda.cuh>
+
+#include <benchmark/benchmark.h>
+#include <cub/device/device_radix_sort.cuh>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <utility>
+
+namespace {
+
+using squall::cuda_backend;
+using squall::device_view;
+
+/// A device allocation of `count` T, freed with the object.
+template <class T>
+class device_buffer {
+ public:
+  explicit device_buffer(std::size_t count) : count_(count) {
+    SQUALL_CUDA_CHECK(cudaMalloc(&data_, count * sizeof(T) + 1));
+  }
+  ~device_buffer() { (void)cudaFree(data_); }
+  device_buffer(device_buffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), count_(other.count_) {}
+  device_buffer& operator=(device_buffer&&) = delete;
+  T* data() const { return data_; }
+  std::size_t count() const { return count_; }
+  device_view<T> view() const { return device_view<T>(data_, count_); }
+  device_view<const T> cview() const { return device_view<const T>(data_, count_); }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t count_;
+};
+
+__global__ void fill_normal(float* out, std::size_t count, std::uint32_t salt) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    // sum of 4 uniform draws from a 32-bit hash of (i, salt): about normal, never all equal
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9e3779b9u ^ salt;
+    float s = 0;
+    for (int k = 0; k < 4; ++k) {
+      h ^= h >> 16;
+      h *= 0x7feb352du;
+      h ^= h >> 15;
+      h *= 0x846ca68bu;
+      h ^= h >> 16;
+      s += static_cast<float>(h) * 0x1p-32f;
+    }
+    out[i] = s - 2.0f;
+  }
+}
+
+device_buffer<float> normal_buffer(std::size_t count, std::uint32_t salt) {
+  device_buffer<float> b(count);
+  fill_normal<<<1024, 256>>>(b.data(), count, salt);
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+  SQUALL_CUDA_CHECK(cudaDeviceSynchronize());
+  return b;
+}
+
+/// The copy's rate (bytes per second) at each count, set by `d2d_copy` (registered first).
+std::map<std::size_t, double>& copy_rates() {
+  static std::map<std::size_t, double> rates;
+  return rates;
+}
+
+/// Times `call()` on `stream` with events, once per iteration; sets the bytes and returns the
+/// rate in bytes per second.
+template <class Call>
+double time_calls(benchmark::State& state, cudaStream_t stream, double bytes_per_call,
+                  Call&& call) {
+  cudaEvent_t start{}, stop{};
+  SQUALL_CUDA_CHECK(cudaEventCreate(&start));
+  SQUALL_CUDA_CHECK(cudaEventCreate(&stop));
+  call();  // warm: module load, CUB's first allocation
+  SQUALL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  double seconds = 0;
+  for (auto _ : state) {
+    SQUALL_CUDA_CHECK(cudaEventRecord(start, stream));
+    call();
+    SQUALL_CUDA_CHECK(cudaEventRecord(stop, stream));
+    SQUALL_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    SQUALL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms * 1e-3);
+    seconds += ms * 1e-3;
+  }
+  SQUALL_CUDA_CHECK(cudaEventDestroy(start));
+  SQUALL_CUDA_CHECK(cudaEventDestroy(stop));
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes_per_call * state.iterations()));
+  return bytes_per_call * static_cast<double>(state.iterations()) / seconds;
+}
+
+void report_of_copy(benchmark::State& state, std::size_t count, double rate) {
+  const auto it = copy_rates().find(count);
+  if (it != copy_rates().end()) state.counters["of_copy"] = rate / it->second;
+}
+
+void d2d_copy(benchmark::State& state) {
+  const auto count = static_cast<std::size_t>(state.range(0));
+  const device_buffer<float> in = normal_buffer(count, 1);
+  const device_buffer<float> out(count);
+  const double rate = time_calls(state, nullptr, 8.0 * count, [&] {
+    SQUALL_CUDA_CHECK(cudaMemcpyAsync(out.data(), in.data(), count * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, nullptr));
+  });
+  copy_rates()[count] = rate;
+}
+
+void reduce_sum(benchmark::State& state) {
+  const auto count = static_cast<std::size_t>(state.range(0));
+  const device_buffer<float> in = normal_buffer(count, 2);
+  const device_buffer<float> sum = normal_buffer(count, 3);
+  const cuda_backend gpu;
+  const double rate = time_calls(state, nullptr, 12.0 * count, [&] {
+    squall::kernels::reduce_into(gpu, squall::sum_op{}, sum.view(), in.cview());
+  });
+  report_of_copy(state, count, rate);
+}
+
+/// Encode (`decode` false) or decode of compressor `C` on `count` floats.
+template <class C>
+void codec(benchmark::State& state, const C& c, bool decode) {
+  const auto count = static_cast<std::size_t>(state.range(0));
+  const device_buffer<float> in = normal_buffer(count, 4);
+  const device_buffer<float> out(count);
+  const cuda_backend gpu;
+  const std::size_t room = c.max_payload_bytes(squall::dtype::float32, count);
+  const device_buffer<std::byte> payload(room);
+  const std::size_t size = c.encode(gpu, in.cview(), payload.view(), squall::random_stream{});
+  const device_view<const std::byte> sent(payload.data(), size);
+  const double bytes = 4.0 * count + static_cast<double>(size);
+  const double rate =
+      decode ? time_calls(state, nullptr, bytes, [&] { c.decode(gpu, sent, out.view()); })
+             : time_calls(state, nullptr, bytes, [&] {
+                 benchmark::DoNotOptimize(
+                     c.encode(gpu, in.cview(), payload.view(), squall::random_stream{}));
+               });
+  report_of_copy(state, count, rate);
+  state.counters["ratio"] = 4.0 * count / static_cast<double>(size);
+}
+
+/// The full radix sort of (magnitude key, index) pairs that top-k runs, alone.
+double sort_seconds(std::size_t count) {
+  const device_buffer<std::uint32_t> keys(count), sorted_keys(count), index(count),
+      sorted_index(count);
+  SQUALL_CUDA_CHECK(cudaMemset(keys.data(), 0x5a, count * 4));
+  std::size_t temp_bytes = 0;
+  SQUALL_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
+      nullptr, temp_bytes, keys.data(), sorted_keys.data(), index.data(), sorted_index.data(),
+      static_cast<std::int64_t>(count), 0, 31));
+  const device_buffer<std::byte> temp(temp_bytes);
+  const auto sort = [&] {
+    SQUALL_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
+        temp.data(), temp_bytes, keys.data(), sorted_keys.data(), index.data(), sorted_index.data(),
+        static_cast<std::int64_t>(count), 0, 31));
+  };
+  fill_normal<<<1024, 256>>>(reinterpret_cast<float*>(keys.data()), count, 9);
+  sort();
+  cudaEvent_t start{}, stop{};
+  SQUALL_CUDA_CHECK(cudaEventCreate(&start));
+  SQUALL_CUDA_CHECK(cudaEventCreate(&stop));
+  float best = 1e30f;
+  for (int rep = 0; rep < 10; ++rep) {
+    SQUALL_CUDA_CHECK(cudaEventRecord(start));
+    sort();
+    SQUALL_CUDA_CHECK(cudaEventRecord(stop));
+    SQUALL_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    SQUALL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    best = ms < best ? ms : best;
+  }
+  SQUALL_CUDA_CHECK(cudaEventDestroy(start));
+  SQUALL_CUDA_CHECK(cudaEventDestroy(stop));
+  return best * 1e-3;
+}
+
+void radix_sort_pairs(benchmark::State& state) {
+  const auto count = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) state.SetIterationTime(sort_seconds(count));
+  state.SetItemsProcessed(static_cast<std::int64_t>(count * state.iterations()));
+}
+
+void topk_1_percent(benchmark::State& state) {
+  const auto count = static_cast<std::size_t>(state.range(0));
+  const squall::topk_compressor c{.ratio = 0.01};
+  const device_buffer<float> in = normal_buffer(count, 5);
+  const cuda_backend gpu;
+  const device_buffer<std::byte> payload(c.max_payload_bytes(squall::dtype::float32, count));
+  cudaEvent_t start{}, stop{};
+  SQUALL_CUDA_CHECK(cudaEventCreate(&start));
+  SQUALL_CUDA_CHECK(cudaEventCreate(&stop));
+  (void)c.encode(gpu, in.cview(), payload.view());
+  double total = 0;
+  for (auto _ : state) {
+    SQUALL_CUDA_CHECK(cudaEventRecord(start));
+    benchmark::DoNotOptimize(c.encode(gpu, in.cview(), payload.view()));
+    SQUALL_CUDA_CHECK(cudaEventRecord(stop));
+    SQUALL_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    SQUALL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms * 1e-3);
+    total += ms * 1e-3;
+  }
+  SQUALL_CUDA_CHECK(cudaEventDestroy(start));
+  SQUALL_CUDA_CHECK(cudaEventDestroy(stop));
+  state.SetItemsProcessed(static_cast<std::int64_t>(count * state.iterations()));
+  state.counters["of_sort"] =
+      sort_seconds(count) / (total / static_cast<double>(state.iterations()));
+}
+
+constexpr std::int64_t mib64 = std::int64_t{16} << 20;  // floats in 64 MiB
+constexpr std::int64_t mib256 = std::int64_t{64} << 20;
+
+void sizes(benchmark::internal::Benchmark* b) {
+  b->Arg(mib64)->Arg(mib256)->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+}  // namespace
+
+BENCHMARK(d2d_copy)->Apply(sizes);
+BENCHMARK(reduce_sum)->Apply(sizes);
+BENCHMARK_CAPTURE(codec, cast_bf16_encode, squall::cast_compressor<squall::bfloat16>{}, false)
+    ->Apply(sizes);
+BENCHMARK_CAPTURE(codec, cast_bf16_decode, squall::cast_compressor<squall::bfloat16>{}, true)
+    ->Apply(sizes);
+BENCHMARK_CAPTURE(codec, int8_encode, squall::int8_compressor{}, false)->Apply(sizes);
+BENCHMARK_CAPTURE(codec, int8_decode, squall::int8_compressor{}, true)->Apply(sizes);
+BENCHMARK_CAPTURE(codec, fp8_e4m3_encode, squall::fp8_compressor{}, false)->Apply(sizes);
+BENCHMARK_CAPTURE(codec, fp8_e4m3_decode, squall::fp8_compressor{}, true)->Apply(sizes);
+BENCHMARK_CAPTURE(codec, qsgd4_encode, squall::qsgd_compressor<4>{}, false)->Apply(sizes);
+BENCHMARK_CAPTURE(codec, qsgd4_decode, squall::qsgd_compressor<4>{}, true)->Apply(sizes);
+BENCHMARK(radix_sort_pairs)->Arg(mib256)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(topk_1_percent)->Arg(mib256)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+BENCHMARK_MAIN();
