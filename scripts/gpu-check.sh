@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one run (the device machine's time is short): the CUDA tests,
 # the same tests under compute-sanitizer memcheck and racecheck, and the CUDA kernel benchmark.
-# Usage: scripts/gpu-check.sh DIR [LOG_DIR]: DIR holds the binaries built beside it
-# (squall_cuda_tests, squall_cuda_bench where built) and may hold libcudart.so.*; logs go to
-# LOG_DIR (default: $OUT where set, else DIR). Prints a short table last.
+# Usage: scripts/gpu-check.sh DIR [LOG_DIR]: DIR holds what scripts/gpu-build.sh gathers
+# (squall_cuda_tests, squall_cuda_bench, the shared libraries), and may hold another build's
+# as squall_cuda_tests-NAME / squall_cuda_bench-NAME, run beside them; logs go to LOG_DIR
+# (default: $OUT where set, else DIR). Prints a short table last.
 set -u
 dir=$(cd "$1" && pwd)
 logs=${2:-${OUT:-$dir}}
@@ -22,21 +23,26 @@ step() { # step NAME SECONDS COMMAND...: runs it with a deadline, logs it, recor
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv \
   >"$logs/gpu.txt" 2>&1
 cat "$logs/gpu.txt"
+# squall_cuda_tests (and squall_cuda_tests-NAME: another build's, for comparison)
+for tests in "$dir"/squall_cuda_tests*; do
+  [[ -x $tests ]] || continue
+  name=$(basename "$tests")
+  step "${name#squall_cuda_}" 60 "$tests" --duration=true
+done
 tests=$dir/squall_cuda_tests
-if [[ -x $tests ]]; then
-  step tests 120 "$tests" --duration=true
-  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-  if [[ -n $sanitizer ]]; then
-    step memcheck 180 "$sanitizer" --tool memcheck --error-exitcode 9 "$tests"
-    # racecheck is slow: the kernels that share memory within a block (CUB, the bucket sums)
-    step racecheck 150 "$sanitizer" --tool racecheck --error-exitcode 9 "$tests" \
-      '-tc=*quantizers*,*top-k*,*sketch*,*heavy*,*threshold*'
-  fi
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+if [[ -x $tests && -n $sanitizer ]]; then
+  step memcheck 80 "$sanitizer" --tool memcheck --error-exitcode 9 "$tests"
+  # racecheck is slow: the kernels that share memory within a block (CUB, the reductions)
+  step racecheck 50 "$sanitizer" --tool racecheck --error-exitcode 9 "$tests" \
+    "${SQUALL_RACECHECK_CASES:--tc=*random-k*,*PowerSGD*,*write_selected*}"
 fi
-if [[ -x $dir/squall_cuda_bench ]]; then
-  step bench 120 "$dir/squall_cuda_bench" --benchmark_min_time=0.2 \
-    --benchmark_out="$logs/bench.json" --benchmark_out_format=json
-fi
+# squall_cuda_bench (and squall_cuda_bench-NAME: another build's, in the same run)
+for bench in "$dir"/squall_cuda_bench*; do
+  [[ -x $bench ]] || continue
+  name=$(basename "$bench")
+  step "${name#squall_cuda_}" 40 "$bench" --benchmark_min_time=0.2
+done
 for f in "$logs"/*.log; do
   echo "== $(basename "$f"): last lines"
   tail -25 "$f"

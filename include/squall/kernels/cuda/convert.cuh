@@ -15,6 +15,7 @@
 
 #include <concepts>  // same_as
 #include <cstddef>   // size_t
+#include <cstdint>   // uintptr_t
 
 namespace squall::kernels {
 namespace detail {
@@ -57,12 +58,24 @@ __device__ inline To convert_element(From x) {
   }
 }
 
+/// Groups of four elements in one load and one store each where both arrays are aligned to
+/// four elements, one element at a time otherwise and for the tail.
 template <class To, class From>
 __global__ void __launch_bounds__(convert_threads)
     convert_kernel(const From* in, To* out, std::size_t count) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * convert_threads;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * convert_threads + threadIdx.x;
-       i < count; i += stride) {
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * convert_threads + threadIdx.x;
+  const bool aligned = reinterpret_cast<std::uintptr_t>(in) % sizeof(four<From>) == 0 &&
+                       reinterpret_cast<std::uintptr_t>(out) % sizeof(four<To>) == 0;
+  const std::size_t groups = aligned ? count / 4 : 0;
+  for (std::size_t g = first; g < groups; g += stride) {
+    const four<From> x = reinterpret_cast<const four<From>*>(in)[g];
+    four<To> y;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) y.v[k] = convert_element<To>(x.v[k]);
+    reinterpret_cast<four<To>*>(out)[g] = y;
+  }
+  for (std::size_t i = 4 * groups + first; i < count; i += stride) {
     out[i] = convert_element<To>(in[i]);
   }
 }
@@ -79,7 +92,8 @@ void convert(const cuda_backend& backend, const From* in, To* out, std::size_t c
     SQUALL_CUDA_CHECK(
         cudaMemcpyAsync(out, in, count * sizeof(To), cudaMemcpyDeviceToDevice, backend.stream));
   } else {
-    const std::size_t blocks = (count + detail::convert_threads - 1) / detail::convert_threads;
+    const std::size_t threads = (count + 3) / 4;  // a group of four each, where aligned
+    const std::size_t blocks = (threads + detail::convert_threads - 1) / detail::convert_threads;
     detail::convert_kernel<To>
         <<<static_cast<unsigned>(blocks < detail::max_blocks ? blocks : detail::max_blocks),
            detail::convert_threads, 0, backend.stream>>>(in, out, count);

@@ -19,6 +19,7 @@
 
 #include <cstddef>  // byte, size_t
 #include <cstdint>  // int32_t
+#include <cstring>  // memcpy
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -29,6 +30,12 @@ namespace detail {
 
 /// The most blocks one launch uses; the grid-stride loop covers any count beyond.
 inline constexpr std::size_t max_blocks = 65535;
+
+/// Four elements in one aligned access (16 bytes of float, 8 of a 16-bit type).
+template <class T>
+struct alignas(4 * sizeof(T)) four {
+  T v[4];
+};
 
 // step: each block takes tiles of threads_per_block * items_per_thread elements; thread t
 // handles elements tile + k * threads_per_block + t, so a warp's accesses are coalesced.
@@ -331,12 +338,38 @@ void vote_finish(const cuda_backend& backend, device_view<const std::int32_t> vo
   SQUALL_CUDA_CHECK(cudaGetLastError());
 }
 
-/// Copies `size` host bytes into device memory at `dst` (stream-ordered; the host source is
-/// staged by the driver, so it may be reused when the call returns).
+namespace detail {
+
+/// Bytes that `store_bytes` passes by value in a kernel's parameters (a payload's header).
+inline constexpr std::size_t inline_store_bytes = 256;
+
+struct inline_bytes {
+  std::byte bytes[inline_store_bytes];
+};
+
+template <int = 0>
+__global__ void store_inline_kernel(std::byte* dst, inline_bytes src, unsigned size) {
+  for (unsigned i = threadIdx.x; i < size; i += blockDim.x) dst[i] = src.bytes[i];
+}
+
+}  // namespace detail
+
+/// Copies `size` host bytes into device memory at `dst`, stream-ordered; the host source may
+/// be reused when the call returns. Up to `inline_store_bytes` travel in a kernel's
+/// parameters, so the call neither waits for the stream nor lets the driver wait for it (a
+/// copy from pageable memory would); more go by `cudaMemcpyAsync`, then a wait.
 inline void store_bytes(const cuda_backend& backend, std::byte* dst, const void* src,
                         std::size_t size) {
   if (size == 0) return;
   squall::detail::device_guard guard(backend.device);
+  if (size <= detail::inline_store_bytes) {
+    detail::inline_bytes value;
+    std::memcpy(value.bytes, src, size);
+    detail::store_inline_kernel<<<1, 64, 0, backend.stream>>>(dst, value,
+                                                              static_cast<unsigned>(size));
+    SQUALL_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   SQUALL_CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyHostToDevice, backend.stream));
   SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend.stream));
 }
