@@ -18,11 +18,17 @@
 namespace squall {
 namespace detail {
 
+/// Throws `squall::error` in the cuda category naming the call, the current device and the
+/// place: "squall cudaMalloc(...): cudaErrorMemoryAllocation (out of memory) on device 0 at
+/// file:line".
 [[noreturn]] inline void throw_cuda_error(cudaError_t status, const char* expression,
                                           const char* file, int line) {
+  int device = -1;
+  const std::string on =
+      cudaGetDevice(&device) == cudaSuccess ? " on device " + std::to_string(device) : "";
   throw error(std::error_code(static_cast<int>(status), cuda_category()), {.operation = expression},
-              std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ") at " +
-                  file + ":" + std::to_string(line));
+              std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")" + on +
+                  " at " + file + ":" + std::to_string(line));
 }
 
 /// Makes `device` current for the scope and restores the previous device after it.
