@@ -82,11 +82,10 @@ std::map<std::size_t, double>& copy_rates() {
   return rates;
 }
 
-/// Times `call()` on `stream` with events, once per iteration; sets the bytes and returns the
-/// rate in bytes per second.
+/// Times `call()` on `stream` with events, once per iteration; returns the mean seconds per
+/// call.
 template <class Call>
-double time_calls(benchmark::State& state, cudaStream_t stream, double bytes_per_call,
-                  Call&& call) {
+double time_calls(benchmark::State& state, cudaStream_t stream, Call&& call) {
   cudaEvent_t start{}, stop{};
   SQUALL_CUDA_CHECK(cudaEventCreate(&start));
   SQUALL_CUDA_CHECK(cudaEventCreate(&stop));
@@ -105,8 +104,16 @@ double time_calls(benchmark::State& state, cudaStream_t stream, double bytes_per
   }
   SQUALL_CUDA_CHECK(cudaEventDestroy(start));
   SQUALL_CUDA_CHECK(cudaEventDestroy(stop));
+  return seconds / static_cast<double>(state.iterations());
+}
+
+/// Times `call()` as `time_calls`, counting `bytes_per_call`; returns bytes per second.
+template <class Call>
+double rate_of_calls(benchmark::State& state, cudaStream_t stream, double bytes_per_call,
+                     Call&& call) {
+  const double seconds = time_calls(state, stream, std::forward<Call>(call));
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes_per_call * state.iterations()));
-  return bytes_per_call * static_cast<double>(state.iterations()) / seconds;
+  return bytes_per_call / seconds;
 }
 
 void report_of_copy(benchmark::State& state, std::size_t count, double rate) {
@@ -118,7 +125,7 @@ void d2d_copy(benchmark::State& state) {
   const auto count = static_cast<std::size_t>(state.range(0));
   const device_buffer<float> in = normal_buffer(count, 1);
   const device_buffer<float> out(count);
-  const double rate = time_calls(state, nullptr, 8.0 * count, [&] {
+  const double rate = rate_of_calls(state, nullptr, 8.0 * count, [&] {
     SQUALL_CUDA_CHECK(cudaMemcpyAsync(out.data(), in.data(), count * sizeof(float),
                                       cudaMemcpyDeviceToDevice, nullptr));
   });
@@ -130,7 +137,7 @@ void reduce_sum(benchmark::State& state) {
   const device_buffer<float> in = normal_buffer(count, 2);
   const device_buffer<float> sum = normal_buffer(count, 3);
   const cuda_backend gpu;
-  const double rate = time_calls(state, nullptr, 12.0 * count, [&] {
+  const double rate = rate_of_calls(state, nullptr, 12.0 * count, [&] {
     squall::kernels::reduce_into(gpu, squall::sum_op{}, sum.view(), in.cview());
   });
   report_of_copy(state, count, rate);
@@ -149,8 +156,8 @@ void codec(benchmark::State& state, const C& c, bool decode) {
   const device_view<const std::byte> sent(payload.data(), size);
   const double bytes = 4.0 * count + static_cast<double>(size);
   const double rate =
-      decode ? time_calls(state, nullptr, bytes, [&] { c.decode(gpu, sent, out.view()); })
-             : time_calls(state, nullptr, bytes, [&] {
+      decode ? rate_of_calls(state, nullptr, bytes, [&] { c.decode(gpu, sent, out.view()); })
+             : rate_of_calls(state, nullptr, bytes, [&] {
                  benchmark::DoNotOptimize(
                      c.encode(gpu, in.cview(), payload.view(), squall::random_stream{}));
                });
@@ -205,26 +212,10 @@ void topk_1_percent(benchmark::State& state) {
   const device_buffer<float> in = normal_buffer(count, 5);
   const cuda_backend gpu;
   const device_buffer<std::byte> payload(c.max_payload_bytes(squall::dtype::float32, count));
-  cudaEvent_t start{}, stop{};
-  SQUALL_CUDA_CHECK(cudaEventCreate(&start));
-  SQUALL_CUDA_CHECK(cudaEventCreate(&stop));
-  (void)c.encode(gpu, in.cview(), payload.view());
-  double total = 0;
-  for (auto _ : state) {
-    SQUALL_CUDA_CHECK(cudaEventRecord(start));
-    benchmark::DoNotOptimize(c.encode(gpu, in.cview(), payload.view()));
-    SQUALL_CUDA_CHECK(cudaEventRecord(stop));
-    SQUALL_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    SQUALL_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    state.SetIterationTime(ms * 1e-3);
-    total += ms * 1e-3;
-  }
-  SQUALL_CUDA_CHECK(cudaEventDestroy(start));
-  SQUALL_CUDA_CHECK(cudaEventDestroy(stop));
+  const double seconds = time_calls(
+      state, nullptr, [&] { benchmark::DoNotOptimize(c.encode(gpu, in.cview(), payload.view())); });
   state.SetItemsProcessed(static_cast<std::int64_t>(count * state.iterations()));
-  state.counters["of_sort"] =
-      sort_seconds(count) / (total / static_cast<double>(state.iterations()));
+  state.counters["of_sort"] = sort_seconds(count) / seconds;
 }
 
 constexpr std::int64_t mib64 = std::int64_t{16} << 20;  // floats in 64 MiB
