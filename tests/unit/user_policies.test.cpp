@@ -27,6 +27,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "../support/data.hpp"
@@ -350,6 +351,21 @@ void check_per_hop_conserves() {
   }
 }
 
+// ---- a user's backend whose work fails, as a device reports a failed kernel ---------------
+
+/// Host memory and kernels, but every wait reports what a CUDA backend's would after a bad
+/// kernel: a `squall::error` in the cuda category naming the call and the device, no rank.
+struct failing_backend : squall::host_backend {
+  static constexpr std::string_view name = "failing";
+  void synchronize() const {
+    throw squall::error(std::error_code(700, squall::cuda_category()),
+                        {.operation = "cudaStreamSynchronize(stream)"},
+                        "cudaErrorIllegalAddress (an illegal memory access was encountered) on "
+                        "device 0 at kernel.cu:1");
+  }
+};
+static_assert(squall::backend<failing_backend>);
+
 }  // namespace
 
 TEST_SUITE("user policies") {
@@ -456,5 +472,27 @@ TEST_SUITE("user policies") {
       CHECK(w.find("schedule 'twice_reduced', which makes a rank encode a block twice") !=
             std::string::npos);
     }
+  }
+
+  TEST_CASE("a backend's error names its call and device, and the communicator adds the rank") {
+    // one rank: with two, the first to fail abandons the transport, and the other may see
+    // that (peer_failure) before its own wait fails
+    run_ranks(1, [&](inproc_transport& t) {
+      squall::communicator<inproc_transport, squall::ring_topology, squall::identity_compressor,
+                           failing_backend>
+          comm(std::move(t));
+      std::vector<float> grad(8, 1.0f);
+      try {
+        comm.allreduce(squall::host_view<float>(grad));
+        FAIL("the failing backend's wait did not throw");
+      } catch (const squall::error& e) {
+        CHECK(e.rank() == comm.rank());
+        CHECK(e.code() == std::error_code(700, squall::cuda_category()));
+        CHECK(e.operation() == "cudaStreamSynchronize(stream)");
+        const std::string what = e.what();
+        CHECK(what.find("(rank " + std::to_string(comm.rank()) + ")") != std::string::npos);
+        CHECK(what.find("on device 0 at kernel.cu:1") != std::string::npos);
+      }
+    });
   }
 }

@@ -49,7 +49,8 @@
 #include <cstddef>   // size_t
 #include <string>
 #include <string_view>
-#include <utility>  // move
+#include <typeinfo>  // typeid
+#include <utility>   // move
 
 namespace squall {
 
@@ -314,6 +315,14 @@ class communicator {
     } catch (const timeout_error&) {
       throw;
     } catch (const detail::raised_everywhere&) {
+      throw;
+    } catch (const error& e) {
+      abandon(e.what());
+      // a backend's own error (a CUDA call's, say) knows the call and the device, not the
+      // rank: the same error again, naming this rank
+      if (typeid(e) == typeid(error) && e.rank() == no_rank) {
+        throw error(e.code(), {.operation = e.operation(), .rank = rank()}, e.detail());
+      }
       throw;
     } catch (const std::exception& e) {
       abandon(e.what());
