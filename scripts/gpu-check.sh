@@ -20,8 +20,11 @@ step() { # step NAME SECONDS COMMAND...: runs it with a deadline, logs it, recor
   summary+=("$(printf '%-22s rc=%-4s %4ss  %s' "$name" "$rc" $((SECONDS - start)) \
     "$(grep -E 'test cases:|ERROR SUMMARY|RACECHECK SUMMARY' "$logs/$name.log" | tail -1)")")
 }
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv \
-  >"$logs/gpu.txt" 2>&1
+if ! nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv \
+  >"$logs/gpu.txt" 2>&1; then
+  echo "gpu-check: no GPU here (nvidia-smi failed): run it on a machine with one" >&2
+  exit 2
+fi
 cat "$logs/gpu.txt"
 # squall_cuda_tests (and squall_cuda_tests-NAME: another build's, for comparison)
 for tests in "$dir"/squall_cuda_tests*; do
