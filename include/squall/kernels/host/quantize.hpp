@@ -134,7 +134,7 @@ inline constexpr std::size_t quantize_block = 1024;
 /// bucket's sum, and so its scale and codes, are the host's bit for bit.
 inline constexpr std::size_t bucket_sum_lanes = 256;
 
-/// The scale of a bucket and whether it is finite, from one pass: the largest |v| is the
+/// The scale of a bucket and whether it is finite: the largest |v| is the
 /// largest of the magnitudes' bit patterns (an integer max, which vectorizes without fast-math),
 /// and a pattern at or above the exponent mask is an Inf or a NaN; sums in the order of
 /// `bucket_sum_lanes`.
@@ -151,37 +151,34 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bucket_stats bucket_stats_of(const T*
     std::memcpy(&b, &x, sizeof b);
     return static_cast<bits_t>(b & magnitude);
   };
-  bits_t largest = 0;
-  double sum = 0;
-  if constexpr (S == bucket_scale::max_abs) {  // any order: 8 lanes in registers
-    constexpr std::size_t lanes = 8;
-    bits_t top[lanes] = {};
-    const std::size_t whole = n - n % lanes;
-    for (std::size_t i = 0; i < whole; i += lanes) {
-      for (std::size_t j = 0; j < lanes; ++j) {
-        const bits_t b = magnitude_of(v[i + j]);
-        top[j] = top[j] > b ? top[j] : b;
-      }
+  // the largest magnitude, in any order: 8 lanes in registers
+  constexpr std::size_t max_lanes = 8;
+  bits_t top[max_lanes] = {};
+  const std::size_t whole = n - n % max_lanes;
+  for (std::size_t i = 0; i < whole; i += max_lanes) {
+    for (std::size_t j = 0; j < max_lanes; ++j) {
+      const bits_t b = magnitude_of(v[i + j]);
+      top[j] = top[j] > b ? top[j] : b;
     }
-    for (std::size_t i = whole; i < n; ++i) top[0] = std::max(top[0], magnitude_of(v[i]));
-    for (const bits_t t : top) largest = largest > t ? largest : t;
-  } else {  // the order of `bucket_sum_lanes`
+  }
+  for (std::size_t i = whole; i < n; ++i) top[0] = std::max(top[0], magnitude_of(v[i]));
+  bits_t largest = 0;
+  for (const bits_t t : top) largest = largest > t ? largest : t;
+  double sum = 0;
+  // where it sums, a second pass over the bucket (now in L1) in the order of `bucket_sum_lanes`
+  if constexpr (S != bucket_scale::max_abs) {
     constexpr std::size_t lanes = bucket_sum_lanes;
-    alignas(64) bits_t top[lanes] = {};
     alignas(64) double acc[lanes] = {};
     const auto add = [&](std::size_t j, T x) {
-      const bits_t b = magnitude_of(x);
-      top[j] = top[j] > b ? top[j] : b;
       const double a = std::fabs(static_cast<double>(x));
       const double term = S == bucket_scale::l2_norm ? a * a : a;  // rounded before the sum
       acc[j] += term;
     };
-    const std::size_t whole = n - n % lanes;
-    for (std::size_t i = 0; i < whole; i += lanes) {
+    const std::size_t rows = n - n % lanes;
+    for (std::size_t i = 0; i < rows; i += lanes) {
       for (std::size_t j = 0; j < lanes; ++j) add(j, v[i + j]);
     }
-    for (std::size_t i = whole; i < n; ++i) add(i - whole, v[i]);
-    for (const bits_t t : top) largest = largest > t ? largest : t;
+    for (std::size_t i = rows; i < n; ++i) add(i - rows, v[i]);
     for (std::size_t half = lanes / 2; half > 0; half /= 2) {
       for (std::size_t t = 0; t < half; ++t) acc[t] += acc[t + half];
     }
