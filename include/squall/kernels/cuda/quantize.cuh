@@ -253,36 +253,21 @@ inline unsigned quantize_grid(std::size_t blocks) {
 namespace detail {
 
 /// A device word where a kernel records the first bad element's index by atomicMin: set to
-/// `none` on the stream, read back (waiting for the stream) by `read`, freed by either.
+/// `none` on the stream (`store_bytes`: no wait), read back by `read` (one wait).
 class first_index_slot {
  public:
-  first_index_slot(const cuda_backend& backend, std::size_t none) : backend_(backend), none_(none) {
-    word_ = static_cast<unsigned long long*>(
-        squall::detail::allocate_device_scratch(backend_.device, sizeof *word_, backend_.stream));
-    SQUALL_CUDA_CHECK(
-        cudaMemcpyAsync(word_, &none_, sizeof none_, cudaMemcpyHostToDevice, backend_.stream));
+  first_index_slot(const cuda_backend& backend, std::size_t none)
+      : backend_(backend), word_(backend, 1) {
+    const auto value = static_cast<unsigned long long>(none);
+    store_bytes(backend, reinterpret_cast<std::byte*>(word_.data()), &value, sizeof value);
   }
-  first_index_slot(const first_index_slot&) = delete;
-  first_index_slot& operator=(const first_index_slot&) = delete;
-  ~first_index_slot() {
-    if (word_ != nullptr) (void)cudaFreeAsync(word_, backend_.stream);
-  }
-  unsigned long long* get() const noexcept { return word_; }
+  unsigned long long* get() const noexcept { return word_.data(); }
   /// The recorded index, or `none` if no thread recorded one.
-  std::size_t read() {
-    unsigned long long index = none_;
-    SQUALL_CUDA_CHECK(
-        cudaMemcpyAsync(&index, word_, sizeof index, cudaMemcpyDeviceToHost, backend_.stream));
-    SQUALL_CUDA_CHECK(cudaFreeAsync(word_, backend_.stream));
-    word_ = nullptr;
-    SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend_.stream));
-    return static_cast<std::size_t>(index);
-  }
+  std::size_t read() const { return static_cast<std::size_t>(read_back(backend_, word_.data())); }
 
  private:
-  const cuda_backend& backend_;
-  unsigned long long none_;
-  unsigned long long* word_ = nullptr;
+  cuda_backend backend_;
+  device_scratch<unsigned long long> word_;
 };
 
 }  // namespace detail

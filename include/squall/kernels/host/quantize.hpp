@@ -130,8 +130,9 @@ inline constexpr std::size_t quantize_block = 1024;
 /// The order of a bucket's sum (QSGD's l2 norm, the scaled sign's mean): lane t adds
 /// elements t, t + 256, t + 512, ... in turn, then the lanes are added pairwise, lane t taking
 /// lane t + s for s = 128, 64, ..., 1; each square and each sum rounded once (no fused
-/// multiply-add). The CUDA twin's blocks of 256 threads follow the same order, so a float64
-/// bucket's sum, and so its scale and codes, are the host's bit for bit.
+/// multiply-add). The CUDA twin follows the same order (a warp per bucket, 8 lanes' sums in
+/// each thread, then shuffles), so a float64 bucket's sum, and so its scale and codes, are
+/// the host's bit for bit.
 inline constexpr std::size_t bucket_sum_lanes = 256;
 
 /// The scale of a bucket and whether it is finite: the largest |v| is the
