@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-# squall_add_mpi_test(<name> <target> [RANKS n...] [LABELS l...] [ARGS a...] [TIMEOUT s])
+# squall_add_mpi_test(<name> <target> [RANKS n...] [LABELS l...] [ARGS a...] [TIMEOUT s]
+#                     [ENVIRONMENT VAR=value...])
 #
 # Registers <target> once per rank count as <name>.np<n>, run under MPIEXEC_EXECUTABLE with
 # labels "mpi;collective" plus LABELS. RANKS defaults to 1 2 3 4. With Open MPI the run adds
@@ -27,7 +28,7 @@ endif()
 message(STATUS "squall MPI tests: ${SQUALL_MPI_FLAVOUR} (${MPIEXEC_EXECUTABLE}), up to ${SQUALL_MPI_MAX_RANKS} ranks")
 
 function(squall_add_mpi_test name target)
-  cmake_parse_arguments(arg "" "TIMEOUT" "RANKS;LABELS;ARGS" ${ARGN})
+  cmake_parse_arguments(arg "" "TIMEOUT" "RANKS;LABELS;ARGS;ENVIRONMENT" ${ARGN})
   if(NOT arg_RANKS)
     set(arg_RANKS 1 2 3 4)
   endif()
@@ -40,6 +41,7 @@ function(squall_add_mpi_test name target)
     set(flags --oversubscribe)
     set(environment "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
   endif()
+  list(APPEND environment ${arg_ENVIRONMENT})
   foreach(ranks IN LISTS arg_RANKS)
     if(ranks GREATER SQUALL_MPI_MAX_RANKS)
       continue()

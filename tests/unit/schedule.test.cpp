@@ -331,6 +331,16 @@ TEST_SUITE("schedule") {
     for (std::size_t b = 64; b <= (std::size_t{256} << 20); b *= 8) {
       for (int p : {2, 3, 4, 8}) CHECK(formulas.choice(b, p) == "direct");
     }
+    // A model that names its schedule runs it at every size; a wrong name is refused.
+    for (const std::string_view name : squall::cost_model::names) {
+      const squall::automatic_topology only{.model = squall::cost_model::of_name(name)};
+      for (std::size_t b = 64; b <= (std::size_t{256} << 20); b *= 8) {
+        for (int p : {2, 3, 4, 8}) CHECK(only.choice(b, p) == name);
+      }
+    }
+    CHECK(squall::cost_model::of_name("automatic") == squall::cost_model{});
+    CHECK_THROWS_WITH_AS(squall::cost_model::of_name("star"),
+                         doctest::Contains("unknown schedule 'star'"), squall::invalid_argument);
   }
   TEST_CASE("a cost model reads back what it wrote; a malformed one names its line") {
     squall::cost_model model;

@@ -64,6 +64,10 @@ struct cost_model {
   std::array<std::vector<cost_point>, candidates> measured{};
   /// The rank count `measured` was taken on (a communicator of another size refuses it).
   int ranks = 0;
+  /// The candidate (an index into `names`) every call runs, whatever the prediction; empty:
+  /// the cheapest. `of_name` sets it from a schedule's name (libsquall_mpi's
+  /// SQUALL_MPI_TOPOLOGY). Not saved by `to_text`.
+  std::optional<std::size_t> only{};
 
   bool calibrated() const {
     for (const auto& m : measured) {
@@ -99,6 +103,7 @@ struct cost_model {
   /// except that direct comes first where the formulas say a rank reaches all peers at once
   /// (at P = 2 ring and direct tie; the one-shot reads the peer's memory without staging).
   std::size_t choose(std::size_t bytes, int size) const {
+    if (only) return *only;
     const bool one_shot_first = !calibrated() && link && link->all_peers_at_once;
     std::size_t best = one_shot_first ? 2 : 0;
     for (std::size_t c = 0; c < candidates; ++c) {
@@ -128,6 +133,22 @@ struct cost_model {
       text += "\n";
     }
     return text;
+  }
+
+  /// The unmeasured model that always runs the schedule named `name` ("ring", "tree",
+  /// "direct", "halving_doubling"), or the cheapest for "automatic"; `invalid_argument`
+  /// naming the choices otherwise.
+  static cost_model of_name(std::string_view name) {
+    cost_model model;
+    if (name == "automatic") return model;
+    const auto* which = std::find(names.begin(), names.end(), name);
+    if (which == names.end()) {
+      throw invalid_argument({.operation = "cost_model"},
+                             "unknown schedule '" + std::string(name) +
+                                 "': automatic, ring, tree, direct or halving_doubling");
+    }
+    model.only = static_cast<std::size_t>(which - names.begin());
+    return model;
   }
 
   /// Reads what `to_text` wrote; `invalid_argument` naming the line otherwise.

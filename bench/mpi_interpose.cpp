@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: Apache-2.0
+// squall-mpi-bench: a plain MPI program (no squall headers) that times MPI_Allreduce,
+// MPI_Allgather, MPI_Reduce_scatter_block or MPI_Bcast of float data against the MPI library's
+// own PMPI_* of the same call, interleaved in one run. Run it with libsquall_mpi.so preloaded
+// (scripts/bench.sh does: SQUALL_BENCH=interpose) and the "squall" column is the interposed
+// call; without it both columns are MPI's.
+//
+//   mpiexec -n P env LD_PRELOAD=libsquall_mpi.so squall-mpi-bench [--op allreduce|allgather|
+//       reduce_scatter|bcast] [-b 4K] [-e 256M] [--reps 5]
+//
+// Per size (bytes of the whole result, as nccl-tests counts): the time of one call (best of
+// --reps timed loops, each the slowest rank's mean), busbw of the squall column, the ratio MPI
+// time / squall time (> 1: squall faster), and #wrong: elements of the squall result that
+// differ from PMPI's (the data are small integers, so every sum is exact in any order).
+#include <mpi.h>
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::size_t parse_bytes(const char* text) {
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text, &end, 10);
+  const std::string suffix = end;
+  const int shift = suffix.empty() ? 0 : suffix == "K" ? 10 : suffix == "M" ? 20 : suffix == "G" ? 30 : -1;
+  if (end == text || shift < 0) {
+    std::fprintf(stderr, "squall-mpi-bench: '%s' is not a size (digits, then K, M or G)\n", text);
+    std::exit(2);
+  }
+  return static_cast<std::size_t>(value) << shift;
+}
+
+/// One collective on `count` floats of result, through MPI_* (interposed) or PMPI_*. A
+/// broadcast sends `out` of rank 0.
+int run_op(const std::string& op, const std::vector<float>& in, std::vector<float>& out, int count,
+           bool mpi, int size) {
+  const int block = count / size;
+  if (op == "allreduce") {
+    return mpi ? PMPI_Allreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)
+               : MPI_Allreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  }
+  if (op == "allgather") {
+    return mpi ? PMPI_Allgather(in.data(), block, MPI_FLOAT, out.data(), block, MPI_FLOAT,
+                                MPI_COMM_WORLD)
+               : MPI_Allgather(in.data(), block, MPI_FLOAT, out.data(), block, MPI_FLOAT,
+                               MPI_COMM_WORLD);
+  }
+  if (op == "reduce_scatter") {
+    return mpi ? PMPI_Reduce_scatter_block(in.data(), out.data(), block, MPI_FLOAT, MPI_SUM,
+                                           MPI_COMM_WORLD)
+               : MPI_Reduce_scatter_block(in.data(), out.data(), block, MPI_FLOAT, MPI_SUM,
+                                          MPI_COMM_WORLD);
+  }
+  return mpi ? PMPI_Bcast(out.data(), count, MPI_FLOAT, 0, MPI_COMM_WORLD)
+             : MPI_Bcast(out.data(), count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::string op = "allreduce";
+  std::size_t first = 4096, last = std::size_t{256} << 20;
+  int reps = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--op") {
+      op = argv[i + 1];
+    } else if (flag == "-b") {
+      first = parse_bytes(argv[i + 1]);
+    } else if (flag == "-e") {
+      last = parse_bytes(argv[i + 1]);
+    } else if (flag == "--reps") {
+      reps = std::max(1, std::atoi(argv[i + 1]));
+    } else {
+      if (rank == 0) std::fprintf(stderr, "squall-mpi-bench: unknown flag %s\n", argv[i]);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
+  if (op != "allreduce" && op != "allgather" && op != "reduce_scatter" && op != "bcast") {
+    if (rank == 0) std::fprintf(stderr, "squall-mpi-bench: unknown --op %s\n", op.c_str());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  const bool interposed = dlsym(RTLD_DEFAULT, "squall_mpi_counts") != nullptr;
+  // busbw factor, as nccl-tests: allreduce 2(P-1)/P, allgather and reduce-scatter (P-1)/P,
+  // broadcast 1.
+  const double p = size;
+  const double factor = op == "allreduce" ? 2 * (p - 1) / p : op == "bcast" ? 1.0 : (p - 1) / p;
+  if (rank == 0) {
+    char host[MPI_MAX_PROCESSOR_NAME] = {};
+    int length = 0;
+    MPI_Get_processor_name(host, &length);
+    std::printf("# squall-mpi-bench: %s of float32 sums, %d ranks on %s; squall column: %s\n",
+                op.c_str(), size, host,
+                interposed ? "libsquall_mpi.so (interposed MPI_*)" : "MPI_* (not interposed)");
+    std::printf("%12s %11s %11s %11s %10s %9s %7s\n", "bytes", "count", "MPI us", "squall us",
+                "busbw GB/s", "MPI/squall", "#wrong");
+  }
+  for (std::size_t bytes = first; bytes <= last; bytes *= 4) {
+    const int count = static_cast<int>(bytes / sizeof(float) / static_cast<std::size_t>(size) *
+                                       static_cast<std::size_t>(size));
+    if (count == 0) continue;
+    const std::size_t input_count = op == "allgather" ? static_cast<std::size_t>(count / size)
+                                                      : static_cast<std::size_t>(count);
+    std::vector<float> in(input_count), out(static_cast<std::size_t>(count)),
+        reference(static_cast<std::size_t>(count));
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      in[i] = static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank)) % 201) -
+                                 100);
+    }
+    if (op == "bcast") {
+      std::copy(in.begin(), in.end(), reference.begin());
+      std::copy(in.begin(), in.end(), out.begin());
+    }
+    run_op(op, in, reference, count, true, size);
+    run_op(op, in, out, count, false, size);
+    long wrong = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) wrong += out[i] != reference[i] ? 1 : 0;
+    const int iterations =
+        static_cast<int>(std::clamp<std::size_t>((std::size_t{64} << 20) / bytes, 3, 2000));
+    double best[2] = {1e30, 1e30};  // [0]: MPI, [1]: squall
+    for (int r = 0; r < reps; ++r) {
+      for (int which = 0; which < 2; ++which) {
+        std::vector<float>& target = which == 0 ? reference : out;
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double start = MPI_Wtime();
+        for (int i = 0; i < iterations; ++i) run_op(op, in, target, count, which == 0, size);
+        double seconds = (MPI_Wtime() - start) / iterations;
+        MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        best[which] = std::min(best[which], seconds);
+      }
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0) {
+      const double result_bytes = static_cast<double>(count) * sizeof(float);
+      std::printf("%12zu %11d %11.1f %11.1f %10.2f %9.2fx %7ld\n", static_cast<std::size_t>(count) * 4,
+                  count, best[0] * 1e6, best[1] * 1e6, result_bytes / best[1] * factor / 1e9,
+                  best[0] / best[1], wrong);
+      std::fflush(stdout);
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}

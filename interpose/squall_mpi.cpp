@@ -1,0 +1,691 @@
+// SPDX-License-Identifier: Apache-2.0
+// libsquall_mpi.so: squall's collectives under an unmodified MPI program, through MPI's
+// profiling interface. Preload it (LD_PRELOAD, `mpiexec -x LD_PRELOAD=...` with Open MPI,
+// `-genv LD_PRELOAD ...` with MPICH) or link it before the MPI library.
+//
+// It defines MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Bcast and
+// MPI_Barrier (and MPI_Init, MPI_Init_thread, MPI_Finalize to set up and tear down). A call it
+// can prove it handles identically on every rank runs squall's communicator on a private
+// duplicate of the caller's communicator: shared memory when every rank of the communicator is
+// on this host, mpi_transport otherwise. Everything else goes to PMPI_* unchanged.
+//
+// The same route on every rank. Whether a call is handled depends only on what MPI requires
+// every rank to pass alike: the type signature (not the datatype handle: ranks may describe
+// the same signature with different handles and layouts; a non-contiguous layout is packed),
+// the count, the op, the root, MPI_IN_PLACE (allgather) and the configuration, which every
+// rank hashes at MPI_Init and compares in one small PMPI_Allreduce (ranks that disagree turn
+// squall off for the whole job and say so). Handled:
+// - allreduce and reduce_scatter_block: every element of the signature one of float, double,
+//   int32 or int64 (MPI_INT, MPI_INT32_T, MPI_LONG, ... by size), op MPI_SUM, MPI_MIN or
+//   MPI_MAX, at least SQUALL_MPI_MIN_BYTES bytes in all;
+// - allgather and bcast: any signature whose bytes per rank are a multiple of 4, at least
+//   SQUALL_MPI_MIN_BYTES bytes in all (the data moves as 32-bit words, no arithmetic);
+// - barrier: once squall holds state for the communicator (a handled call made it);
+// - never: intercommunicators, user-defined ops, MPI_PROD and the logical, bitwise and
+//   MAXLOC/MINLOC ops, mixed-type signatures, the non-blocking forms, MPI_Init not called
+//   through this library (then it stays off), and Fortran callers (Open MPI's Fortran
+//   bindings call PMPI_* directly, so the profiling interface never sees them).
+//
+// Environment (read at MPI_Init; every rank must agree):
+//   SQUALL_MPI_ENABLE     1 (default) or 0: everything falls through.
+//   SQUALL_MPI_MIN_BYTES  smallest call handled, in bytes (default 65536; suffix K, M, G).
+//   SQUALL_MPI_TOPOLOGY   automatic (default), ring, tree, direct or halving_doubling.
+//   SQUALL_MPI_TRANSPORT  auto (default: shared memory on one host, MPI across hosts), shm or
+//                         mpi (mpi_transport even on one host).
+//   SQUALL_MPI_VERBOSE    1: rank 0 of each communicator says once what squall handles on it.
+//   SQUALL_MPI_STATS      1: at MPI_Finalize rank 0 prints the job's counts and bytes per call.
+// A malformed value is named on stderr and turns squall off (never a guess).
+//
+// Errors: a squall error (a dead peer, a deadline) is printed with squall's message and
+// handed to the communicator's MPI error handler as MPI_ERR_OTHER, as MPI's own failure would
+// be; with MPI_ERRORS_RETURN the call returns MPI_ERR_OTHER.
+
+#include <squall/algorithm/communicator.hpp>
+#include <squall/topology/automatic.hpp>
+#include <squall/transport/mpi.hpp>
+#include <squall/transport/shm.hpp>
+
+#include <mpi.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <unistd.h>  // getpid
+#include <variant>
+#include <vector>
+
+namespace {
+
+using squall::host_view;
+
+// ---- configuration ------------------------------------------------------------------------
+
+struct config {
+  bool enable = true;
+  std::uint64_t min_bytes = 65536;
+  std::string topology = "automatic";
+  std::string transport = "auto";
+  bool verbose = false;
+  bool stats = false;
+  std::string problem;  ///< the first malformed variable, named; squall is then off
+
+  static config from_environment() {
+    config c;
+    const auto flag = [&c](const char* name, bool& value) {
+      const char* text = std::getenv(name);
+      if (text == nullptr) return;
+      if (std::string_view(text) == "1") {
+        value = true;
+      } else if (std::string_view(text) == "0") {
+        value = false;
+      } else if (c.problem.empty()) {
+        c.problem = std::string(name) + "='" + text + "' is not 0 or 1";
+      }
+    };
+    flag("SQUALL_MPI_ENABLE", c.enable);
+    flag("SQUALL_MPI_VERBOSE", c.verbose);
+    flag("SQUALL_MPI_STATS", c.stats);
+    if (const char* text = std::getenv("SQUALL_MPI_MIN_BYTES")) {
+      char* end = nullptr;
+      const unsigned long long value = std::strtoull(text, &end, 10);
+      const std::string_view suffix = end;
+      const int shift = suffix.empty()  ? 0
+                        : suffix == "K" ? 10
+                        : suffix == "M" ? 20
+                        : suffix == "G" ? 30
+                                        : -1;
+      if (end == text || *text == '-' || shift < 0) {
+        if (c.problem.empty()) {
+          c.problem = std::string("SQUALL_MPI_MIN_BYTES='") + text +
+                      "' is not a byte count (digits, optionally K, M or G)";
+        }
+      } else {
+        c.min_bytes = static_cast<std::uint64_t>(value) << shift;
+      }
+    }
+    if (const char* text = std::getenv("SQUALL_MPI_TOPOLOGY")) {
+      c.topology = text;
+      try {
+        (void)squall::cost_model::of_name(c.topology);
+      } catch (const squall::error& e) {
+        if (c.problem.empty()) c.problem = "SQUALL_MPI_TOPOLOGY: " + e.detail();
+      }
+    }
+    if (const char* text = std::getenv("SQUALL_MPI_TRANSPORT")) {
+      c.transport = text;
+      if (c.transport != "auto" && c.transport != "shm" && c.transport != "mpi" &&
+          c.problem.empty()) {
+        c.problem = std::string("SQUALL_MPI_TRANSPORT='") + text + "' is not auto, shm or mpi";
+      }
+    }
+    if (!c.problem.empty()) c.enable = false;
+    return c;
+  }
+
+  /// What every rank must hold alike (FNV-1a of the settings that change a route).
+  std::uint64_t hash() const {
+    const std::string text =
+        std::to_string(enable) + "/" + std::to_string(min_bytes) + "/" + topology + "/" + transport;
+    std::uint64_t h = 1469598103934665603ull;
+    for (const char ch : text) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+    return h;
+  }
+};
+
+// ---- per-call counters (SQUALL_MPI_STATS) ---------------------------------------------------
+
+enum call_kind : int { allreduce, allgather, reduce_scatter_block, bcast, barrier, kinds };
+constexpr std::array<const char*, kinds> call_names = {
+    "MPI_Allreduce", "MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Bcast", "MPI_Barrier"};
+
+struct counters {
+  // [kind][0: handled, 1: passed to MPI] calls and bytes
+  std::array<std::array<unsigned long long, 2>, kinds> calls{};
+  std::array<std::array<unsigned long long, 2>, kinds> bytes{};
+};
+
+// ---- element types of a signature --------------------------------------------------------------
+
+enum class base { none, f32, f64, i32, i64 };
+
+base named_base(MPI_Datatype type) {
+  if (type == MPI_FLOAT) return base::f32;
+  if (type == MPI_DOUBLE) return base::f64;
+  const bool is_int = type == MPI_INT || type == MPI_INT32_T || type == MPI_INT64_T ||
+                      type == MPI_LONG || type == MPI_LONG_LONG || type == MPI_LONG_LONG_INT;
+  if (!is_int) return base::none;
+  int size = 0;
+  PMPI_Type_size(type, &size);
+  return size == 4 ? base::i32 : size == 8 ? base::i64 : base::none;
+}
+
+/// The one element type every element of `type`'s signature has, or none (mixed, or one squall
+/// does not reduce). Walks derived types through their envelopes.
+base signature_base(MPI_Datatype type) {
+  int ints = 0, addresses = 0, types = 0, combiner = 0;
+  if (PMPI_Type_get_envelope(type, &ints, &addresses, &types, &combiner) != MPI_SUCCESS) {
+    return base::none;
+  }
+  if (combiner == MPI_COMBINER_NAMED) return named_base(type);
+  if (types == 0) return base::none;
+  std::vector<int> int_args(static_cast<std::size_t>(ints));
+  std::vector<MPI_Aint> address_args(static_cast<std::size_t>(addresses));
+  std::vector<MPI_Datatype> parts(static_cast<std::size_t>(types));
+  if (PMPI_Type_get_contents(type, ints, addresses, types, int_args.data(), address_args.data(),
+                             parts.data()) != MPI_SUCCESS) {
+    return base::none;
+  }
+  std::optional<base> common;
+  for (MPI_Datatype part : parts) {
+    const base b = signature_base(part);
+    common = (!common || *common == b) ? b : base::none;
+    int part_ints = 0, part_addresses = 0, part_types = 0, part_combiner = 0;
+    PMPI_Type_get_envelope(part, &part_ints, &part_addresses, &part_types, &part_combiner);
+    if (part_combiner != MPI_COMBINER_NAMED) PMPI_Type_free(&part);
+  }
+  return common.value_or(base::none);
+}
+
+constexpr std::size_t base_bytes(base b) { return b == base::f64 || b == base::i64 ? 8 : 4; }
+
+/// `count` items of `type`: their bytes, and whether they lie in memory as those bytes (else
+/// they are packed and unpacked around squall's call).
+struct layout {
+  std::uint64_t bytes = 0;
+  bool contiguous = false;
+};
+
+layout layout_of(int count, MPI_Datatype type) {
+  MPI_Count size = 0, lb = 0, extent = 0, true_lb = 0, true_extent = 0;
+  PMPI_Type_size_x(type, &size);
+  PMPI_Type_get_extent_x(type, &lb, &extent);
+  PMPI_Type_get_true_extent_x(type, &true_lb, &true_extent);
+  const bool contiguous = true_lb == 0 && true_extent == size && extent == size && lb == 0;
+  return {.bytes = static_cast<std::uint64_t>(count) * static_cast<std::uint64_t>(size),
+          .contiguous = contiguous || count == 0};
+}
+
+/// `count` items of `type` at `data` as plain bytes: the buffer itself when contiguous, else a
+/// packed copy (`pack` fills it, `unpack` writes it back).
+class staged {
+ public:
+  staged(void* data, int count, MPI_Datatype type, MPI_Comm comm)
+      : data_(data), count_(count), type_(type), comm_(comm), layout_(layout_of(count, type)) {
+    if (!layout_.contiguous) copy_.resize(layout_.bytes);
+  }
+  std::byte* bytes() { return layout_.contiguous ? static_cast<std::byte*>(data_) : copy_.data(); }
+  std::uint64_t size() const { return layout_.bytes; }
+  void pack() {
+    if (layout_.contiguous) return;
+    int position = 0;
+    const int code = PMPI_Pack(data_, count_, type_, copy_.data(), static_cast<int>(copy_.size()),
+                               &position, comm_);
+    check(code, position, "MPI_Pack");
+  }
+  void unpack() {
+    if (layout_.contiguous) return;
+    int position = 0;
+    const int code = PMPI_Unpack(copy_.data(), static_cast<int>(copy_.size()), &position, data_,
+                                 count_, type_, comm_);
+    check(code, position, "MPI_Unpack");
+  }
+
+ private:
+  void check(int code, int position, const char* what) const {
+    squall::detail::mpi_check(code, {.operation = "squall_mpi"}, what);
+    if (static_cast<std::uint64_t>(position) != layout_.bytes) {
+      throw squall::invalid_argument(
+          {.operation = "squall_mpi"},
+          std::string(what) + " did not give the datatype's bytes as they lie in memory (" +
+              std::to_string(position) + " of " + std::to_string(layout_.bytes) + ")");
+    }
+  }
+  void* data_;
+  int count_;
+  MPI_Datatype type_;
+  MPI_Comm comm_;
+  layout layout_;
+  std::vector<std::byte> copy_;
+};
+
+// ---- per-communicator state ---------------------------------------------------------------
+
+using shm_communicator = squall::communicator<squall::shm_transport, squall::automatic_topology>;
+using mpi_communicator = squall::communicator<squall::mpi_transport, squall::automatic_topology>;
+
+struct comm_state {
+  MPI_Comm user = MPI_COMM_NULL;  ///< the caller's communicator (the attribute's owner)
+  MPI_Comm own = MPI_COMM_NULL;   ///< squall's private duplicate
+  std::variant<std::unique_ptr<shm_communicator>, std::unique_ptr<mpi_communicator>> impl;
+  std::string transport;  ///< "shared memory" or "MPI", for the verbose line
+
+  ~comm_state() {
+    impl = std::unique_ptr<shm_communicator>{};
+    if (own != MPI_COMM_NULL) PMPI_Comm_free(&own);
+  }
+};
+
+struct library {
+  std::mutex lock;  ///< guards `states` and the counters (MPI_THREAD_MULTIPLE)
+  bool on = false;  ///< after MPI_Init, if the ranks agreed
+  config settings;
+  int keyval = MPI_KEYVAL_INVALID;
+  std::map<comm_state*, std::unique_ptr<comm_state>> states;
+  counters count;
+  unsigned long long jobs = 0;  ///< shared-memory jobs this process started (their names)
+};
+
+library& lib() {
+  static library* instance = new library;  // never destroyed: MPI may call back at exit
+  return *instance;
+}
+
+thread_local bool inside = false;  ///< squall's own MPI calls are never intercepted
+
+void note(call_kind kind, bool handled, std::uint64_t bytes) {
+  if (inside) return;  // squall's own calls are not the program's
+  library& l = lib();
+  const std::lock_guard guard(l.lock);
+  l.count.calls[kind][handled ? 0 : 1] += 1;
+  l.count.bytes[kind][handled ? 0 : 1] += bytes;
+}
+
+int delete_state(MPI_Comm, int, void* value, void*) {
+  library& l = lib();
+  std::unique_ptr<comm_state> state;
+  {
+    const std::lock_guard guard(l.lock);
+    const auto it = l.states.find(static_cast<comm_state*>(value));
+    if (it == l.states.end()) return MPI_SUCCESS;
+    state = std::move(it->second);
+    l.states.erase(it);
+  }
+  inside = true;
+  state.reset();
+  inside = false;
+  return MPI_SUCCESS;
+}
+
+std::string name_of(MPI_Comm comm) {
+  std::array<char, MPI_MAX_OBJECT_NAME> text{};
+  int length = 0;
+  PMPI_Comm_get_name(comm, text.data(), &length);
+  return length > 0 ? std::string(text.data(), static_cast<std::size_t>(length)) : "unnamed";
+}
+
+/// Builds squall's communicator for `comm`: a collective call on every rank of it, made at
+/// the first call on `comm` that squall handles (the same call on every rank).
+comm_state& make_state(MPI_Comm comm) {
+  library& l = lib();
+  auto state = std::make_unique<comm_state>();
+  state->user = comm;
+  squall::detail::mpi_check(PMPI_Comm_dup(comm, &state->own), {.operation = "squall_mpi"},
+                            "MPI_Comm_dup");
+  int size = 0, rank = 0;
+  PMPI_Comm_size(state->own, &size);
+  PMPI_Comm_rank(state->own, &rank);
+  MPI_Comm host = MPI_COMM_NULL;
+  PMPI_Comm_split_type(state->own, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+  int host_size = 0;
+  PMPI_Comm_size(host, &host_size);
+  PMPI_Comm_free(&host);
+  int one_host = host_size == size ? 1 : 0;
+  PMPI_Allreduce(MPI_IN_PLACE, &one_host, 1, MPI_INT, MPI_MIN, state->own);
+  const bool use_shm =
+      l.settings.transport == "shm" || (l.settings.transport == "auto" && one_host == 1);
+  if (use_shm && one_host == 0) {
+    throw squall::invalid_argument(
+        {.operation = "squall_mpi"},
+        "SQUALL_MPI_TRANSPORT=shm but the communicator '" + name_of(comm) + "' spans hosts");
+  }
+  const squall::automatic_topology topology{.model =
+                                                squall::cost_model::of_name(l.settings.topology)};
+  if (use_shm) {
+    // Rank 0 names the job (its pid and a counter: unique on the host) and draws its key.
+    std::array<std::uint64_t, 3> job{};
+    if (rank == 0) {
+      job = {static_cast<std::uint64_t>(getpid()), ++l.jobs,
+             std::random_device{}() * 0x100000001ull};
+    }
+    PMPI_Bcast(job.data(), 3, MPI_UINT64_T, 0, state->own);
+    const squall::shm_job shm{
+        .name = "mpi-" + std::to_string(job[0]) + "-" + std::to_string(job[1]),
+        .rank = rank,
+        .size = size,
+        .key = job[2] | 1};
+    state->impl = std::make_unique<shm_communicator>(squall::shm_transport(shm), topology);
+    state->transport = "shared memory";
+  } else {
+    state->impl = std::make_unique<mpi_communicator>(squall::mpi_transport(state->own), topology);
+    state->transport = "MPI";
+  }
+  if (l.settings.verbose && rank == 0) {
+    std::fprintf(stderr,
+                 "squall_mpi: communicator '%s' (%d ranks): squall's %s collectives, topology "
+                 "%s, for calls of >= %llu bytes; the rest goes to MPI\n",
+                 name_of(comm).c_str(), size, state->transport.c_str(), l.settings.topology.c_str(),
+                 static_cast<unsigned long long>(l.settings.min_bytes));
+  }
+  comm_state& result = *state;
+  {
+    const std::lock_guard guard(l.lock);
+    l.states.emplace(state.get(), std::move(state));
+  }
+  PMPI_Comm_set_attr(comm, l.keyval, &result);
+  return result;
+}
+
+comm_state* existing_state(MPI_Comm comm) {
+  void* value = nullptr;
+  int found = 0;
+  PMPI_Comm_get_attr(comm, lib().keyval, &value, &found);
+  return found != 0 ? static_cast<comm_state*>(value) : nullptr;
+}
+
+/// Whether `comm` may be handled at all: squall is on, the call is not squall's own, and
+/// `comm` is an intracommunicator.
+bool usable(MPI_Comm comm) {
+  if (!lib().on || inside || comm == MPI_COMM_NULL) return false;
+  int inter = 0;
+  if (PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter != 0) return false;
+  return true;
+}
+
+/// Runs `body(communicator)` on `comm`'s squall communicator (made on first use); a squall
+/// error goes to `comm`'s error handler as MPI_ERR_OTHER.
+template <class Body>
+int run(MPI_Comm comm, Body&& body) {
+  inside = true;
+  int code = MPI_SUCCESS;
+  try {
+    comm_state* state = existing_state(comm);
+    if (state == nullptr) state = &make_state(comm);
+    std::visit([&](auto& impl) { body(*impl); }, state->impl);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "squall_mpi: %s\n", e.what());
+    code = MPI_ERR_OTHER;
+  }
+  inside = false;
+  if (code != MPI_SUCCESS) PMPI_Comm_call_errhandler(comm, code);
+  return code;
+}
+
+template <class F>
+void with_type(base b, F&& f) {
+  switch (b) {
+    case base::f32:
+      return f(float{});
+    case base::f64:
+      return f(double{});
+    case base::i32:
+      return f(std::int32_t{});
+    case base::i64:
+      return f(std::int64_t{});
+    case base::none:
+      return;
+  }
+}
+
+template <class F>
+void with_op(MPI_Op op, F&& f) {
+  if (op == MPI_SUM) return f(squall::sum_op{});
+  if (op == MPI_MIN) return f(squall::min_op{});
+  return f(squall::max_op{});
+}
+
+bool reducible(MPI_Op op) { return op == MPI_SUM || op == MPI_MIN || op == MPI_MAX; }
+
+template <class T>
+std::size_t elements(std::uint64_t bytes) {
+  return static_cast<std::size_t>(bytes / sizeof(T));
+}
+
+/// After PMPI_Init(_thread): reads the settings and agrees them across MPI_COMM_WORLD. Every
+/// rank takes part, whatever its settings: the hashes' max equals a rank's own hash, and the
+/// complements' max its complement, only when all hashes are equal.
+void start() {
+  library& l = lib();
+  l.settings = config::from_environment();
+  const std::uint64_t mine = l.settings.hash();
+  std::array<std::uint64_t, 2> hashes = {mine, ~mine};
+  PMPI_Allreduce(MPI_IN_PLACE, hashes.data(), 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  int agreed = hashes[0] == mine && hashes[1] == ~mine ? 1 : 0;
+  PMPI_Allreduce(MPI_IN_PLACE, &agreed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  int rank = 0;
+  PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (!l.settings.problem.empty()) {
+    std::fprintf(stderr, "squall_mpi (rank %d): %s; squall is off, MPI does every call\n", rank,
+                 l.settings.problem.c_str());
+  }
+  if (agreed == 0 && rank == 0) {
+    std::fprintf(stderr,
+                 "squall_mpi: the ranks' SQUALL_MPI_* settings differ; squall is off, MPI does "
+                 "every call\n");
+  }
+  PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_state, &l.keyval, nullptr);
+  l.on = agreed == 1 && l.settings.enable;
+}
+
+/// Before PMPI_Finalize: the job's counts (SQUALL_MPI_STATS), then every communicator squall
+/// still holds is freed (MPI_COMM_WORLD's and MPI_COMM_SELF's and any the program never freed).
+void stop() {
+  library& l = lib();
+  if (l.keyval == MPI_KEYVAL_INVALID) return;
+  if (l.settings.stats) {
+    counters total;
+    PMPI_Reduce(l.count.calls.data(), total.calls.data(), kinds * 2, MPI_UNSIGNED_LONG_LONG,
+                MPI_SUM, 0, MPI_COMM_WORLD);
+    PMPI_Reduce(l.count.bytes.data(), total.bytes.data(), kinds * 2, MPI_UNSIGNED_LONG_LONG,
+                MPI_SUM, 0, MPI_COMM_WORLD);
+    int rank = 0, size = 0;
+    PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    PMPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (rank == 0) {
+      std::fprintf(stderr, "squall_mpi stats, all %d ranks (calls and bytes per rank summed):\n",
+                   size);
+      for (int k = 0; k < kinds; ++k) {
+        std::fprintf(stderr,
+                     "  %-25s squall %10llu calls %14llu bytes   MPI %10llu calls %14llu bytes\n",
+                     call_names[static_cast<std::size_t>(k)], total.calls[k][0], total.bytes[k][0],
+                     total.calls[k][1], total.bytes[k][1]);
+      }
+    }
+  }
+  std::vector<MPI_Comm> held;
+  {
+    const std::lock_guard guard(l.lock);
+    for (const auto& [key, state] : l.states) held.push_back(state->user);
+  }
+  for (MPI_Comm comm : held) PMPI_Comm_delete_attr(comm, l.keyval);
+  PMPI_Comm_free_keyval(&l.keyval);
+  l.on = false;
+}
+
+}  // namespace
+
+// ---- the intercepted calls ------------------------------------------------------------------
+
+// The library's only exported symbols (it builds with hidden visibility).
+#define SQUALL_MPI_EXPORT __attribute__((visibility("default")))
+
+extern "C" {
+
+SQUALL_MPI_EXPORT int MPI_Init(int* argc, char*** argv) {
+  const int code = PMPI_Init(argc, argv);
+  if (code == MPI_SUCCESS) start();
+  return code;
+}
+
+SQUALL_MPI_EXPORT int MPI_Init_thread(int* argc, char*** argv, int required, int* provided) {
+  const int code = PMPI_Init_thread(argc, argv, required, provided);
+  if (code == MPI_SUCCESS) start();
+  return code;
+}
+
+SQUALL_MPI_EXPORT int MPI_Finalize() {
+  stop();
+  return PMPI_Finalize();
+}
+
+SQUALL_MPI_EXPORT int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count,
+                                    MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
+  const base b = usable(comm) && reducible(op) ? signature_base(datatype) : base::none;
+  const std::uint64_t bytes = layout_of(count, datatype).bytes;
+  if (b == base::none || bytes < lib().settings.min_bytes) {
+    note(allreduce, false, bytes);
+    return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+  }
+  note(allreduce, true, bytes);
+  return run(comm, [&](auto& squall_comm) {
+    staged out(recvbuf, count, datatype, comm);
+    const bool in_place = sendbuf == MPI_IN_PLACE;
+    std::optional<staged> in;
+    if (!in_place) in.emplace(const_cast<void*>(sendbuf), count, datatype, comm);
+    if (in_place) out.pack();
+    if (in) in->pack();
+    with_type(b, [&]<class T>(T) {
+      with_op(op, [&](auto squall_op) {
+        const host_view<T> result(reinterpret_cast<T*>(out.bytes()), elements<T>(bytes));
+        if (in_place) {
+          squall_comm.allreduce(result, squall_op);
+        } else {
+          squall_comm.allreduce(
+              host_view<const T>(reinterpret_cast<const T*>(in->bytes()), elements<T>(bytes)),
+              result, squall_op);
+        }
+      });
+    });
+    out.unpack();
+  });
+}
+
+SQUALL_MPI_EXPORT int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
+                                               MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
+  int size = 1;
+  if (comm != MPI_COMM_NULL) PMPI_Comm_size(comm, &size);
+  const base b = usable(comm) && reducible(op) ? signature_base(datatype) : base::none;
+  const std::uint64_t block = layout_of(recvcount, datatype).bytes;
+  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
+  if (b == base::none || bytes < lib().settings.min_bytes ||
+      static_cast<std::uint64_t>(recvcount) * size > INT32_MAX) {
+    note(reduce_scatter_block, false, bytes);
+    return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
+  }
+  note(reduce_scatter_block, true, bytes);
+  return run(comm, [&](auto& squall_comm) {
+    const bool in_place = sendbuf == MPI_IN_PLACE;
+    const int total = recvcount * size;
+    staged in(in_place ? recvbuf : const_cast<void*>(sendbuf), total, datatype, comm);
+    staged out(recvbuf, recvcount, datatype, comm);
+    in.pack();
+    with_type(b, [&]<class T>(T) {
+      with_op(op, [&](auto squall_op) {
+        const std::size_t n = elements<T>(bytes);
+        T* whole = reinterpret_cast<T*>(in.bytes());
+        T* result = reinterpret_cast<T*>(out.bytes());
+        if (in_place) {
+          // squall leaves this rank's block in place; MPI wants it at the front.
+          squall_comm.reduce_scatter(host_view<T>(whole, n), squall_op);
+          const std::size_t offset = squall_comm.block_offset(n);
+          if (offset != 0) std::memmove(result, whole + offset, block);
+        } else {
+          squall_comm.reduce_scatter(host_view<const T>(whole, n),
+                                     host_view<T>(result, elements<T>(block)), squall_op);
+        }
+      });
+    });
+    out.unpack();
+  });
+}
+
+SQUALL_MPI_EXPORT int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
+                                    void* recvbuf, int recvcount, MPI_Datatype recvtype,
+                                    MPI_Comm comm) {
+  int size = 1, rank = 0;
+  if (comm != MPI_COMM_NULL) {
+    PMPI_Comm_size(comm, &size);
+    PMPI_Comm_rank(comm, &rank);
+  }
+  const std::uint64_t block = layout_of(recvcount, recvtype).bytes;
+  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
+  if (!usable(comm) || block % 4 != 0 || bytes < lib().settings.min_bytes ||
+      static_cast<std::uint64_t>(recvcount) * size > INT32_MAX) {
+    note(allgather, false, bytes);
+    return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+  }
+  note(allgather, true, bytes);
+  return run(comm, [&](auto& squall_comm) {
+    staged out(recvbuf, recvcount * size, recvtype, comm);
+    const std::size_t words = static_cast<std::size_t>(block / 4);
+    auto* whole = reinterpret_cast<std::int32_t*>(out.bytes());
+    std::int32_t* mine = whole + static_cast<std::size_t>(rank) * words;
+    if (sendbuf == MPI_IN_PLACE) {
+      out.pack();  // this rank's block is its input
+    } else {
+      staged in(const_cast<void*>(sendbuf), sendcount, sendtype, comm);
+      if (in.size() != block) {
+        throw squall::mismatch_error({.operation = "squall_mpi allgather"},
+                                     "the send and receive signatures differ in size");
+      }
+      in.pack();
+      std::memcpy(mine, in.bytes(), block);
+    }
+    squall_comm.allgather(host_view<const std::int32_t>(mine, words),
+                          host_view<std::int32_t>(whole, words * static_cast<std::size_t>(size)));
+    out.unpack();
+  });
+}
+
+SQUALL_MPI_EXPORT int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root,
+                                MPI_Comm comm) {
+  const std::uint64_t bytes = layout_of(count, datatype).bytes;
+  if (!usable(comm) || bytes % 4 != 0 || bytes < lib().settings.min_bytes) {
+    note(bcast, false, bytes);
+    return PMPI_Bcast(buffer, count, datatype, root, comm);
+  }
+  note(bcast, true, bytes);
+  return run(comm, [&](auto& squall_comm) {
+    staged data(buffer, count, datatype, comm);
+    if (squall_comm.rank() == root) data.pack();
+    squall_comm.broadcast(host_view<std::int32_t>(reinterpret_cast<std::int32_t*>(data.bytes()),
+                                                  static_cast<std::size_t>(bytes / 4)),
+                          root);
+    data.unpack();
+  });
+}
+
+SQUALL_MPI_EXPORT int MPI_Barrier(MPI_Comm comm) {
+  if (!usable(comm) || existing_state(comm) == nullptr) {
+    note(barrier, false, 0);
+    return PMPI_Barrier(comm);
+  }
+  note(barrier, true, 0);
+  return run(comm, [](auto& squall_comm) { squall_comm.barrier(); });
+}
+
+/// For tests and tools: this process's calls so far handled by squall (`handled`) and passed
+/// to MPI (`passed`), over all five collectives; whether squall is on (1) or off (0).
+SQUALL_MPI_EXPORT int squall_mpi_counts(unsigned long long* handled, unsigned long long* passed) {
+  library& l = lib();
+  const std::lock_guard guard(l.lock);
+  unsigned long long h = 0, p = 0;
+  for (const auto& calls : l.count.calls) {
+    h += calls[0];
+    p += calls[1];
+  }
+  *handled = h;
+  *passed = p;
+  return l.on ? 1 : 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: Apache-2.0
+// libsquall_mpi.so under mpiexec: every intercepted call against PMPI_*'s answer in the same
+// run, and squall_mpi_counts() says whether squall or MPI took each call. The executable links
+// the library before MPI (the other way in, LD_PRELOAD, is tested by the mpi4py scripts and
+// the MPI suites rerun preloaded). Run with SQUALL_MPI_MIN_BYTES=4096.
+//
+// SQUALL_TEST_EXPECT_OFF=1: the job was started with settings that differ between ranks, so
+// squall must be off and MPI must take every call (the results are still checked).
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern "C" int squall_mpi_counts(unsigned long long* handled, unsigned long long* passed);
+
+namespace {
+
+int rank_of(MPI_Comm comm) {
+  int r = 0;
+  MPI_Comm_rank(comm, &r);
+  return r;
+}
+int size_of(MPI_Comm comm) {
+  int s = 0;
+  MPI_Comm_size(comm, &s);
+  return s;
+}
+
+bool expect_off() {
+  const char* off = std::getenv("SQUALL_TEST_EXPECT_OFF");
+  return off != nullptr && std::string(off) == "1";
+}
+
+/// Runs `call` and checks that squall took it (`handled`) or MPI did.
+template <class F>
+void expect_route(bool handled, F&& call) {
+  unsigned long long h0 = 0, p0 = 0, h1 = 0, p1 = 0;
+  squall_mpi_counts(&h0, &p0);
+  REQUIRE(call() == MPI_SUCCESS);
+  squall_mpi_counts(&h1, &p1);
+  const bool squall_took = h1 == h0 + 1 && p1 == p0;
+  const bool mpi_took = p1 == p0 + 1 && h1 == h0;
+  CHECK((handled && !expect_off() ? squall_took : mpi_took));
+}
+
+/// Integer-valued data (exact in every type and any reduction order), different per rank.
+template <class T>
+std::vector<T> data_of(std::size_t count, int rank, int salt) {
+  std::vector<T> v(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    v[i] = static_cast<T>(
+        static_cast<long>(
+            (i * 7 + static_cast<std::size_t>(rank) * 13 + static_cast<std::size_t>(salt)) % 1001) -
+        500);
+  }
+  return v;
+}
+
+template <class T>
+void allreduce_case(MPI_Datatype type, MPI_Op op, std::size_t count, bool in_place,
+                    MPI_Comm comm = MPI_COMM_WORLD) {
+  CAPTURE(count);
+  CAPTURE(in_place);
+  const int rank = rank_of(comm);
+  const std::vector<T> input = data_of<T>(count, rank, static_cast<int>(count % 17));
+  std::vector<T> reference(count);
+  REQUIRE(PMPI_Allreduce(input.data(), reference.data(), static_cast<int>(count), type, op, comm) ==
+          MPI_SUCCESS);
+  std::vector<T> result = in_place ? input : std::vector<T>(count);
+  const int n = static_cast<int>(count);
+  expect_route(count * sizeof(T) >= 4096, [&] {
+    return in_place ? MPI_Allreduce(MPI_IN_PLACE, result.data(), n, type, op, comm)
+                    : MPI_Allreduce(input.data(), result.data(), n, type, op, comm);
+  });
+  CHECK(std::memcmp(result.data(), reference.data(), count * sizeof(T)) == 0);
+}
+
+TEST_CASE("allreduce: every handled type and op, in and out of place, against PMPI") {
+  for (const std::size_t count : {1ul, 1000ul, 1024ul, 65537ul, 300001ul}) {
+    for (const bool in_place : {false, true}) {
+      for (MPI_Op op : {MPI_SUM, MPI_MIN, MPI_MAX}) {
+        allreduce_case<float>(MPI_FLOAT, op, count, in_place);
+        allreduce_case<double>(MPI_DOUBLE, op, count, in_place);
+        allreduce_case<std::int32_t>(MPI_INT, op, count, in_place);
+        allreduce_case<std::int32_t>(MPI_INT32_T, op, count, in_place);
+        allreduce_case<long>(MPI_LONG, op, count, in_place);
+        allreduce_case<std::int64_t>(MPI_INT64_T, op, count, in_place);
+      }
+    }
+  }
+}
+
+TEST_CASE("allreduce: random floats within reassociation of the exact sum") {
+  const int rank = rank_of(MPI_COMM_WORLD);
+  const int size = size_of(MPI_COMM_WORLD);
+  const std::size_t count = 100003;
+  const auto value = [](int r, std::size_t i) {
+    return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + r) * 3.0);
+  };
+  std::vector<float> data(count);
+  for (std::size_t i = 0; i < count; ++i) data[i] = value(rank, i);
+  expect_route(true, [&] {
+    return MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                         MPI_COMM_WORLD);
+  });
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    double exact = 0, magnitude = 0;
+    for (int r = 0; r < size; ++r) {
+      exact += value(r, i);
+      magnitude += std::fabs(value(r, i));
+    }
+    if (std::fabs(data[i] - exact) > size * 1.2e-7 * magnitude) ++bad;
+  }
+  CHECK(bad == 0);
+  // Every rank holds the same bits.
+  std::vector<float> first(data);
+  MPI_Bcast(first.data(), static_cast<int>(count), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  CHECK(std::memcmp(first.data(), data.data(), count * sizeof(float)) == 0);
+}
+
+TEST_CASE("allreduce: derived types of one element type; ranks describe one signature alike") {
+  // Open MPI 4.1 refuses predefined ops on derived types (MPI_ERR_OP), so with squall off
+  // there is nothing to compare.
+  if (expect_off()) return;
+  const int rank = rank_of(MPI_COMM_WORLD);
+  const std::size_t groups = 3001;  // 4 floats each
+  const std::vector<float> input = data_of<float>(groups * 4, rank, 3);
+  std::vector<float> reference(groups * 4);
+  PMPI_Allreduce(input.data(), reference.data(), static_cast<int>(groups * 4), MPI_FLOAT, MPI_SUM,
+                 MPI_COMM_WORLD);
+
+  // A contiguous type of 4 floats on even ranks, plain floats on odd ones: one signature.
+  MPI_Datatype four = MPI_DATATYPE_NULL;
+  MPI_Type_contiguous(4, MPI_FLOAT, &four);
+  MPI_Type_commit(&four);
+  std::vector<float> result(groups * 4);
+  expect_route(true, [&] {
+    return rank % 2 == 0 ? MPI_Allreduce(input.data(), result.data(), static_cast<int>(groups),
+                                         four, MPI_SUM, MPI_COMM_WORLD)
+                         : MPI_Allreduce(input.data(), result.data(), static_cast<int>(groups * 4),
+                                         MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  });
+  CHECK(result == reference);
+
+  // Every other float of a buffer twice as long (a vector with gaps): packed around squall.
+  MPI_Datatype strided = MPI_DATATYPE_NULL;
+  MPI_Type_vector(static_cast<int>(groups * 4), 1, 2, MPI_FLOAT, &strided);
+  MPI_Type_commit(&strided);
+  std::vector<float> sparse(groups * 8, -1.0f);
+  for (std::size_t i = 0; i < groups * 4; ++i) sparse[2 * i] = input[i];
+  expect_route(true, [&] {
+    return MPI_Allreduce(MPI_IN_PLACE, sparse.data(), 1, strided, MPI_SUM, MPI_COMM_WORLD);
+  });
+  for (std::size_t i = 0; i < groups * 4; ++i) {
+    REQUIRE(sparse[2 * i] == reference[i]);
+    REQUIRE(sparse[2 * i + 1] == -1.0f);  // the gaps untouched
+  }
+  MPI_Type_free(&strided);
+  MPI_Type_free(&four);
+}
+
+void user_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  for (int i = 0; i < *len; ++i) static_cast<float*>(inout)[i] += static_cast<float*>(in)[i];
+}
+
+TEST_CASE("what squall does not handle goes to MPI and gets MPI's answer") {
+  const int rank = rank_of(MPI_COMM_WORLD);
+  const std::size_t count = 20000;
+  const std::vector<float> input = data_of<float>(count, rank, 5);
+  const auto compare = [&](MPI_Datatype type, MPI_Op op, int n, const void* in, std::size_t bytes) {
+    std::vector<char> reference(bytes), result(bytes);
+    REQUIRE(PMPI_Allreduce(in, reference.data(), n, type, op, MPI_COMM_WORLD) == MPI_SUCCESS);
+    expect_route(false,
+                 [&] { return MPI_Allreduce(in, result.data(), n, type, op, MPI_COMM_WORLD); });
+    CHECK(result == reference);
+  };
+  SUBCASE("a user-defined op") {
+    MPI_Op op = MPI_OP_NULL;
+    MPI_Op_create(user_sum, 1, &op);
+    compare(MPI_FLOAT, op, static_cast<int>(count), input.data(), count * sizeof(float));
+    MPI_Op_free(&op);
+  }
+  SUBCASE("MPI_PROD") {
+    compare(MPI_FLOAT, MPI_PROD, static_cast<int>(count), input.data(), count * sizeof(float));
+  }
+  SUBCASE("MPI_MAXLOC on float-int pairs") {
+    struct pair {
+      float value;
+      int index;
+    };
+    std::vector<pair> pairs(count);
+    for (std::size_t i = 0; i < count; ++i) pairs[i] = {input[i], rank};
+    compare(MPI_FLOAT_INT, MPI_MAXLOC, static_cast<int>(count), pairs.data(), count * sizeof(pair));
+  }
+  SUBCASE("element types squall does not reduce: short, unsigned, a pair") {
+    const std::vector<std::int32_t> words = data_of<std::int32_t>(count, rank, 9);
+    compare(MPI_SHORT, MPI_SUM, static_cast<int>(count * 2), words.data(), count * 4);
+    compare(MPI_UNSIGNED, MPI_MAX, static_cast<int>(count), words.data(), count * 4);
+    compare(MPI_2INT, MPI_MINLOC, static_cast<int>(count / 2), words.data(), count * 4);
+  }
+  SUBCASE("below SQUALL_MPI_MIN_BYTES") {
+    compare(MPI_FLOAT, MPI_SUM, 1000, input.data(), 1000 * sizeof(float));
+  }
+  SUBCASE("an intercommunicator") {
+    const int size = size_of(MPI_COMM_WORLD);
+    if (size < 2) return;
+    MPI_Comm half = MPI_COMM_NULL, inter = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+    MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, rank % 2 == 0 ? 1 : 0, 7, &inter);
+    std::vector<float> ref(count), out(count);
+    REQUIRE(PMPI_Allreduce(input.data(), ref.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                           inter) == MPI_SUCCESS);
+    expect_route(false, [&] {
+      return MPI_Allreduce(input.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                           inter);
+    });
+    CHECK(out == ref);
+    MPI_Comm_free(&inter);
+    MPI_Comm_free(&half);
+  }
+}
+
+TEST_CASE("reduce_scatter_block, allgather, bcast and barrier against PMPI") {
+  const int rank = rank_of(MPI_COMM_WORLD);
+  const int size = size_of(MPI_COMM_WORLD);
+  for (const std::size_t block : {10ul, 3000ul, 70001ul}) {
+    CAPTURE(block);
+    const bool big = block * 4 * static_cast<std::size_t>(size) >= 4096;
+    const std::vector<float> input =
+        data_of<float>(block * static_cast<std::size_t>(size), rank, 1);
+    std::vector<float> reference(block), out(block);
+    PMPI_Reduce_scatter_block(input.data(), reference.data(), static_cast<int>(block), MPI_FLOAT,
+                              MPI_SUM, MPI_COMM_WORLD);
+    expect_route(big, [&] {
+      return MPI_Reduce_scatter_block(input.data(), out.data(), static_cast<int>(block), MPI_FLOAT,
+                                      MPI_SUM, MPI_COMM_WORLD);
+    });
+    CHECK(out == reference);
+    std::vector<float> in_place = input;
+    expect_route(big, [&] {
+      return MPI_Reduce_scatter_block(MPI_IN_PLACE, in_place.data(), static_cast<int>(block),
+                                      MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    });
+    CHECK(std::vector<float>(in_place.begin(), in_place.begin() + static_cast<long>(block)) ==
+          reference);
+
+    const std::vector<std::int32_t> mine = data_of<std::int32_t>(block, rank, 2);
+    std::vector<std::int32_t> gathered_ref(block * static_cast<std::size_t>(size));
+    std::vector<std::int32_t> gathered(gathered_ref.size());
+    PMPI_Allgather(mine.data(), static_cast<int>(block), MPI_INT, gathered_ref.data(),
+                   static_cast<int>(block), MPI_INT, MPI_COMM_WORLD);
+    expect_route(big, [&] {
+      return MPI_Allgather(mine.data(), static_cast<int>(block), MPI_INT, gathered.data(),
+                           static_cast<int>(block), MPI_INT, MPI_COMM_WORLD);
+    });
+    CHECK(gathered == gathered_ref);
+    std::vector<std::int32_t> gathered_in_place(gathered_ref.size());
+    std::copy(mine.begin(), mine.end(),
+              gathered_in_place.begin() + static_cast<long>(block) * rank);
+    expect_route(big, [&] {
+      return MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, gathered_in_place.data(),
+                           static_cast<int>(block), MPI_INT, MPI_COMM_WORLD);
+    });
+    CHECK(gathered_in_place == gathered_ref);
+
+    for (int root = 0; root < size; ++root) {
+      std::vector<double> data = data_of<double>(block, rank, root);
+      const std::vector<double> expected = data_of<double>(block, root, root);
+      expect_route(block * 8 >= 4096, [&] {
+        return MPI_Bcast(data.data(), static_cast<int>(block), MPI_DOUBLE, root, MPI_COMM_WORLD);
+      });
+      CHECK(data == expected);
+    }
+  }
+  // Bytes per rank not a multiple of 4: MPI moves them.
+  std::vector<char> odd(5001, static_cast<char>(rank == 0 ? 7 : 0));
+  expect_route(false, [&] { return MPI_Bcast(odd.data(), 5001, MPI_CHAR, 0, MPI_COMM_WORLD); });
+  CHECK(odd == std::vector<char>(5001, 7));
+  // Squall holds MPI_COMM_WORLD by now (a handled call above), so it takes the barrier.
+  expect_route(true, [] { return MPI_Barrier(MPI_COMM_WORLD); });
+}
+
+TEST_CASE("split and duplicated communicators get their own state, freed with them") {
+  const int rank = rank_of(MPI_COMM_WORLD);
+  for (int round = 0; round < 3; ++round) {
+    MPI_Comm half = MPI_COMM_NULL, copy = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, rank % 2, -rank, &half);  // reversed order inside
+    MPI_Comm_dup(half, &copy);
+    allreduce_case<float>(MPI_FLOAT, MPI_SUM, 50000, round % 2 == 0, half);
+    allreduce_case<std::int64_t>(MPI_INT64_T, MPI_MAX, 50000, false, copy);
+    expect_route(true, [&] { return MPI_Barrier(copy); });
+    MPI_Comm_free(&copy);
+    MPI_Comm_free(&half);
+  }
+}
+
+TEST_CASE("a squall error reaches the communicator's error handler and returns") {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  std::vector<float> data(4096);
+  // A root outside the communicator: squall refuses it on every rank before anything moves.
+  const int code = MPI_Bcast(data.data(), 4096, MPI_FLOAT, size_of(comm), comm);
+  CHECK(code != MPI_SUCCESS);
+  MPI_Comm_free(&comm);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  unsigned long long handled = 0, passed = 0;
+  const int on = squall_mpi_counts(&handled, &passed);
+  doctest::Context context(argc, argv);
+  if (rank_of(MPI_COMM_WORLD) != 0) context.setOption("minimal", true);
+  int failed = context.run();
+  if (on != (expect_off() ? 0 : 1)) {
+    std::fprintf(stderr, "squall_mpi is %s, expected %s\n", on ? "on" : "off",
+                 expect_off() ? "off" : "on");
+    failed = 1;
+  }
+  int any_failed = 0;
+  PMPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any_failed != 0 ? 1 : 0;
+}
