@@ -14,12 +14,11 @@
 // differ from PMPI's (the data are small integers, so every sum is exact in any order).
 #include <mpi.h>
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <string>
 #include <vector>
 
@@ -29,7 +28,11 @@ std::size_t parse_bytes(const char* text) {
   char* end = nullptr;
   const unsigned long long value = std::strtoull(text, &end, 10);
   const std::string suffix = end;
-  const int shift = suffix.empty() ? 0 : suffix == "K" ? 10 : suffix == "M" ? 20 : suffix == "G" ? 30 : -1;
+  const int shift = suffix.empty()  ? 0
+                    : suffix == "K" ? 10
+                    : suffix == "M" ? 20
+                    : suffix == "G" ? 30
+                                    : -1;
   if (end == text || shift < 0) {
     std::fprintf(stderr, "squall-mpi-bench: '%s' is not a size (digits, then K, M or G)\n", text);
     std::exit(2);
@@ -143,9 +146,9 @@ int main(int argc, char** argv) {
     MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
     if (rank == 0) {
       const double result_bytes = static_cast<double>(count) * sizeof(float);
-      std::printf("%12zu %11d %11.1f %11.1f %10.2f %9.2fx %7ld\n", static_cast<std::size_t>(count) * 4,
-                  count, best[0] * 1e6, best[1] * 1e6, result_bytes / best[1] * factor / 1e9,
-                  best[0] / best[1], wrong);
+      std::printf("%12zu %11d %11.1f %11.1f %10.2f %9.2fx %7ld\n",
+                  static_cast<std::size_t>(count) * 4, count, best[0] * 1e6, best[1] * 1e6,
+                  result_bytes / best[1] * factor / 1e9, best[0] / best[1], wrong);
       std::fflush(stdout);
     }
   }

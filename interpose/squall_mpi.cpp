@@ -198,60 +198,81 @@ base signature_base(MPI_Datatype type) {
 
 constexpr std::size_t base_bytes(base b) { return b == base::f64 || b == base::i64 ? 8 : 4; }
 
+/// A count as the large-count (`_c`) forms of MPI 4 pass it; the int forms widen to it.
+using count_type = std::int64_t;
+
 /// `count` items of `type`: their bytes, and whether they lie in memory as those bytes (else
 /// they are packed and unpacked around squall's call).
 struct layout {
   std::uint64_t bytes = 0;
   bool contiguous = false;
+  MPI_Count item_bytes = 0;
+  MPI_Count extent = 0;
 };
 
-layout layout_of(int count, MPI_Datatype type) {
+layout layout_of(count_type count, MPI_Datatype type) {
   MPI_Count size = 0, lb = 0, extent = 0, true_lb = 0, true_extent = 0;
   PMPI_Type_size_x(type, &size);
   PMPI_Type_get_extent_x(type, &lb, &extent);
   PMPI_Type_get_true_extent_x(type, &true_lb, &true_extent);
   const bool contiguous = true_lb == 0 && true_extent == size && extent == size && lb == 0;
   return {.bytes = static_cast<std::uint64_t>(count) * static_cast<std::uint64_t>(size),
-          .contiguous = contiguous || count == 0};
+          .contiguous = contiguous || count == 0,
+          .item_bytes = size,
+          .extent = extent};
 }
 
 /// `count` items of `type` at `data` as plain bytes: the buffer itself when contiguous, else a
-/// packed copy (`pack` fills it, `unpack` writes it back).
+/// packed copy (`pack` fills it, `unpack` writes it back), packed in pieces of at most 2^31 - 1
+/// bytes so that MPI's int sizes never overflow.
 class staged {
  public:
-  staged(void* data, int count, MPI_Datatype type, MPI_Comm comm)
-      : data_(data), count_(count), type_(type), comm_(comm), layout_(layout_of(count, type)) {
+  staged(void* data, count_type count, MPI_Datatype type, MPI_Comm comm)
+      : data_(static_cast<std::byte*>(data)),
+        count_(count),
+        type_(type),
+        comm_(comm),
+        layout_(layout_of(count, type)) {
     if (!layout_.contiguous) copy_.resize(layout_.bytes);
   }
-  std::byte* bytes() { return layout_.contiguous ? static_cast<std::byte*>(data_) : copy_.data(); }
+  std::byte* bytes() { return layout_.contiguous ? data_ : copy_.data(); }
   std::uint64_t size() const { return layout_.bytes; }
-  void pack() {
-    if (layout_.contiguous) return;
-    int position = 0;
-    const int code = PMPI_Pack(data_, count_, type_, copy_.data(), static_cast<int>(copy_.size()),
-                               &position, comm_);
-    check(code, position, "MPI_Pack");
-  }
-  void unpack() {
-    if (layout_.contiguous) return;
-    int position = 0;
-    const int code = PMPI_Unpack(copy_.data(), static_cast<int>(copy_.size()), &position, data_,
-                                 count_, type_, comm_);
-    check(code, position, "MPI_Unpack");
-  }
+  void pack() { pieces(true); }
+  void unpack() { pieces(false); }
 
  private:
-  void check(int code, int position, const char* what) const {
-    squall::detail::mpi_check(code, {.operation = "squall_mpi"}, what);
-    if (static_cast<std::uint64_t>(position) != layout_.bytes) {
-      throw squall::invalid_argument(
-          {.operation = "squall_mpi"},
-          std::string(what) + " did not give the datatype's bytes as they lie in memory (" +
-              std::to_string(position) + " of " + std::to_string(layout_.bytes) + ")");
+  void pieces(bool packing) {
+    if (layout_.contiguous) return;
+    const count_type per_piece =
+        std::max<count_type>(1, INT32_MAX / std::max<MPI_Count>(layout_.item_bytes, 1));
+    for (count_type first = 0; first < count_; first += per_piece) {
+      const int items = static_cast<int>(std::min(per_piece, count_ - first));
+      const std::uint64_t piece_bytes =
+          static_cast<std::uint64_t>(items) * static_cast<std::uint64_t>(layout_.item_bytes);
+      if (piece_bytes > INT32_MAX) {
+        throw squall::invalid_argument({.operation = "squall_mpi"},
+                                       "a datatype of more than 2^31 bytes cannot be packed");
+      }
+      std::byte* items_at = data_ + first * layout_.extent;
+      std::byte* packed_at = copy_.data() + static_cast<std::uint64_t>(first) *
+                                                static_cast<std::uint64_t>(layout_.item_bytes);
+      int position = 0;
+      const int code = packing ? PMPI_Pack(items_at, items, type_, packed_at,
+                                           static_cast<int>(piece_bytes), &position, comm_)
+                               : PMPI_Unpack(packed_at, static_cast<int>(piece_bytes), &position,
+                                             items_at, items, type_, comm_);
+      const char* what = packing ? "MPI_Pack" : "MPI_Unpack";
+      squall::detail::mpi_check(code, {.operation = "squall_mpi"}, what);
+      if (static_cast<std::uint64_t>(position) != piece_bytes) {
+        throw squall::invalid_argument(
+            {.operation = "squall_mpi"},
+            std::string(what) + " did not give the datatype's bytes as they lie in memory (" +
+                std::to_string(position) + " of " + std::to_string(piece_bytes) + ")");
+      }
     }
   }
-  void* data_;
-  int count_;
+  std::byte* data_;
+  count_type count_;
   MPI_Datatype type_;
   MPI_Comm comm_;
   layout layout_;
@@ -511,6 +532,136 @@ void stop() {
   l.on = false;
 }
 
+// ---- the collectives, for any count type ------------------------------------------------
+
+template <class Fallback>
+int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Datatype datatype,
+                   MPI_Op op, MPI_Comm comm, Fallback fallback) {
+  const base b = usable(comm) && reducible(op) ? signature_base(datatype) : base::none;
+  const std::uint64_t bytes = layout_of(count, datatype).bytes;
+  if (b == base::none || bytes < lib().settings.min_bytes) {
+    note(allreduce, false, bytes);
+    return fallback();
+  }
+  note(allreduce, true, bytes);
+  return run(comm, [&](auto& squall_comm) {
+    staged out(recvbuf, count, datatype, comm);
+    const bool in_place = sendbuf == MPI_IN_PLACE;
+    std::optional<staged> in;
+    if (!in_place) in.emplace(const_cast<void*>(sendbuf), count, datatype, comm);
+    if (in_place) out.pack();
+    if (in) in->pack();
+    with_type(b, [&]<class T>(T) {
+      with_op(op, [&](auto squall_op) {
+        const host_view<T> result(reinterpret_cast<T*>(out.bytes()), elements<T>(bytes));
+        if (in_place) {
+          squall_comm.allreduce(result, squall_op);
+        } else {
+          squall_comm.allreduce(
+              host_view<const T>(reinterpret_cast<const T*>(in->bytes()), elements<T>(bytes)),
+              result, squall_op);
+        }
+      });
+    });
+    out.unpack();
+  });
+}
+
+template <class Fallback>
+int reduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type recvcount,
+                              MPI_Datatype datatype, MPI_Op op, MPI_Comm comm, Fallback fallback) {
+  int size = 1;
+  if (comm != MPI_COMM_NULL) PMPI_Comm_size(comm, &size);
+  const base b = usable(comm) && reducible(op) ? signature_base(datatype) : base::none;
+  const std::uint64_t block = layout_of(recvcount, datatype).bytes;
+  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
+  if (b == base::none || bytes < lib().settings.min_bytes) {
+    note(reduce_scatter_block, false, bytes);
+    return fallback();
+  }
+  note(reduce_scatter_block, true, bytes);
+  return run(comm, [&](auto& squall_comm) {
+    const bool in_place = sendbuf == MPI_IN_PLACE;
+    const count_type total = recvcount * size;
+    staged in(in_place ? recvbuf : const_cast<void*>(sendbuf), total, datatype, comm);
+    staged out(recvbuf, recvcount, datatype, comm);
+    in.pack();
+    with_type(b, [&]<class T>(T) {
+      with_op(op, [&](auto squall_op) {
+        const std::size_t n = elements<T>(bytes);
+        T* whole = reinterpret_cast<T*>(in.bytes());
+        T* result = reinterpret_cast<T*>(out.bytes());
+        if (in_place) {
+          // squall leaves this rank's block in place; MPI wants it at the front.
+          squall_comm.reduce_scatter(host_view<T>(whole, n), squall_op);
+          const std::size_t offset = squall_comm.block_offset(n);
+          if (offset != 0) std::memmove(result, whole + offset, block);
+        } else {
+          squall_comm.reduce_scatter(host_view<const T>(whole, n),
+                                     host_view<T>(result, elements<T>(block)), squall_op);
+        }
+      });
+    });
+    out.unpack();
+  });
+}
+
+template <class Fallback>
+int allgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
+                   count_type recvcount, MPI_Datatype recvtype, MPI_Comm comm, Fallback fallback) {
+  int size = 1, rank = 0;
+  if (comm != MPI_COMM_NULL) {
+    PMPI_Comm_size(comm, &size);
+    PMPI_Comm_rank(comm, &rank);
+  }
+  const std::uint64_t block = layout_of(recvcount, recvtype).bytes;
+  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
+  if (!usable(comm) || block % 4 != 0 || bytes < lib().settings.min_bytes) {
+    note(allgather, false, bytes);
+    return fallback();
+  }
+  note(allgather, true, bytes);
+  return run(comm, [&](auto& squall_comm) {
+    staged out(recvbuf, recvcount * size, recvtype, comm);
+    const std::size_t words = static_cast<std::size_t>(block / 4);
+    auto* whole = reinterpret_cast<std::int32_t*>(out.bytes());
+    std::int32_t* mine = whole + static_cast<std::size_t>(rank) * words;
+    if (sendbuf == MPI_IN_PLACE) {
+      out.pack();  // this rank's block is its input
+    } else {
+      staged in(const_cast<void*>(sendbuf), sendcount, sendtype, comm);
+      if (in.size() != block) {
+        throw squall::mismatch_error({.operation = "squall_mpi allgather"},
+                                     "the send and receive signatures differ in size");
+      }
+      in.pack();
+      std::memcpy(mine, in.bytes(), block);
+    }
+    squall_comm.allgather(host_view<const std::int32_t>(mine, words),
+                          host_view<std::int32_t>(whole, words * static_cast<std::size_t>(size)));
+    out.unpack();
+  });
+}
+
+template <class Fallback>
+int bcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root, MPI_Comm comm,
+               Fallback fallback) {
+  const std::uint64_t bytes = layout_of(count, datatype).bytes;
+  if (!usable(comm) || bytes % 4 != 0 || bytes < lib().settings.min_bytes) {
+    note(bcast, false, bytes);
+    return fallback();
+  }
+  note(bcast, true, bytes);
+  return run(comm, [&](auto& squall_comm) {
+    staged data(buffer, count, datatype, comm);
+    if (squall_comm.rank() == root) data.pack();
+    squall_comm.broadcast(host_view<std::int32_t>(reinterpret_cast<std::int32_t*>(data.bytes()),
+                                                  static_cast<std::size_t>(bytes / 4)),
+                          root);
+    data.unpack();
+  });
+}
+
 }  // namespace
 
 // ---- the intercepted calls ------------------------------------------------------------------
@@ -539,130 +690,63 @@ SQUALL_MPI_EXPORT int MPI_Finalize() {
 
 SQUALL_MPI_EXPORT int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count,
                                     MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
-  const base b = usable(comm) && reducible(op) ? signature_base(datatype) : base::none;
-  const std::uint64_t bytes = layout_of(count, datatype).bytes;
-  if (b == base::none || bytes < lib().settings.min_bytes) {
-    note(allreduce, false, bytes);
+  return allreduce_call(sendbuf, recvbuf, count, datatype, op, comm, [&] {
     return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
-  }
-  note(allreduce, true, bytes);
-  return run(comm, [&](auto& squall_comm) {
-    staged out(recvbuf, count, datatype, comm);
-    const bool in_place = sendbuf == MPI_IN_PLACE;
-    std::optional<staged> in;
-    if (!in_place) in.emplace(const_cast<void*>(sendbuf), count, datatype, comm);
-    if (in_place) out.pack();
-    if (in) in->pack();
-    with_type(b, [&]<class T>(T) {
-      with_op(op, [&](auto squall_op) {
-        const host_view<T> result(reinterpret_cast<T*>(out.bytes()), elements<T>(bytes));
-        if (in_place) {
-          squall_comm.allreduce(result, squall_op);
-        } else {
-          squall_comm.allreduce(
-              host_view<const T>(reinterpret_cast<const T*>(in->bytes()), elements<T>(bytes)),
-              result, squall_op);
-        }
-      });
-    });
-    out.unpack();
   });
 }
 
 SQUALL_MPI_EXPORT int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
                                                MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
-  int size = 1;
-  if (comm != MPI_COMM_NULL) PMPI_Comm_size(comm, &size);
-  const base b = usable(comm) && reducible(op) ? signature_base(datatype) : base::none;
-  const std::uint64_t block = layout_of(recvcount, datatype).bytes;
-  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
-  if (b == base::none || bytes < lib().settings.min_bytes ||
-      static_cast<std::uint64_t>(recvcount) * size > INT32_MAX) {
-    note(reduce_scatter_block, false, bytes);
+  return reduce_scatter_block_call(sendbuf, recvbuf, recvcount, datatype, op, comm, [&] {
     return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
-  }
-  note(reduce_scatter_block, true, bytes);
-  return run(comm, [&](auto& squall_comm) {
-    const bool in_place = sendbuf == MPI_IN_PLACE;
-    const int total = recvcount * size;
-    staged in(in_place ? recvbuf : const_cast<void*>(sendbuf), total, datatype, comm);
-    staged out(recvbuf, recvcount, datatype, comm);
-    in.pack();
-    with_type(b, [&]<class T>(T) {
-      with_op(op, [&](auto squall_op) {
-        const std::size_t n = elements<T>(bytes);
-        T* whole = reinterpret_cast<T*>(in.bytes());
-        T* result = reinterpret_cast<T*>(out.bytes());
-        if (in_place) {
-          // squall leaves this rank's block in place; MPI wants it at the front.
-          squall_comm.reduce_scatter(host_view<T>(whole, n), squall_op);
-          const std::size_t offset = squall_comm.block_offset(n);
-          if (offset != 0) std::memmove(result, whole + offset, block);
-        } else {
-          squall_comm.reduce_scatter(host_view<const T>(whole, n),
-                                     host_view<T>(result, elements<T>(block)), squall_op);
-        }
-      });
-    });
-    out.unpack();
   });
 }
 
 SQUALL_MPI_EXPORT int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                                     void* recvbuf, int recvcount, MPI_Datatype recvtype,
                                     MPI_Comm comm) {
-  int size = 1, rank = 0;
-  if (comm != MPI_COMM_NULL) {
-    PMPI_Comm_size(comm, &size);
-    PMPI_Comm_rank(comm, &rank);
-  }
-  const std::uint64_t block = layout_of(recvcount, recvtype).bytes;
-  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
-  if (!usable(comm) || block % 4 != 0 || bytes < lib().settings.min_bytes ||
-      static_cast<std::uint64_t>(recvcount) * size > INT32_MAX) {
-    note(allgather, false, bytes);
+  return allgather_call(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, [&] {
     return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-  }
-  note(allgather, true, bytes);
-  return run(comm, [&](auto& squall_comm) {
-    staged out(recvbuf, recvcount * size, recvtype, comm);
-    const std::size_t words = static_cast<std::size_t>(block / 4);
-    auto* whole = reinterpret_cast<std::int32_t*>(out.bytes());
-    std::int32_t* mine = whole + static_cast<std::size_t>(rank) * words;
-    if (sendbuf == MPI_IN_PLACE) {
-      out.pack();  // this rank's block is its input
-    } else {
-      staged in(const_cast<void*>(sendbuf), sendcount, sendtype, comm);
-      if (in.size() != block) {
-        throw squall::mismatch_error({.operation = "squall_mpi allgather"},
-                                     "the send and receive signatures differ in size");
-      }
-      in.pack();
-      std::memcpy(mine, in.bytes(), block);
-    }
-    squall_comm.allgather(host_view<const std::int32_t>(mine, words),
-                          host_view<std::int32_t>(whole, words * static_cast<std::size_t>(size)));
-    out.unpack();
   });
 }
 
 SQUALL_MPI_EXPORT int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root,
                                 MPI_Comm comm) {
-  const std::uint64_t bytes = layout_of(count, datatype).bytes;
-  if (!usable(comm) || bytes % 4 != 0 || bytes < lib().settings.min_bytes) {
-    note(bcast, false, bytes);
-    return PMPI_Bcast(buffer, count, datatype, root, comm);
-  }
-  note(bcast, true, bytes);
-  return run(comm, [&](auto& squall_comm) {
-    staged data(buffer, count, datatype, comm);
-    if (squall_comm.rank() == root) data.pack();
-    squall_comm.broadcast(host_view<std::int32_t>(reinterpret_cast<std::int32_t*>(data.bytes()),
-                                                  static_cast<std::size_t>(bytes / 4)),
-                          root);
-    data.unpack();
+  return bcast_call(buffer, count, datatype, root, comm,
+                    [&] { return PMPI_Bcast(buffer, count, datatype, root, comm); });
+}
+
+#if MPI_VERSION >= 4
+// The large-count forms of MPI 4 (MPICH 4; Open MPI 4.1 has none).
+SQUALL_MPI_EXPORT int MPI_Allreduce_c(const void* sendbuf, void* recvbuf, MPI_Count count,
+                                      MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
+  return allreduce_call(sendbuf, recvbuf, count, datatype, op, comm, [&] {
+    return PMPI_Allreduce_c(sendbuf, recvbuf, count, datatype, op, comm);
   });
 }
+
+SQUALL_MPI_EXPORT int MPI_Reduce_scatter_block_c(const void* sendbuf, void* recvbuf,
+                                                 MPI_Count recvcount, MPI_Datatype datatype,
+                                                 MPI_Op op, MPI_Comm comm) {
+  return reduce_scatter_block_call(sendbuf, recvbuf, recvcount, datatype, op, comm, [&] {
+    return PMPI_Reduce_scatter_block_c(sendbuf, recvbuf, recvcount, datatype, op, comm);
+  });
+}
+
+SQUALL_MPI_EXPORT int MPI_Allgather_c(const void* sendbuf, MPI_Count sendcount,
+                                      MPI_Datatype sendtype, void* recvbuf, MPI_Count recvcount,
+                                      MPI_Datatype recvtype, MPI_Comm comm) {
+  return allgather_call(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, [&] {
+    return PMPI_Allgather_c(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+  });
+}
+
+SQUALL_MPI_EXPORT int MPI_Bcast_c(void* buffer, MPI_Count count, MPI_Datatype datatype, int root,
+                                  MPI_Comm comm) {
+  return bcast_call(buffer, count, datatype, root, comm,
+                    [&] { return PMPI_Bcast_c(buffer, count, datatype, root, comm); });
+}
+#endif
 
 SQUALL_MPI_EXPORT int MPI_Barrier(MPI_Comm comm) {
   if (!usable(comm) || existing_state(comm) == nullptr) {

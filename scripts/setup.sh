@@ -16,7 +16,8 @@ packages=(
   clang-format                  # scripts/format.sh: the house style, checked by the test command
   libopenblas-dev zlib1g-dev    # examples/train_fashion_mnist: matrix products, gzip'd IDX files
   dataset-fashion-mnist         # its data (/usr/share/datasets/fashion-mnist)
-  python3-mpi4py python3-numpy  # unmodified mpi4py programs under libsquall_mpi.so (tests)
+  python3-mpi4py python3-numpy  # unmodified programs under libsquall_mpi.so (tests): mpi4py
+  lammps lammps-examples        # and LAMMPS on its melt example
 )
 # MPICH instead of / beside Open MPI: SQUALL_SETUP_MPICH=1 adds it (see README, "MPICH").
 if [[ "${SQUALL_SETUP_MPICH:-0}" == "1" ]]; then

@@ -5,7 +5,7 @@
 # ranks (not into mpiexec), and fails unless both runs pass and print the same standard output.
 # The preloaded run gets --expect-squall appended, so the program can check squall took calls.
 set -eu
-mpiexec=$1 ranks=$2 lib=$3
+mpiexec=$1 ranks=$2 lib=$(realpath "$3")
 shift 3
 flags=""
 if "$mpiexec" --version 2>&1 | grep -q "Open MPI\|OpenRTE"; then flags="--oversubscribe"; fi
