@@ -41,6 +41,7 @@
 // be; with MPI_ERRORS_RETURN the call returns MPI_ERR_OTHER.
 
 #include <squall/algorithm/communicator.hpp>
+#include <squall/compress/by_name.hpp>
 #include <squall/topology/automatic.hpp>
 #include <squall/transport/mpi.hpp>
 #include <squall/transport/shm.hpp>
@@ -77,6 +78,8 @@ struct config {
   std::string transport = "auto";
   bool verbose = false;
   bool stats = false;
+  std::string compressor;                  ///< SQUALL_MPI_COMPRESSOR; empty: none
+  std::vector<std::string> compress_only;  ///< SQUALL_MPI_COMPRESSOR_COMMS; empty: every one
   std::string problem;  ///< the first malformed variable, named; squall is then off
 
   static config from_environment() {
@@ -126,6 +129,30 @@ struct config {
       if (c.transport != "auto" && c.transport != "shm" && c.transport != "mpi" &&
           c.problem.empty()) {
         c.problem = std::string("SQUALL_MPI_TRANSPORT='") + text + "' is not auto, shm or mpi";
+      }
+    }
+    if (const char* text = std::getenv("SQUALL_MPI_COMPRESSOR"); text != nullptr && *text) {
+      c.compressor = text;
+      try {
+        const squall::compressor_choice choice = squall::parse_compressor(c.compressor);
+        if (choice.error_feedback || choice.aggregation || choice.chunks) {
+          throw squall::invalid_argument({.operation = "compressor"},
+                                         "'" + c.compressor + "': no +ef, @ or / here");
+        }
+        squall::visit_elementwise_compressor(choice, [](auto) {});
+      } catch (const squall::error& e) {
+        if (c.problem.empty()) {
+          c.problem = "SQUALL_MPI_COMPRESSOR: " + e.detail() + " (cast[:fp16|bf16|e4m3|e5m2|" +
+                      "e4m3_sr|e5m2_sr], int8 or hq[:BITS])";
+        }
+      }
+    }
+    if (const char* text = std::getenv("SQUALL_MPI_COMPRESSOR_COMMS")) {
+      std::string_view rest = text;
+      while (!rest.empty()) {
+        const std::size_t comma = std::min(rest.find(','), rest.size());
+        if (comma > 0) c.compress_only.emplace_back(rest.substr(0, comma));
+        rest.remove_prefix(std::min(comma + 1, rest.size()));
       }
     }
     if (!c.problem.empty()) c.enable = false;
@@ -281,17 +308,36 @@ class staged {
 
 // ---- per-communicator state ---------------------------------------------------------------
 
-using shm_communicator = squall::communicator<squall::shm_transport, squall::automatic_topology>;
-using mpi_communicator = squall::communicator<squall::mpi_transport, squall::automatic_topology>;
+/// squall's communicator for one MPI communicator, with compressor `C` for float sums
+/// (`identity_compressor`: none), and the compression state of each count it has reduced.
+/// Keyed by count, which every rank passes alike (an MPI call names no tensor, and there is no
+/// error feedback whose residual would need one).
+template <class Transport, class C>
+struct squall_communicator {
+  using type = squall::communicator<Transport, squall::automatic_topology, C>;
+  static constexpr bool compresses = !std::is_same_v<C, squall::identity_compressor>;
+  std::unique_ptr<type> comm;
+  std::map<std::size_t, typename type::template state_type<float>> states;
+};
+
+template <class... C>
+using communicator_of = std::variant<squall_communicator<squall::shm_transport, C>...,
+                                     squall_communicator<squall::mpi_transport, C>...>;
+/// Every transport with no compressor or one of those SQUALL_MPI_COMPRESSOR may name
+/// (`visit_elementwise_compressor`).
+using any_communicator =
+    communicator_of<squall::identity_compressor, squall::cast_compressor<squall::bfloat16>,
+                    squall::cast_compressor<squall::float16>, squall::fp8_compressor,
+                    squall::int8_compressor, squall::homomorphic_compressor>;
 
 struct comm_state {
   MPI_Comm user = MPI_COMM_NULL;  ///< the caller's communicator (the attribute's owner)
   MPI_Comm own = MPI_COMM_NULL;   ///< squall's private duplicate
-  std::variant<std::unique_ptr<shm_communicator>, std::unique_ptr<mpi_communicator>> impl;
+  any_communicator impl;
   std::string transport;  ///< "shared memory" or "MPI", for the verbose line
 
   ~comm_state() {
-    impl = std::unique_ptr<shm_communicator>{};
+    impl = any_communicator{};
     if (own != MPI_COMM_NULL) PMPI_Comm_free(&own);
   }
 };
@@ -303,7 +349,8 @@ struct library {
   int keyval = MPI_KEYVAL_INVALID;
   std::map<comm_state*, std::unique_ptr<comm_state>> states;
   counters count;
-  unsigned long long jobs = 0;  ///< shared-memory jobs this process started (their names)
+  unsigned long long compressed = 0;  ///< allreduce calls squall compressed
+  unsigned long long jobs = 0;        ///< shared-memory jobs this process started (their names)
 };
 
 library& lib() {
@@ -371,6 +418,29 @@ comm_state& make_state(MPI_Comm comm) {
   }
   const squall::automatic_topology topology{.model =
                                                 squall::cost_model::of_name(l.settings.topology)};
+  // Compress here only if every rank's name of the communicator is on the list (names are
+  // set per rank, so they are agreed).
+  const std::vector<std::string>& only = l.settings.compress_only;
+  int compress =
+      !l.settings.compressor.empty() &&
+              (only.empty() || std::find(only.begin(), only.end(), name_of(comm)) != only.end())
+          ? 1
+          : 0;
+  PMPI_Allreduce(MPI_IN_PLACE, &compress, 1, MPI_INT, MPI_MIN, state->own);
+  const auto install = [&](auto transport) {
+    using transport_type = decltype(transport);
+    const auto with = [&]<class C>(C compressor) {
+      using holder = squall_communicator<transport_type, C>;
+      state->impl = holder{std::make_unique<typename holder::type>(std::move(transport), topology,
+                                                                   std::move(compressor)),
+                           {}};
+    };
+    if (compress == 1) {
+      squall::visit_elementwise_compressor(squall::parse_compressor(l.settings.compressor), with);
+    } else {
+      with(squall::identity_compressor{});
+    }
+  };
   if (use_shm) {
     // Rank 0 names the job (its pid and a counter: unique on the host) and draws its key.
     std::array<std::uint64_t, 3> job{};
@@ -384,18 +454,20 @@ comm_state& make_state(MPI_Comm comm) {
         .rank = rank,
         .size = size,
         .key = job[2] | 1};
-    state->impl = std::make_unique<shm_communicator>(squall::shm_transport(shm), topology);
+    install(squall::shm_transport(shm));
     state->transport = "shared memory";
   } else {
-    state->impl = std::make_unique<mpi_communicator>(squall::mpi_transport(state->own), topology);
+    install(squall::mpi_transport(state->own));
     state->transport = "MPI";
   }
   if (l.settings.verbose && rank == 0) {
+    const std::string compressed =
+        compress == 1 ? ", float sums compressed with " + l.settings.compressor : "";
     std::fprintf(stderr,
                  "squall_mpi: communicator '%s' (%d ranks): squall's %s collectives, topology "
-                 "%s, for calls of >= %llu bytes; the rest goes to MPI\n",
+                 "%s, for calls of >= %llu bytes%s; the rest goes to MPI\n",
                  name_of(comm).c_str(), size, state->transport.c_str(), l.settings.topology.c_str(),
-                 static_cast<unsigned long long>(l.settings.min_bytes));
+                 static_cast<unsigned long long>(l.settings.min_bytes), compressed.c_str());
   }
   comm_state& result = *state;
   {
@@ -422,8 +494,8 @@ bool usable(MPI_Comm comm) {
   return true;
 }
 
-/// Runs `body(communicator)` on `comm`'s squall communicator (made on first use); a squall
-/// error goes to `comm`'s error handler as MPI_ERR_OTHER.
+/// Runs `body(holder)` on `comm`'s `squall_communicator` (made on first use); a squall error
+/// goes to `comm`'s error handler as MPI_ERR_OTHER.
 template <class Body>
 int run(MPI_Comm comm, Body&& body) {
   inside = true;
@@ -431,7 +503,7 @@ int run(MPI_Comm comm, Body&& body) {
   try {
     comm_state* state = existing_state(comm);
     if (state == nullptr) state = &make_state(comm);
-    std::visit([&](auto& impl) { body(*impl); }, state->impl);
+    std::visit([&](auto& impl) { body(impl); }, state->impl);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "squall_mpi: %s\n", e.what());
     code = MPI_ERR_OTHER;
@@ -508,6 +580,8 @@ void stop() {
                 MPI_SUM, 0, MPI_COMM_WORLD);
     PMPI_Reduce(l.count.bytes.data(), total.bytes.data(), kinds * 2, MPI_UNSIGNED_LONG_LONG,
                 MPI_SUM, 0, MPI_COMM_WORLD);
+    unsigned long long compressed = 0;
+    PMPI_Reduce(&l.compressed, &compressed, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
     int rank = 0, size = 0;
     PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
     PMPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -519,6 +593,10 @@ void stop() {
                      "  %-25s squall %10llu calls %14llu bytes   MPI %10llu calls %14llu bytes\n",
                      call_names[static_cast<std::size_t>(k)], total.calls[k][0], total.bytes[k][0],
                      total.calls[k][1], total.bytes[k][1]);
+      }
+      if (!l.settings.compressor.empty()) {
+        std::fprintf(stderr, "  float sums squall compressed with %s: %llu calls\n",
+                     l.settings.compressor.c_str(), compressed);
       }
     }
   }
@@ -544,13 +622,32 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
     return fallback();
   }
   note(allreduce, true, bytes);
-  return run(comm, [&](auto& squall_comm) {
+  return run(comm, [&](auto& holder) {
+    auto& squall_comm = *holder.comm;
     staged out(recvbuf, count, datatype, comm);
     const bool in_place = sendbuf == MPI_IN_PLACE;
     std::optional<staged> in;
     if (!in_place) in.emplace(const_cast<void*>(sendbuf), count, datatype, comm);
     if (in_place) out.pack();
     if (in) in->pack();
+    using holder_type = std::remove_reference_t<decltype(holder)>;
+    if constexpr (holder_type::compresses) {
+      if (b == base::f32 && op == MPI_SUM) {
+        // The compressed allreduce works in place: the input goes to the output first.
+        const std::size_t n = elements<float>(bytes);
+        if (!in_place) std::memcpy(out.bytes(), in->bytes(), bytes);
+        auto state = holder.states.find(n);
+        if (state == holder.states.end()) {
+          state = holder.states.emplace(n, squall_comm.template make_state<float>(n)).first;
+        }
+        squall_comm.allreduce(host_view<float>(reinterpret_cast<float*>(out.bytes()), n),
+                              state->second, squall::sum_op{});
+        out.unpack();
+        const std::lock_guard guard(lib().lock);
+        ++lib().compressed;
+        return;
+      }
+    }
     with_type(b, [&]<class T>(T) {
       with_op(op, [&](auto squall_op) {
         const host_view<T> result(reinterpret_cast<T*>(out.bytes()), elements<T>(bytes));
@@ -580,7 +677,8 @@ int reduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type rec
     return fallback();
   }
   note(reduce_scatter_block, true, bytes);
-  return run(comm, [&](auto& squall_comm) {
+  return run(comm, [&](auto& holder) {
+    auto& squall_comm = *holder.comm;
     const bool in_place = sendbuf == MPI_IN_PLACE;
     const count_type total = recvcount * size;
     staged in(in_place ? recvbuf : const_cast<void*>(sendbuf), total, datatype, comm);
@@ -621,7 +719,8 @@ int allgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendt
     return fallback();
   }
   note(allgather, true, bytes);
-  return run(comm, [&](auto& squall_comm) {
+  return run(comm, [&](auto& holder) {
+    auto& squall_comm = *holder.comm;
     staged out(recvbuf, recvcount * size, recvtype, comm);
     const std::size_t words = static_cast<std::size_t>(block / 4);
     auto* whole = reinterpret_cast<std::int32_t*>(out.bytes());
@@ -652,7 +751,8 @@ int bcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root, 
     return fallback();
   }
   note(bcast, true, bytes);
-  return run(comm, [&](auto& squall_comm) {
+  return run(comm, [&](auto& holder) {
+    auto& squall_comm = *holder.comm;
     staged data(buffer, count, datatype, comm);
     if (squall_comm.rank() == root) data.pack();
     squall_comm.broadcast(host_view<std::int32_t>(reinterpret_cast<std::int32_t*>(data.bytes()),
@@ -754,12 +854,14 @@ SQUALL_MPI_EXPORT int MPI_Barrier(MPI_Comm comm) {
     return PMPI_Barrier(comm);
   }
   note(barrier, true, 0);
-  return run(comm, [](auto& squall_comm) { squall_comm.barrier(); });
+  return run(comm, [](auto& holder) { holder.comm->barrier(); });
 }
 
-/// For tests and tools: this process's calls so far handled by squall (`handled`) and passed
-/// to MPI (`passed`), over all five collectives; whether squall is on (1) or off (0).
-SQUALL_MPI_EXPORT int squall_mpi_counts(unsigned long long* handled, unsigned long long* passed) {
+/// For tests and tools: this process's calls so far handled by squall (`handled`, of which
+/// `compressed` were float sums it compressed) and passed to MPI (`passed`), over all the
+/// collectives; returns whether squall is on (1) or off (0). Any pointer may be null.
+SQUALL_MPI_EXPORT int squall_mpi_counts(unsigned long long* handled, unsigned long long* passed,
+                                        unsigned long long* compressed) {
   library& l = lib();
   const std::lock_guard guard(l.lock);
   unsigned long long h = 0, p = 0;
@@ -767,8 +869,9 @@ SQUALL_MPI_EXPORT int squall_mpi_counts(unsigned long long* handled, unsigned lo
     h += calls[0];
     p += calls[1];
   }
-  *handled = h;
-  *passed = p;
+  if (handled != nullptr) *handled = h;
+  if (passed != nullptr) *passed = p;
+  if (compressed != nullptr) *compressed = l.compressed;
   return l.on ? 1 : 0;
 }
 

@@ -18,7 +18,8 @@
 #include <string>
 #include <vector>
 
-extern "C" int squall_mpi_counts(unsigned long long* handled, unsigned long long* passed);
+extern "C" int squall_mpi_counts(unsigned long long* handled, unsigned long long* passed,
+                                 unsigned long long* compressed);
 
 namespace {
 
@@ -42,9 +43,9 @@ bool expect_off() {
 template <class F>
 void expect_route(bool handled, F&& call) {
   unsigned long long h0 = 0, p0 = 0, h1 = 0, p1 = 0;
-  squall_mpi_counts(&h0, &p0);
+  squall_mpi_counts(&h0, &p0, nullptr);
   REQUIRE(call() == MPI_SUCCESS);
-  squall_mpi_counts(&h1, &p1);
+  squall_mpi_counts(&h1, &p1, nullptr);
   const bool squall_took = h1 == h0 + 1 && p1 == p0;
   const bool mpi_took = p1 == p0 + 1 && h1 == h0;
   CHECK((handled && !expect_off() ? squall_took : mpi_took));
@@ -97,6 +98,43 @@ TEST_CASE("allreduce: every handled type and op, in and out of place, against PM
   }
 }
 
+#if MPI_VERSION >= 4
+TEST_CASE("the large-count forms (MPI 4) take the same routes") {
+  const int rank = rank_of(MPI_COMM_WORLD);
+  const int size = size_of(MPI_COMM_WORLD);
+  const MPI_Count count = 70001;
+  const std::vector<double> input = data_of<double>(static_cast<std::size_t>(count), rank, 4);
+  std::vector<double> reference(input.size()), result(input.size());
+  PMPI_Allreduce_c(input.data(), reference.data(), count, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  expect_route(true, [&] {
+    return MPI_Allreduce_c(input.data(), result.data(), count, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  });
+  CHECK(result == reference);
+  std::vector<double> gathered(input.size() * static_cast<std::size_t>(size));
+  std::vector<double> gathered_ref(gathered.size());
+  PMPI_Allgather_c(input.data(), count, MPI_DOUBLE, gathered_ref.data(), count, MPI_DOUBLE,
+                   MPI_COMM_WORLD);
+  expect_route(true, [&] {
+    return MPI_Allgather_c(input.data(), count, MPI_DOUBLE, gathered.data(), count, MPI_DOUBLE,
+                           MPI_COMM_WORLD);
+  });
+  CHECK(gathered == gathered_ref);
+  std::vector<double> block(input.size()), block_ref(input.size());
+  PMPI_Reduce_scatter_block_c(gathered.data(), block_ref.data(), count, MPI_DOUBLE, MPI_MAX,
+                              MPI_COMM_WORLD);
+  expect_route(true, [&] {
+    return MPI_Reduce_scatter_block_c(gathered.data(), block.data(), count, MPI_DOUBLE, MPI_MAX,
+                                      MPI_COMM_WORLD);
+  });
+  CHECK(block == block_ref);
+  std::vector<double> data = rank == 0 ? input : std::vector<double>(input.size());
+  const std::vector<double> expected = data_of<double>(static_cast<std::size_t>(count), 0, 4);
+  expect_route(true,
+               [&] { return MPI_Bcast_c(data.data(), count, MPI_DOUBLE, 0, MPI_COMM_WORLD); });
+  CHECK(data == expected);
+}
+#endif
+
 TEST_CASE("allreduce: random floats within reassociation of the exact sum") {
   const int rank = rank_of(MPI_COMM_WORLD);
   const int size = size_of(MPI_COMM_WORLD);
@@ -124,6 +162,61 @@ TEST_CASE("allreduce: random floats within reassociation of the exact sum") {
   std::vector<float> first(data);
   MPI_Bcast(first.data(), static_cast<int>(count), MPI_FLOAT, 0, MPI_COMM_WORLD);
   CHECK(std::memcmp(first.data(), data.data(), count * sizeof(float)) == 0);
+}
+
+unsigned long long compressed_calls() {
+  unsigned long long compressed = 0;
+  squall_mpi_counts(nullptr, nullptr, &compressed);
+  return compressed;
+}
+
+// Run with SQUALL_MPI_COMPRESSOR=cast:bf16 SQUALL_MPI_COMPRESSOR_COMMS=squall_test_grads
+// SQUALL_TEST_COMPRESSED=1; the other cases run beside it and must stay exact, so they show
+// that nothing else is compressed.
+TEST_CASE("lossy compression: float sums on the communicators named, within bf16's bound") {
+  const char* flag = std::getenv("SQUALL_TEST_COMPRESSED");
+  if (flag == nullptr || std::string(flag) != "1") return;
+  MPI_Comm grads = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &grads);
+  MPI_Comm_set_name(grads, "squall_test_grads");
+  const int rank = rank_of(grads);
+  const int size = size_of(grads);
+  const std::size_t count = 50021;
+  const auto value = [](int r, std::size_t i) {
+    return static_cast<float>(std::sin(0.61 * static_cast<double>(i) + 2 * r) * 5.0);
+  };
+  std::vector<float> data(count), reference(count);
+  for (std::size_t i = 0; i < count; ++i) data[i] = value(rank, i);
+  PMPI_Allreduce(data.data(), reference.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, grads);
+  const unsigned long long before = compressed_calls();
+  expect_route(true, [&] {
+    return MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                         grads);
+  });
+  CHECK(compressed_calls() == before + 1);
+  // bf16 keeps 8 significant bits (u = 2^-8): each input rounds once and each partial sum at
+  // most once per rank, so |result - exact| <= 2 P u sum_r |x_r|.
+  std::size_t outside = 0, lossy = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    double exact = 0, magnitude = 0;
+    for (int r = 0; r < size; ++r) {
+      exact += value(r, i);
+      magnitude += std::fabs(value(r, i));
+    }
+    if (std::fabs(data[i] - exact) > 2.0 * size * std::ldexp(1.0, -8) * magnitude) ++outside;
+    if (data[i] != reference[i]) ++lossy;
+  }
+  CHECK(outside == 0);
+  CHECK(lossy > count / 4);  // it was compressed: most sums lost bits
+  std::vector<float> first(data);
+  PMPI_Bcast(first.data(), static_cast<int>(count), MPI_FLOAT, 0, grads);
+  CHECK(std::memcmp(first.data(), data.data(), count * sizeof(float)) == 0);
+  // Doubles, ints and float MAX on that communicator stay exact and uncompressed.
+  allreduce_case<double>(MPI_DOUBLE, MPI_SUM, 30000, false, grads);
+  allreduce_case<std::int32_t>(MPI_INT, MPI_SUM, 30000, true, grads);
+  allreduce_case<float>(MPI_FLOAT, MPI_MAX, 30000, false, grads);
+  CHECK(compressed_calls() == before + 1);
+  MPI_Comm_free(&grads);
 }
 
 TEST_CASE("allreduce: derived types of one element type; ranks describe one signature alike") {
@@ -318,7 +411,7 @@ TEST_CASE("a squall error reaches the communicator's error handler and returns")
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   unsigned long long handled = 0, passed = 0;
-  const int on = squall_mpi_counts(&handled, &passed);
+  const int on = squall_mpi_counts(&handled, &passed, nullptr);
   doctest::Context context(argc, argv);
   if (rank_of(MPI_COMM_WORLD) != 0) context.setOption("minimal", true);
   int failed = context.run();

@@ -71,7 +71,7 @@ if "--expect-squall" in sys.argv:
         print(f"rank {rank}: libsquall_mpi.so is not loaded", file=sys.stderr)
     else:
         handled, passed = ctypes.c_ulonglong(), ctypes.c_ulonglong()
-        on = counts(ctypes.byref(handled), ctypes.byref(passed))
+        on = counts(ctypes.byref(handled), ctypes.byref(passed), None)
         if on != 1 or handled.value == 0:
             failures += 1
             print(f"rank {rank}: squall took {handled.value} calls (on: {on})", file=sys.stderr)

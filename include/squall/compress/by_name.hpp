@@ -221,6 +221,40 @@ inline compressor_choice parse_compressor(std::string_view text) {
   return choice;
 }
 
+/// Calls `with` with the element-wise quantizer `choice` names: "cast[:fp16|bf16|e4m3|e5m2|
+/// e4m3_sr|e5m2_sr]", "int8" or "hq[:BITS]", ignoring its error feedback (the caller wraps);
+/// throws `invalid_argument` for another name or a parameter the compressor cannot take.
+/// libsquall_mpi offers these alone (interpose/squall_mpi.cpp).
+template <class With>
+decltype(auto) visit_elementwise_compressor(const compressor_choice& choice, With&& with) {
+  const std::string& n = choice.name;
+  const std::string& p = choice.parameter;
+  if (n == "cast") {
+    if (p == "fp16" || p == "float16") return std::forward<With>(with)(cast_compressor<float16>{});
+    if (p.empty() || p == "bf16" || p == "bfloat16")
+      return std::forward<With>(with)(cast_compressor<bfloat16>{});
+    // 8-bit floats with a scale per bucket (fp8_compressor, compress/quantize.hpp)
+    if (p == "e4m3" || p == "e5m2" || p == "e4m3_sr" || p == "e5m2_sr") {
+      fp8_compressor c;
+      c.format = p.starts_with("e5m2") ? fp8_format::e5m2 : fp8_format::e4m3;
+      c.stochastic = p.ends_with("_sr");
+      return std::forward<With>(with)(c);
+    }
+    detail::bad_compressor(choice.text, "cast takes fp16, bf16, e4m3, e5m2, e4m3_sr or e5m2_sr");
+  }
+  if (n == "int8") return std::forward<With>(with)(int8_compressor{});
+  if (n == "hq") {
+    homomorphic_compressor c;
+    const double b = detail::compressor_parameter(choice, 4);
+    if (b != static_cast<double>(static_cast<unsigned>(b)) || b < 2 || b > 8) {
+      detail::bad_compressor(choice.text, "hq takes 2 to 8 bits");
+    }
+    c.bits = static_cast<unsigned>(b);
+    return std::forward<With>(with)(c);
+  }
+  detail::bad_compressor(choice.text, "not cast, int8 or hq");
+}
+
 /// Calls `f` with the compressor policy `choice` names, wrapped in `error_feedback` for "+ef",
 /// and returns what it returns (every instantiation of `f` must return the same type); "none"
 /// passes `identity_compressor`. Throws `invalid_argument` for a parameter the compressor
@@ -238,28 +272,7 @@ decltype(auto) visit_compressor(const compressor_choice& choice, F&& f) {
     return r;
   };
   if (n == "chain") return detail::visit_chain(choice, with);
-  if (n == "cast") {
-    if (p == "fp16" || p == "float16") return with(cast_compressor<float16>{});
-    if (p.empty() || p == "bf16" || p == "bfloat16") return with(cast_compressor<bfloat16>{});
-    // 8-bit floats with a scale per bucket (fp8_compressor, compress/quantize.hpp)
-    if (p == "e4m3" || p == "e5m2" || p == "e4m3_sr" || p == "e5m2_sr") {
-      fp8_compressor c;
-      c.format = p.starts_with("e5m2") ? fp8_format::e5m2 : fp8_format::e4m3;
-      c.stochastic = p.ends_with("_sr");
-      return with(c);
-    }
-    detail::bad_compressor(choice.text, "cast takes fp16, bf16, e4m3, e5m2, e4m3_sr or e5m2_sr");
-  }
-  if (n == "int8") return with(int8_compressor{});
-  if (n == "hq") {
-    homomorphic_compressor c;
-    const double b = detail::compressor_parameter(choice, 4);
-    if (b != static_cast<double>(static_cast<unsigned>(b)) || b < 2 || b > 8) {
-      detail::bad_compressor(choice.text, "hq takes 2 to 8 bits");
-    }
-    c.bits = static_cast<unsigned>(b);
-    return with(c);
-  }
+  if (n == "cast" || n == "int8" || n == "hq") return visit_elementwise_compressor(choice, with);
   if (n == "sign") {  // sign:0 is EF-SignSGD's one ||g||_1 / d for the whole tensor
     sign_compressor c;
     if (!p.empty()) {
