@@ -62,6 +62,7 @@
 #include <string>
 #include <string_view>
 #include <unistd.h>  // getpid
+#include <utility>   // exchange
 #include <variant>
 #include <vector>
 
@@ -343,8 +344,9 @@ struct comm_state {
 };
 
 struct library {
-  std::mutex lock;  ///< guards `states` and the counters (MPI_THREAD_MULTIPLE)
-  bool on = false;  ///< after MPI_Init, if the ranks agreed
+  std::mutex lock;      ///< guards `states` and the counters (MPI_THREAD_MULTIPLE)
+  bool agreed = false;  ///< every rank holds the same settings (MPI_Init said)
+  bool on = false;      ///< agreed and enabled
   config settings;
   int keyval = MPI_KEYVAL_INVALID;
   std::map<comm_state*, std::unique_ptr<comm_state>> states;
@@ -378,9 +380,9 @@ int delete_state(MPI_Comm, int, void* value, void*) {
     state = std::move(it->second);
     l.states.erase(it);
   }
-  inside = true;
+  const bool was_inside = std::exchange(inside, true);
   state.reset();
-  inside = false;
+  inside = was_inside;
   return MPI_SUCCESS;
 }
 
@@ -566,7 +568,8 @@ void start() {
                  "every call\n");
   }
   PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_state, &l.keyval, nullptr);
-  l.on = agreed == 1 && l.settings.enable;
+  l.agreed = agreed == 1;
+  l.on = l.agreed && l.settings.enable;
 }
 
 /// Before PMPI_Finalize: the job's counts (SQUALL_MPI_STATS), then every communicator squall
@@ -574,7 +577,7 @@ void start() {
 void stop() {
   library& l = lib();
   if (l.keyval == MPI_KEYVAL_INVALID) return;
-  if (l.settings.stats) {
+  if (l.agreed && l.settings.stats) {  // a collective: only where every rank asked
     counters total;
     PMPI_Reduce(l.count.calls.data(), total.calls.data(), kinds * 2, MPI_UNSIGNED_LONG_LONG,
                 MPI_SUM, 0, MPI_COMM_WORLD);
