@@ -6,9 +6,10 @@
 // call; without it both columns are MPI's.
 //
 //   mpiexec -n P env LD_PRELOAD=libsquall_mpi.so squall-mpi-bench [--op allreduce|allgather|
-//       reduce_scatter|bcast] [-b 4K] [-e 256M] [--reps 5]
+//       reduce_scatter|bcast] [-b 4K] [-e 256M] [-f 4] [--reps 5]
 //
-// Per size (bytes of the whole result, as nccl-tests counts): the time of one call (best of
+// Sizes from -b to -e, each -f times the last. Per size (bytes of the whole result, as nccl-tests
+// counts): the time of one call (best of
 // --reps timed loops, each the slowest rank's mean), busbw of the squall column, the ratio MPI
 // time / squall time (> 1: squall faster), and #wrong: elements of the squall result that
 // differ from PMPI's (the data are small integers, so every sum is exact in any order).
@@ -75,6 +76,7 @@ int main(int argc, char** argv) {
   std::string op = "allreduce";
   std::size_t first = 4096, last = std::size_t{256} << 20;
   int reps = 5;
+  std::size_t factor_step = 4;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--op") {
@@ -83,6 +85,8 @@ int main(int argc, char** argv) {
       first = parse_bytes(argv[i + 1]);
     } else if (flag == "-e") {
       last = parse_bytes(argv[i + 1]);
+    } else if (flag == "-f") {
+      factor_step = std::max<std::size_t>(2, std::strtoull(argv[i + 1], nullptr, 10));
     } else if (flag == "--reps") {
       reps = std::max(1, std::atoi(argv[i + 1]));
     } else {
@@ -109,9 +113,11 @@ int main(int argc, char** argv) {
     std::printf("%12s %11s %11s %11s %10s %9s %7s\n", "bytes", "count", "MPI us", "squall us",
                 "busbw GB/s", "MPI/squall", "#wrong");
   }
-  for (std::size_t bytes = first; bytes <= last; bytes *= 4) {
-    const int count = static_cast<int>(bytes / sizeof(float) / static_cast<std::size_t>(size) *
-                                       static_cast<std::size_t>(size));
+  for (std::size_t bytes = first; bytes <= last; bytes *= factor_step) {
+    // Allgather and reduce-scatter need a whole block per rank; the others take any count.
+    const bool blocks = op == "allgather" || op == "reduce_scatter";
+    const std::size_t per = blocks ? static_cast<std::size_t>(size) : 1;
+    const int count = static_cast<int>(bytes / sizeof(float) / per * per);
     if (count == 0) continue;
     const std::size_t input_count = op == "allgather" ? static_cast<std::size_t>(count / size)
                                                       : static_cast<std::size_t>(count);

@@ -28,7 +28,8 @@
 //
 // Environment (read at MPI_Init; every rank must agree):
 //   SQUALL_MPI_ENABLE     1 (default) or 0: everything falls through.
-//   SQUALL_MPI_MIN_BYTES  smallest call handled, in bytes (default 65536; suffix K, M, G).
+//   SQUALL_MPI_MIN_BYTES  smallest call handled, in bytes (default 8192, where squall-mpi-bench
+//                         found squall ahead at P = 2; suffix K, M, G).
 //   SQUALL_MPI_TOPOLOGY   automatic (default), ring, tree, direct or halving_doubling.
 //   SQUALL_MPI_TRANSPORT  auto (default: shared memory on one host, MPI across hosts), shm or
 //                         mpi (mpi_transport even on one host).
@@ -49,6 +50,7 @@
 #include <mpi.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -74,7 +76,7 @@ using squall::host_view;
 
 struct config {
   bool enable = true;
-  std::uint64_t min_bytes = 65536;
+  std::uint64_t min_bytes = 8192;
   std::string topology = "automatic";
   std::string transport = "auto";
   bool verbose = false;
@@ -176,11 +178,23 @@ enum call_kind : int { allreduce, allgather, reduce_scatter_block, bcast, barrie
 constexpr std::array<const char*, kinds> call_names = {
     "MPI_Allreduce", "MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Bcast", "MPI_Barrier"};
 
+/// [kind][0: handled, 1: passed to MPI] calls or bytes.
+template <class N>
+using per_call = std::array<std::array<N, 2>, kinds>;
+
 struct counters {
-  // [kind][0: handled, 1: passed to MPI] calls and bytes
-  std::array<std::array<unsigned long long, 2>, kinds> calls{};
-  std::array<std::array<unsigned long long, 2>, kinds> bytes{};
+  per_call<std::atomic<unsigned long long>> calls{};
+  per_call<std::atomic<unsigned long long>> bytes{};
 };
+
+/// `counts` as plain numbers.
+per_call<unsigned long long> snapshot(const per_call<std::atomic<unsigned long long>>& counts) {
+  per_call<unsigned long long> plain{};
+  for (int k = 0; k < kinds; ++k) {
+    for (int h = 0; h < 2; ++h) plain[k][h] = counts[k][h].load(std::memory_order_relaxed);
+  }
+  return plain;
+}
 
 // ---- element types of a signature --------------------------------------------------------------
 
@@ -364,10 +378,26 @@ thread_local bool inside = false;  ///< squall's own MPI calls are never interce
 
 void note(call_kind kind, bool handled, std::uint64_t bytes) {
   if (inside) return;  // squall's own calls are not the program's
-  library& l = lib();
-  const std::lock_guard guard(l.lock);
-  l.count.calls[kind][handled ? 0 : 1] += 1;
-  l.count.bytes[kind][handled ? 0 : 1] += bytes;
+  counters& c = lib().count;
+  c.calls[kind][handled ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
+  c.bytes[kind][handled ? 0 : 1].fetch_add(bytes, std::memory_order_relaxed);
+}
+
+/// `count` items of `type` in bytes (one cheap MPI query: what every call asks first, so that
+/// a call too small for squall reaches MPI at once).
+std::uint64_t bytes_of(count_type count, MPI_Datatype type) {
+  MPI_Count size = 0;
+  PMPI_Type_size_x(type, &size);
+  return static_cast<std::uint64_t>(count) * static_cast<std::uint64_t>(size);
+}
+
+/// Whether a call of `bytes` on `comm` may go to squall at all: squall is on, the call is not
+/// squall's own, it is big enough and `comm` is an intracommunicator.
+bool usable(MPI_Comm comm, std::uint64_t bytes) {
+  const library& l = lib();
+  if (!l.on || inside || bytes < l.settings.min_bytes || comm == MPI_COMM_NULL) return false;
+  int inter = 0;
+  return PMPI_Comm_test_inter(comm, &inter) == MPI_SUCCESS && inter == 0;
 }
 
 int delete_state(MPI_Comm, int, void* value, void*) {
@@ -487,15 +517,6 @@ comm_state* existing_state(MPI_Comm comm) {
   return found != 0 ? static_cast<comm_state*>(value) : nullptr;
 }
 
-/// Whether `comm` may be handled at all: squall is on, the call is not squall's own, and
-/// `comm` is an intracommunicator.
-bool usable(MPI_Comm comm) {
-  if (!lib().on || inside || comm == MPI_COMM_NULL) return false;
-  int inter = 0;
-  if (PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter != 0) return false;
-  return true;
-}
-
 /// Runs `body(holder)` on `comm`'s `squall_communicator` (made on first use); a squall error
 /// goes to `comm`'s error handler as MPI_ERR_OTHER.
 template <class Body>
@@ -578,11 +599,13 @@ void stop() {
   library& l = lib();
   if (l.keyval == MPI_KEYVAL_INVALID) return;
   if (l.agreed && l.settings.stats) {  // a collective: only where every rank asked
-    counters total;
-    PMPI_Reduce(l.count.calls.data(), total.calls.data(), kinds * 2, MPI_UNSIGNED_LONG_LONG,
-                MPI_SUM, 0, MPI_COMM_WORLD);
-    PMPI_Reduce(l.count.bytes.data(), total.bytes.data(), kinds * 2, MPI_UNSIGNED_LONG_LONG,
-                MPI_SUM, 0, MPI_COMM_WORLD);
+    const per_call<unsigned long long> calls = snapshot(l.count.calls);
+    const per_call<unsigned long long> bytes = snapshot(l.count.bytes);
+    per_call<unsigned long long> total_calls{}, total_bytes{};
+    PMPI_Reduce(calls.data(), total_calls.data(), kinds * 2, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0,
+                MPI_COMM_WORLD);
+    PMPI_Reduce(bytes.data(), total_bytes.data(), kinds * 2, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0,
+                MPI_COMM_WORLD);
     unsigned long long compressed = 0;
     PMPI_Reduce(&l.compressed, &compressed, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
     int rank = 0, size = 0;
@@ -594,8 +617,8 @@ void stop() {
       for (int k = 0; k < kinds; ++k) {
         std::fprintf(stderr,
                      "  %-25s squall %10llu calls %14llu bytes   MPI %10llu calls %14llu bytes\n",
-                     call_names[static_cast<std::size_t>(k)], total.calls[k][0], total.bytes[k][0],
-                     total.calls[k][1], total.bytes[k][1]);
+                     call_names[static_cast<std::size_t>(k)], total_calls[k][0], total_bytes[k][0],
+                     total_calls[k][1], total_bytes[k][1]);
       }
       if (!l.settings.compressor.empty()) {
         std::fprintf(stderr, "  float sums squall compressed with %s: %llu calls\n",
@@ -618,9 +641,9 @@ void stop() {
 template <class Fallback>
 int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Datatype datatype,
                    MPI_Op op, MPI_Comm comm, Fallback fallback) {
-  const base b = usable(comm) && reducible(op) ? signature_base(datatype) : base::none;
-  const std::uint64_t bytes = layout_of(count, datatype).bytes;
-  if (b == base::none || bytes < lib().settings.min_bytes) {
+  const std::uint64_t bytes = bytes_of(count, datatype);
+  const base b = usable(comm, bytes) && reducible(op) ? signature_base(datatype) : base::none;
+  if (b == base::none) {
     note(allreduce, false, bytes);
     return fallback();
   }
@@ -672,10 +695,10 @@ int reduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type rec
                               MPI_Datatype datatype, MPI_Op op, MPI_Comm comm, Fallback fallback) {
   int size = 1;
   if (comm != MPI_COMM_NULL) PMPI_Comm_size(comm, &size);
-  const base b = usable(comm) && reducible(op) ? signature_base(datatype) : base::none;
-  const std::uint64_t block = layout_of(recvcount, datatype).bytes;
+  const std::uint64_t block = bytes_of(recvcount, datatype);
   const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
-  if (b == base::none || bytes < lib().settings.min_bytes) {
+  const base b = usable(comm, bytes) && reducible(op) ? signature_base(datatype) : base::none;
+  if (b == base::none) {
     note(reduce_scatter_block, false, bytes);
     return fallback();
   }
@@ -715,9 +738,9 @@ int allgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendt
     PMPI_Comm_size(comm, &size);
     PMPI_Comm_rank(comm, &rank);
   }
-  const std::uint64_t block = layout_of(recvcount, recvtype).bytes;
+  const std::uint64_t block = bytes_of(recvcount, recvtype);
   const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
-  if (!usable(comm) || block % 4 != 0 || bytes < lib().settings.min_bytes) {
+  if (!usable(comm, bytes) || block % 4 != 0) {
     note(allgather, false, bytes);
     return fallback();
   }
@@ -748,8 +771,8 @@ int allgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendt
 template <class Fallback>
 int bcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root, MPI_Comm comm,
                Fallback fallback) {
-  const std::uint64_t bytes = layout_of(count, datatype).bytes;
-  if (!usable(comm) || bytes % 4 != 0 || bytes < lib().settings.min_bytes) {
+  const std::uint64_t bytes = bytes_of(count, datatype);
+  if (!usable(comm, bytes) || bytes % 4 != 0) {
     note(bcast, false, bytes);
     return fallback();
   }
@@ -852,7 +875,7 @@ SQUALL_MPI_EXPORT int MPI_Bcast_c(void* buffer, MPI_Count count, MPI_Datatype da
 #endif
 
 SQUALL_MPI_EXPORT int MPI_Barrier(MPI_Comm comm) {
-  if (!usable(comm) || existing_state(comm) == nullptr) {
+  if (!usable(comm, lib().settings.min_bytes) || existing_state(comm) == nullptr) {
     note(barrier, false, 0);
     return PMPI_Barrier(comm);
   }
@@ -868,7 +891,7 @@ SQUALL_MPI_EXPORT int squall_mpi_counts(unsigned long long* handled, unsigned lo
   library& l = lib();
   const std::lock_guard guard(l.lock);
   unsigned long long h = 0, p = 0;
-  for (const auto& calls : l.count.calls) {
+  for (const auto& calls : snapshot(l.count.calls)) {
     h += calls[0];
     p += calls[1];
   }
