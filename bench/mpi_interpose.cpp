@@ -6,7 +6,7 @@
 // call; without it both columns are MPI's.
 //
 //   mpiexec -n P env LD_PRELOAD=libsquall_mpi.so squall-mpi-bench [--op allreduce|allgather|
-//       reduce_scatter|bcast] [-b 4K] [-e 256M] [-f 4] [--reps 5]
+//       reduce_scatter|bcast|barrier] [-b 4K] [-e 256M] [-f 4] [--reps 5]
 //
 // Sizes from -b to -e, each -f times the last. Per size (bytes of the whole result, as nccl-tests
 // counts): the time of one call (best of
@@ -62,6 +62,7 @@ int run_op(const std::string& op, const std::vector<float>& in, std::vector<floa
                : MPI_Reduce_scatter_block(in.data(), out.data(), block, MPI_FLOAT, MPI_SUM,
                                           MPI_COMM_WORLD);
   }
+  if (op == "barrier") return mpi ? PMPI_Barrier(MPI_COMM_WORLD) : MPI_Barrier(MPI_COMM_WORLD);
   return mpi ? PMPI_Bcast(out.data(), count, MPI_FLOAT, 0, MPI_COMM_WORLD)
              : MPI_Bcast(out.data(), count, MPI_FLOAT, 0, MPI_COMM_WORLD);
 }
@@ -94,11 +95,18 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
   }
-  if (op != "allreduce" && op != "allgather" && op != "reduce_scatter" && op != "bcast") {
+  if (op != "allreduce" && op != "allgather" && op != "reduce_scatter" && op != "bcast" &&
+      op != "barrier") {
     if (rank == 0) std::fprintf(stderr, "squall-mpi-bench: unknown --op %s\n", op.c_str());
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const bool interposed = dlsym(RTLD_DEFAULT, "squall_mpi_counts") != nullptr;
+  if (op == "barrier") {  // libsquall_mpi takes a barrier once a call it took made its state
+    std::vector<float> warm(1 << 20, 1.0f);
+    MPI_Allreduce(MPI_IN_PLACE, warm.data(), static_cast<int>(warm.size()), MPI_FLOAT, MPI_SUM,
+                  MPI_COMM_WORLD);
+    last = first;  // one row: a barrier has no size
+  }
   // busbw factor, as nccl-tests: allreduce 2(P-1)/P, allgather and reduce-scatter (P-1)/P,
   // broadcast 1.
   const double p = size;

@@ -14,7 +14,8 @@
 // the same signature with different handles and layouts; a non-contiguous layout is packed),
 // the count, the op, the root, MPI_IN_PLACE (allgather) and the configuration, which every
 // rank hashes at MPI_Init and compares in one small PMPI_Allreduce (ranks that disagree turn
-// squall off for the whole job and say so). Handled:
+// squall off for the whole job and say so). Handled, among the collectives
+// SQUALL_MPI_COLLECTIVES names:
 // - allreduce and reduce_scatter_block: every element of the signature one of float, double,
 //   int32 or int64 (MPI_INT, MPI_INT32_T, MPI_LONG, ... by size), op MPI_SUM, MPI_MIN or
 //   MPI_MAX, at least SQUALL_MPI_MIN_BYTES bytes in all;
@@ -33,6 +34,12 @@
 //   SQUALL_MPI_TOPOLOGY   automatic (default), ring, tree, direct or halving_doubling.
 //   SQUALL_MPI_TRANSPORT  auto (default: shared memory on one host, MPI across hosts), shm or
 //                         mpi (mpi_transport even on one host).
+//   SQUALL_MPI_COLLECTIVES  which ones squall may take: a comma list of allreduce, allgather,
+//                         reduce_scatter_block, bcast, barrier, or all (default: the first
+//                         three; bcast and barrier were no faster than Open MPI's at P = 2).
+//   SQUALL_MPI_COMPRESSOR cast[:fp16|bf16|e4m3|e5m2|e4m3_sr|e5m2_sr], int8 or hq[:BITS]: lossy
+//                         compression of float32 MPI_SUM allreduces (off by default).
+//   SQUALL_MPI_COMPRESSOR_COMMS  compress only on communicators of these names (comma list).
 //   SQUALL_MPI_VERBOSE    1: rank 0 of each communicator says once what squall handles on it.
 //   SQUALL_MPI_STATS      1: at MPI_Finalize rank 0 prints the job's counts and bytes per call.
 // A malformed value is named on stderr and turns squall off (never a guess).
@@ -74,6 +81,14 @@ using squall::host_view;
 
 // ---- configuration ------------------------------------------------------------------------
 
+enum call_kind : int { allreduce, allgather, reduce_scatter_block, bcast, barrier, kinds };
+constexpr std::array<const char*, kinds> call_names = {
+    "MPI_Allreduce", "MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Bcast", "MPI_Barrier"};
+
+/// The collectives' names in SQUALL_MPI_COLLECTIVES.
+constexpr std::array<std::string_view, kinds> collective_names = {
+    "allreduce", "allgather", "reduce_scatter_block", "bcast", "barrier"};
+
 struct config {
   bool enable = true;
   std::uint64_t min_bytes = 8192;
@@ -81,6 +96,10 @@ struct config {
   std::string transport = "auto";
   bool verbose = false;
   bool stats = false;
+  /// SQUALL_MPI_COLLECTIVES: which collectives squall may take. Broadcast and barrier are off
+  /// by default: squall-mpi-bench found them at parity or behind Open MPI's at P = 2
+  /// (docs/performance.md), and the library must not make a program slower.
+  std::array<bool, kinds> takes = {true, true, true, false, false};
   std::string compressor;                  ///< SQUALL_MPI_COMPRESSOR; empty: none
   std::vector<std::string> compress_only;  ///< SQUALL_MPI_COMPRESSOR_COMMS; empty: every one
   std::string problem;  ///< the first malformed variable, named; squall is then off
@@ -134,6 +153,26 @@ struct config {
         c.problem = std::string("SQUALL_MPI_TRANSPORT='") + text + "' is not auto, shm or mpi";
       }
     }
+    if (const char* text = std::getenv("SQUALL_MPI_COLLECTIVES")) {
+      c.takes = {};
+      std::string_view rest = text;
+      while (!rest.empty()) {
+        const std::size_t comma = std::min(rest.find(','), rest.size());
+        const std::string_view name = rest.substr(0, comma);
+        rest.remove_prefix(std::min(comma + 1, rest.size()));
+        if (name == "all") {
+          c.takes.fill(true);
+          continue;
+        }
+        const auto* which = std::find(collective_names.begin(), collective_names.end(), name);
+        if (which != collective_names.end()) {
+          c.takes[static_cast<std::size_t>(which - collective_names.begin())] = true;
+        } else if (c.problem.empty()) {
+          c.problem = "SQUALL_MPI_COLLECTIVES: '" + std::string(name) +
+                      "' is not all, allreduce, allgather, reduce_scatter_block, bcast or barrier";
+        }
+      }
+    }
     if (const char* text = std::getenv("SQUALL_MPI_COMPRESSOR"); text != nullptr && *text) {
       c.compressor = text;
       try {
@@ -173,10 +212,6 @@ struct config {
 };
 
 // ---- per-call counters (SQUALL_MPI_STATS) ---------------------------------------------------
-
-enum call_kind : int { allreduce, allgather, reduce_scatter_block, bcast, barrier, kinds };
-constexpr std::array<const char*, kinds> call_names = {
-    "MPI_Allreduce", "MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Bcast", "MPI_Barrier"};
 
 /// [kind][0: handled, 1: passed to MPI] calls or bytes.
 template <class N>
@@ -404,11 +439,14 @@ std::uint64_t bytes_of(count_type count, MPI_Datatype type) {
   return static_cast<std::uint64_t>(count) * static_cast<std::uint64_t>(size);
 }
 
-/// Whether a call of `bytes` on `comm` may go to squall at all: squall is on, the call is not
-/// squall's own, it is big enough and `comm` is an intracommunicator.
-bool usable(MPI_Comm comm, std::uint64_t bytes) {
+/// Whether a call `kind` of `bytes` on `comm` may go to squall at all: squall is on and takes
+/// `kind`, the call is not squall's own, it is big enough and `comm` is an intracommunicator.
+bool usable(call_kind kind, MPI_Comm comm, std::uint64_t bytes) {
   const library& l = lib();
-  if (!l.on || inside || bytes < l.settings.min_bytes || comm == MPI_COMM_NULL) return false;
+  if (!l.on || inside || !l.settings.takes[kind] || bytes < l.settings.min_bytes ||
+      comm == MPI_COMM_NULL) {
+    return false;
+  }
   int inter = 0;
   return PMPI_Comm_test_inter(comm, &inter) == MPI_SUCCESS && inter == 0;
 }
@@ -655,7 +693,8 @@ template <class Fallback>
 int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Datatype datatype,
                    MPI_Op op, MPI_Comm comm, Fallback fallback) {
   const std::uint64_t bytes = bytes_of(count, datatype);
-  const base b = usable(comm, bytes) && reducible(op) ? signature_base(datatype) : base::none;
+  const base b =
+      usable(allreduce, comm, bytes) && reducible(op) ? signature_base(datatype) : base::none;
   if (b == base::none) {
     note(allreduce, false, bytes);
     return fallback();
@@ -710,7 +749,9 @@ int reduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type rec
   if (comm != MPI_COMM_NULL) PMPI_Comm_size(comm, &size);
   const std::uint64_t block = bytes_of(recvcount, datatype);
   const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
-  const base b = usable(comm, bytes) && reducible(op) ? signature_base(datatype) : base::none;
+  const base b = usable(reduce_scatter_block, comm, bytes) && reducible(op)
+                     ? signature_base(datatype)
+                     : base::none;
   if (b == base::none) {
     note(reduce_scatter_block, false, bytes);
     return fallback();
@@ -753,7 +794,7 @@ int allgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendt
   }
   const std::uint64_t block = bytes_of(recvcount, recvtype);
   const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
-  if (!usable(comm, bytes) || block % 4 != 0) {
+  if (!usable(allgather, comm, bytes) || block % 4 != 0) {
     note(allgather, false, bytes);
     return fallback();
   }
@@ -785,7 +826,7 @@ template <class Fallback>
 int bcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root, MPI_Comm comm,
                Fallback fallback) {
   const std::uint64_t bytes = bytes_of(count, datatype);
-  if (!usable(comm, bytes) || bytes % 4 != 0) {
+  if (!usable(bcast, comm, bytes) || bytes % 4 != 0) {
     note(bcast, false, bytes);
     return fallback();
   }
@@ -888,7 +929,7 @@ SQUALL_MPI_EXPORT int MPI_Bcast_c(void* buffer, MPI_Count count, MPI_Datatype da
 #endif
 
 SQUALL_MPI_EXPORT int MPI_Barrier(MPI_Comm comm) {
-  if (!usable(comm, lib().settings.min_bytes) || existing_state(comm) == nullptr) {
+  if (!usable(barrier, comm, lib().settings.min_bytes) || existing_state(comm) == nullptr) {
     note(barrier, false, 0);
     return PMPI_Barrier(comm);
   }

@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # interpose_lammps.sh MPIEXEC RANKS LIB INPUT
 # Runs LAMMPS (Debian's lmp) on INPUT under MPIEXEC twice, without and with LIB
-# (libsquall_mpi.so) preloaded into the ranks and SQUALL_MPI_MIN_BYTES=0 (so squall takes every
-# call it can, LAMMPS's small double sums included), and fails unless squall took calls and every
+# (libsquall_mpi.so) preloaded into the ranks, SQUALL_MPI_MIN_BYTES=0 and
+# SQUALL_MPI_COLLECTIVES=all (so squall takes every call it can, LAMMPS's small double sums and
+# broadcasts included), and fails unless squall took calls and every
 # thermo value of the two runs agrees to a relative 1e-6 (printed with 8 digits; the sums of a
 # few doubles are in practice bitwise alike, and the test says when they are).
 set -eu
@@ -14,7 +15,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 cd "$out"
 "$mpiexec" -n "$ranks" $flags lmp -in "$input" -log none -echo none >plain.txt
-"$mpiexec" -n "$ranks" $flags env LD_PRELOAD="$lib" SQUALL_MPI_MIN_BYTES=0 SQUALL_MPI_STATS=1 \
+"$mpiexec" -n "$ranks" $flags env LD_PRELOAD="$lib" SQUALL_MPI_MIN_BYTES=0 SQUALL_MPI_COLLECTIVES=all SQUALL_MPI_STATS=1 \
   lmp -in "$input" -log none -echo none >squall.txt 2>stats.txt
 # The thermo table: from the "Step ..." header to the "Loop time" line.
 thermo() { awk '/^ *Step /{on=1} /^Loop time/{on=0} on' "$1"; }
