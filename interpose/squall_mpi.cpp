@@ -409,7 +409,10 @@ library& lib() {
   return *instance;
 }
 
-thread_local bool inside = false;  ///< squall's own MPI calls are never intercepted
+// initial-exec: a flag in the static TLS block, read without a __tls_get_addr call (the
+// library is loaded at start, by LD_PRELOAD or as a dependency). Set while squall runs a call,
+// so that its own MPI calls are never intercepted.
+__attribute__((tls_model("initial-exec"))) thread_local bool inside = false;
 
 void note(call_kind kind, bool handled, std::uint64_t bytes) {
   if (inside) return;  // squall's own calls are not the program's
