@@ -2,7 +2,7 @@
 # squall_add_mpi_test(<name> <target> [RANKS n...] [LABELS l...] [ARGS a...] [TIMEOUT s]
 #                     [ENVIRONMENT VAR=value...])
 #
-# Registers <target> once per rank count as <name>.np<n>, run under MPIEXEC_EXECUTABLE with
+# Registers <target> (a target, or the path of an executable) once per rank count as <name>.np<n>, run under MPIEXEC_EXECUTABLE with
 # labels "mpi;collective" plus LABELS. RANKS defaults to 1 2 3 4. With Open MPI the run adds
 # --oversubscribe (more ranks than cores is normal on CI) and the run-as-root variables (CI
 # runs as root). With MPICH, which busy-polls and collapses past the core count, rank counts
@@ -42,13 +42,18 @@ function(squall_add_mpi_test name target)
     set(environment "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
   endif()
   list(APPEND environment ${arg_ENVIRONMENT})
+  if(TARGET ${target})
+    set(executable "$<TARGET_FILE:${target}>")
+  else()
+    set(executable "${target}")
+  endif()
   foreach(ranks IN LISTS arg_RANKS)
     if(ranks GREATER SQUALL_MPI_MAX_RANKS)
       continue()
     endif()
     add_test(NAME ${name}.np${ranks}
              COMMAND "${MPIEXEC_EXECUTABLE}" ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${flags}
-                     ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS} ${arg_ARGS})
+                     ${MPIEXEC_PREFLAGS} ${executable} ${MPIEXEC_POSTFLAGS} ${arg_ARGS})
     set_tests_properties(${name}.np${ranks} PROPERTIES
       LABELS "mpi;collective;${arg_LABELS}"
       ENVIRONMENT "${environment}"
