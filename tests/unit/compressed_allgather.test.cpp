@@ -91,10 +91,12 @@ std::vector<std::vector<std::vector<float>>> run(int p, const C& c, std::size_t 
       }
     }
   };
-  require_same(
-      run_on<Topology, C, squall::test::deferred_backend>(p, c, count, steps, tuning, window));
-  require_same(run_on<Topology, C, squall::test::deferred_device_backend>(p, c, count, steps,
-                                                                          tuning, window));
+  if constexpr (squall::test::with_deferred) {
+    require_same(
+        run_on<Topology, C, squall::test::deferred_backend>(p, c, count, steps, tuning, window));
+    require_same(run_on<Topology, C, squall::test::deferred_device_backend>(p, c, count, steps,
+                                                                            tuning, window));
+  }
   return host;
 }
 

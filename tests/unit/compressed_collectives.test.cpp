@@ -158,19 +158,22 @@ std::vector<rank_record<T>> run_compressed(
     const squall::options& opts = {}, const std::vector<std::vector<std::byte>>* resume = nullptr) {
   auto host = run_compressed_on<Topology, C, T, Op, squall::host_backend>(
       p, c, count, steps, input, tuning, window, opts, resume);
-  require_same_records(host, run_compressed_on<Topology, C, T, Op, squall::test::deferred_backend>(
-                                 p, c, count, steps, input, tuning, window, opts, resume));
-  // The staging wraps the host core whatever the topology: ring (messages) and direct (the
-  // one-shot paths) stand for all, which keeps this file's build time in bounds.
-  constexpr bool staged_here = std::same_as<Topology, squall::ring_topology> ||
-                               std::same_as<Topology, squall::direct_topology>;
-  if constexpr (staged_here) {
-    const squall::aggregation how =
-        squall::detail::aggregation_of<C, Topology>(gathering<C>(tuning), 0, p, false);
-    if (how == squall::aggregation::per_hop || how == squall::aggregation::gtopk) return host;
-    require_same_records(
-        host, run_compressed_on<Topology, C, T, Op, squall::test::deferred_device_backend>(
-                  p, c, count, steps, input, tuning, window, opts, resume));
+  if constexpr (squall::test::with_deferred) {
+    require_same_records(host,
+                         run_compressed_on<Topology, C, T, Op, squall::test::deferred_backend>(
+                             p, c, count, steps, input, tuning, window, opts, resume));
+    // The staging wraps the host core whatever the topology: ring (messages) and direct (the
+    // one-shot paths) stand for all, which keeps this file's build time in bounds.
+    constexpr bool staged_here = std::same_as<Topology, squall::ring_topology> ||
+                                 std::same_as<Topology, squall::direct_topology>;
+    if constexpr (staged_here) {
+      const squall::aggregation how =
+          squall::detail::aggregation_of<C, Topology>(gathering<C>(tuning), 0, p, false);
+      if (how == squall::aggregation::per_hop || how == squall::aggregation::gtopk) return host;
+      require_same_records(
+          host, run_compressed_on<Topology, C, T, Op, squall::test::deferred_device_backend>(
+                    p, c, count, steps, input, tuning, window, opts, resume));
+    }
   }
   return host;
 }
