@@ -50,12 +50,14 @@
 
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/by_name.hpp>
+#include <squall/detail/math.hpp>  // fnv1a64
 #include <squall/topology/automatic.hpp>
 #include <squall/transport/mpi.hpp>
 #include <squall/transport/shm.hpp>
 
 #include <mpi.h>
 
+#include <algorithm>  // find, min
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -88,6 +90,17 @@ constexpr std::array<const char*, kinds> call_names = {
 /// The collectives' names in SQUALL_MPI_COLLECTIVES.
 constexpr std::array<std::string_view, kinds> collective_names = {
     "allreduce", "allgather", "reduce_scatter_block", "bcast", "barrier"};
+
+/// The non-empty items of a comma-separated list ("a,,b" -> a, b).
+std::vector<std::string_view> comma_list(std::string_view text) {
+  std::vector<std::string_view> items;
+  while (!text.empty()) {
+    const std::size_t comma = std::min(text.find(','), text.size());
+    if (comma > 0) items.push_back(text.substr(0, comma));
+    text.remove_prefix(std::min(comma + 1, text.size()));
+  }
+  return items;
+}
 
 struct config {
   bool enable = true;
@@ -155,11 +168,7 @@ struct config {
     }
     if (const char* text = std::getenv("SQUALL_MPI_COLLECTIVES")) {
       c.takes = {};
-      std::string_view rest = text;
-      while (!rest.empty()) {
-        const std::size_t comma = std::min(rest.find(','), rest.size());
-        const std::string_view name = rest.substr(0, comma);
-        rest.remove_prefix(std::min(comma + 1, rest.size()));
+      for (const std::string_view name : comma_list(text)) {
         if (name == "all") {
           c.takes.fill(true);
           continue;
@@ -190,24 +199,21 @@ struct config {
       }
     }
     if (const char* text = std::getenv("SQUALL_MPI_COMPRESSOR_COMMS")) {
-      std::string_view rest = text;
-      while (!rest.empty()) {
-        const std::size_t comma = std::min(rest.find(','), rest.size());
-        if (comma > 0) c.compress_only.emplace_back(rest.substr(0, comma));
-        rest.remove_prefix(std::min(comma + 1, rest.size()));
-      }
+      for (const std::string_view name : comma_list(text)) c.compress_only.emplace_back(name);
     }
     if (!c.problem.empty()) c.enable = false;
     return c;
   }
 
-  /// What every rank must hold alike (FNV-1a of the settings that change a route).
+  /// What every rank must hold alike: every setting, since each changes a route or, with
+  /// `stats`, a collective at MPI_Finalize.
   std::uint64_t hash() const {
-    const std::string text =
-        std::to_string(enable) + "/" + std::to_string(min_bytes) + "/" + topology + "/" + transport;
-    std::uint64_t h = 1469598103934665603ull;
-    for (const char ch : text) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
-    return h;
+    std::string text = std::to_string(enable) + "/" + std::to_string(min_bytes) + "/" + topology +
+                       "/" + transport + "/" + compressor + "/" + std::to_string(verbose) +
+                       std::to_string(stats) + "/";
+    for (const bool take : takes) text += take ? '1' : '0';
+    for (const std::string& name : compress_only) text += "/" + name;
+    return squall::detail::fnv1a64(text.data(), text.size());
   }
 };
 
@@ -272,8 +278,6 @@ base signature_base(MPI_Datatype type) {
   }
   return common.value_or(base::none);
 }
-
-constexpr std::size_t base_bytes(base b) { return b == base::f64 || b == base::i64 ? 8 : 4; }
 
 /// A count as the large-count (`_c`) forms of MPI 4 pass it; the int forms widen to it.
 using count_type = std::int64_t;
