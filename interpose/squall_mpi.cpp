@@ -72,8 +72,9 @@
 #include <random>
 #include <string>
 #include <string_view>
-#include <unistd.h>  // getpid
-#include <utility>   // exchange
+#include <type_traits>  // is_same_v
+#include <unistd.h>     // getpid
+#include <utility>      // exchange
 #include <variant>
 #include <vector>
 
@@ -107,6 +108,9 @@ struct config {
   std::uint64_t min_bytes = 8192;
   std::string topology = "automatic";
   std::string transport = "auto";
+  /// SQUALL_RANKS_PER_NODE: that many consecutive ranks of a communicator form one node (to
+  /// run the hierarchical path on one host); 0: the ranks that share memory.
+  int ranks_per_node = 0;
   bool verbose = false;
   bool stats = false;
   /// SQUALL_MPI_COLLECTIVES: which collectives squall may take. Broadcast and barrier are off
@@ -166,6 +170,18 @@ struct config {
         c.problem = std::string("SQUALL_MPI_TRANSPORT='") + text + "' is not auto, shm or mpi";
       }
     }
+    if (const char* text = std::getenv(squall::ranks_per_node_env_var); text != nullptr && *text) {
+      char* end = nullptr;
+      const long value = std::strtol(text, &end, 10);
+      if (*end != '\0' || value <= 0 || value > INT32_MAX) {
+        if (c.problem.empty()) {
+          c.problem = std::string(squall::ranks_per_node_env_var) + "='" + text +
+                      "' is not a positive whole number";
+        }
+      } else {
+        c.ranks_per_node = static_cast<int>(value);
+      }
+    }
     if (const char* text = std::getenv("SQUALL_MPI_COLLECTIVES")) {
       c.takes = {};
       for (const std::string_view name : comma_list(text)) {
@@ -209,8 +225,8 @@ struct config {
   /// `stats`, a collective at MPI_Finalize.
   std::uint64_t hash() const {
     std::string text = std::to_string(enable) + "/" + std::to_string(min_bytes) + "/" + topology +
-                       "/" + transport + "/" + compressor + "/" + std::to_string(verbose) +
-                       std::to_string(stats) + "/";
+                       "/" + transport + "/" + std::to_string(ranks_per_node) + "/" + compressor +
+                       "/" + std::to_string(verbose) + std::to_string(stats) + "/";
     for (const bool take : takes) text += take ? '1' : '0';
     for (const std::string& name : compress_only) text += "/" + name;
     return squall::detail::fnv1a64(text.data(), text.size());
@@ -374,23 +390,57 @@ struct squall_communicator {
   std::map<std::size_t, typename type::template state_type<float>> states;
 };
 
-template <class... C>
-using communicator_of = std::variant<squall_communicator<squall::shm_transport, C>...,
-                                     squall_communicator<squall::mpi_transport, C>...>;
-/// Every transport with no compressor or one of those SQUALL_MPI_COMPRESSOR may name
-/// (`visit_elementwise_compressor`).
-using any_communicator =
-    communicator_of<squall::identity_compressor, squall::cast_compressor<squall::bfloat16>,
-                    squall::cast_compressor<squall::float16>, squall::fp8_compressor,
-                    squall::int8_compressor, squall::homomorphic_compressor>;
+/// squall's communicators over `Transport`: with no compressor or one of those
+/// SQUALL_MPI_COMPRESSOR may name (`visit_elementwise_compressor`).
+template <class Transport>
+using communicators_over =
+    std::variant<squall_communicator<Transport, squall::identity_compressor>,
+                 squall_communicator<Transport, squall::cast_compressor<squall::bfloat16>>,
+                 squall_communicator<Transport, squall::cast_compressor<squall::float16>>,
+                 squall_communicator<Transport, squall::fp8_compressor>,
+                 squall_communicator<Transport, squall::int8_compressor>,
+                 squall_communicator<Transport, squall::homomorphic_compressor>>;
+
+template <class A, class B>
+struct joined;
+template <class... A, class... B>
+struct joined<std::variant<A...>, std::variant<B...>> {
+  using type = std::variant<A..., B...>;
+};
+/// Any of them, over shared memory or MPI.
+using any_communicator = joined<communicators_over<squall::shm_transport>,
+                                communicators_over<squall::mpi_transport>>::type;
+
+/// The allreduce of a communicator that spans nodes: shared memory inside each node, MPI
+/// between them. With nodes of one size every rank crosses with its share (reduce-scatter in
+/// the node, allreduce of the share among the ranks of the same place in every node, allgather
+/// in the node); otherwise only each node's first rank crosses (allreduce in the node,
+/// allreduce among those ranks, broadcast in the node).
+struct tiers {
+  MPI_Comm node_comm = MPI_COMM_NULL;   ///< the ranks of this node
+  MPI_Comm cross_comm = MPI_COMM_NULL;  ///< the ranks this one reduces with across nodes, or null
+  bool shares = false;                  ///< every rank crosses with its share (nodes of one size)
+  bool compressing = false;             ///< float sums are compressed across nodes
+  squall_communicator<squall::shm_transport, squall::identity_compressor> node;
+  communicators_over<squall::mpi_transport> cross;
+
+  ~tiers() {
+    node = {};
+    cross = {};
+    if (cross_comm != MPI_COMM_NULL) PMPI_Comm_free(&cross_comm);
+    if (node_comm != MPI_COMM_NULL) PMPI_Comm_free(&node_comm);
+  }
+};
 
 struct comm_state {
   MPI_Comm user = MPI_COMM_NULL;  ///< the caller's communicator (the attribute's owner)
   MPI_Comm own = MPI_COMM_NULL;   ///< squall's private duplicate
   any_communicator impl;
-  std::string transport;  ///< "shared memory" or "MPI", for the verbose line
+  std::unique_ptr<tiers> hierarchy;  ///< the allreduce across nodes, where the ranks span nodes
+  std::string transport;             ///< how squall moves the bytes, for the verbose line
 
   ~comm_state() {
+    hierarchy.reset();
     impl = any_communicator{};
     if (own != MPI_COMM_NULL) PMPI_Comm_free(&own);
   }
@@ -405,6 +455,7 @@ struct library {
   std::map<comm_state*, std::unique_ptr<comm_state>> states;
   counters count;
   unsigned long long compressed = 0;  ///< allreduce calls squall compressed
+  unsigned long long tiered = 0;      ///< allreduce calls squall ran in tiers (across nodes)
   unsigned long long jobs = 0;        ///< shared-memory jobs this process started (their names)
 };
 
@@ -481,6 +532,25 @@ std::string name_of(MPI_Comm comm) {
   return length > 0 ? std::string(text.data(), static_cast<std::size_t>(length)) : "unnamed";
 }
 
+/// A shared-memory job of `comm`'s ranks: rank 0 names it (its pid and a counter: unique on
+/// the host) and draws its key.
+squall::shm_transport shm_over(MPI_Comm comm) {
+  int size = 0, rank = 0;
+  PMPI_Comm_size(comm, &size);
+  PMPI_Comm_rank(comm, &rank);
+  std::array<std::uint64_t, 3> job{};
+  if (rank == 0) {
+    job = {static_cast<std::uint64_t>(getpid()), ++lib().jobs,
+           std::random_device{}() * 0x100000001ull};
+  }
+  PMPI_Bcast(job.data(), 3, MPI_UINT64_T, 0, comm);
+  return squall::shm_transport(
+      squall::shm_job{.name = "mpi-" + std::to_string(job[0]) + "-" + std::to_string(job[1]),
+                      .rank = rank,
+                      .size = size,
+                      .key = job[2] | 1});
+}
+
 /// Builds squall's communicator for `comm`: a collective call on every rank of it, made at
 /// the first call on `comm` that squall handles (the same call on every rank).
 comm_state& make_state(MPI_Comm comm) {
@@ -492,20 +562,28 @@ comm_state& make_state(MPI_Comm comm) {
   int size = 0, rank = 0;
   PMPI_Comm_size(state->own, &size);
   PMPI_Comm_rank(state->own, &rank);
-  MPI_Comm host = MPI_COMM_NULL;
-  PMPI_Comm_split_type(state->own, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
-  int host_size = 0;
-  PMPI_Comm_size(host, &host_size);
-  PMPI_Comm_free(&host);
-  int one_host = host_size == size ? 1 : 0;
-  PMPI_Allreduce(MPI_IN_PLACE, &one_host, 1, MPI_INT, MPI_MIN, state->own);
+  // The nodes: SQUALL_RANKS_PER_NODE consecutive ranks, else the ranks that share memory.
+  MPI_Comm node = MPI_COMM_NULL;
+  if (l.settings.ranks_per_node > 0) {
+    PMPI_Comm_split(state->own, rank / l.settings.ranks_per_node, rank, &node);
+  } else {
+    PMPI_Comm_split_type(state->own, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  }
+  int local_rank = 0, local_size = 0;
+  PMPI_Comm_rank(node, &local_rank);
+  PMPI_Comm_size(node, &local_size);
+  std::array<int, 2> widths = {local_size, -local_size};  // the largest node, minus the smallest
+  PMPI_Allreduce(MPI_IN_PLACE, widths.data(), 2, MPI_INT, MPI_MAX, state->own);
+  const bool one_node = -widths[1] == size;
   const bool use_shm =
-      l.settings.transport == "shm" || (l.settings.transport == "auto" && one_host == 1);
-  if (use_shm && one_host == 0) {
+      l.settings.transport == "shm" || (l.settings.transport == "auto" && one_node);
+  if (use_shm && !one_node) {
+    PMPI_Comm_free(&node);
     throw squall::invalid_argument(
         {.operation = "squall_mpi"},
-        "SQUALL_MPI_TRANSPORT=shm but the communicator '" + name_of(comm) + "' spans hosts");
+        "SQUALL_MPI_TRANSPORT=shm but the communicator '" + name_of(comm) + "' spans nodes");
   }
+  const bool hierarchical = l.settings.transport == "auto" && !one_node && widths[0] > 1;
   const squall::automatic_topology topology{.model =
                                                 squall::cost_model::of_name(l.settings.topology)};
   // Compress here only if every rank's name of the communicator is on the list (names are
@@ -517,45 +595,60 @@ comm_state& make_state(MPI_Comm comm) {
           ? 1
           : 0;
   PMPI_Allreduce(MPI_IN_PLACE, &compress, 1, MPI_INT, MPI_MIN, state->own);
-  const auto install = [&](auto transport) {
+  // squall's communicator over `transport` into `target`, with the compressor where float
+  // sums are compressed (`compressing`), else none.
+  const auto install = [&](auto& target, auto transport, bool compressing) {
     using transport_type = decltype(transport);
     const auto with = [&]<class C>(C compressor) {
       using holder = squall_communicator<transport_type, C>;
-      state->impl = holder{std::make_unique<typename holder::type>(std::move(transport), topology,
-                                                                   std::move(compressor)),
-                           {}};
+      target = holder{std::make_unique<typename holder::type>(std::move(transport), topology,
+                                                              std::move(compressor)),
+                      {}};
     };
-    if (compress == 1) {
+    if (compressing) {
       squall::visit_elementwise_compressor(squall::parse_compressor(l.settings.compressor), with);
     } else {
       with(squall::identity_compressor{});
     }
   };
   if (use_shm) {
-    // Rank 0 names the job (its pid and a counter: unique on the host) and draws its key.
-    std::array<std::uint64_t, 3> job{};
-    if (rank == 0) {
-      job = {static_cast<std::uint64_t>(getpid()), ++l.jobs,
-             std::random_device{}() * 0x100000001ull};
-    }
-    PMPI_Bcast(job.data(), 3, MPI_UINT64_T, 0, state->own);
-    const squall::shm_job shm{
-        .name = "mpi-" + std::to_string(job[0]) + "-" + std::to_string(job[1]),
-        .rank = rank,
-        .size = size,
-        .key = job[2] | 1};
-    install(squall::shm_transport(shm));
+    PMPI_Comm_free(&node);
+    install(state->impl, shm_over(state->own), compress == 1);
     state->transport = "shared memory";
-  } else {
-    install(squall::mpi_transport(state->own));
+  } else if (!hierarchical) {
+    PMPI_Comm_free(&node);
+    install(state->impl, squall::mpi_transport(state->own), compress == 1);
     state->transport = "MPI";
+  } else {
+    // The other collectives run over MPI on the whole communicator; the allreduce in tiers.
+    install(state->impl, squall::mpi_transport(state->own), false);
+    auto t = std::make_unique<tiers>();
+    t->node_comm = node;
+    t->shares = widths[0] == -widths[1];
+    t->compressing = compress == 1;
+    const int color = t->shares || local_rank == 0 ? local_rank : MPI_UNDEFINED;
+    PMPI_Comm_split(state->own, color, rank, &t->cross_comm);
+    t->node = {std::make_unique<
+                   squall_communicator<squall::shm_transport, squall::identity_compressor>::type>(
+                   shm_over(node), topology),
+               {}};
+    if (t->cross_comm != MPI_COMM_NULL) {
+      install(t->cross, squall::mpi_transport(t->cross_comm), compress == 1);
+    }
+    state->transport = std::string("MPI; allreduce in tiers: shared memory inside nodes of ") +
+                       std::to_string(-widths[1]) + "-" + std::to_string(widths[0]) +
+                       " ranks, MPI across them from " +
+                       (t->shares ? "every rank (its share)" : "each node's first rank");
+    state->hierarchy = std::move(t);
   }
   if (l.settings.verbose && rank == 0) {
-    const std::string compressed =
-        compress == 1 ? ", float sums compressed with " + l.settings.compressor : "";
+    const std::string compressed = compress == 1
+                                       ? ", float sums compressed with " + l.settings.compressor +
+                                             (hierarchical ? " across nodes" : "")
+                                       : "";
     std::fprintf(stderr,
-                 "squall_mpi: communicator '%s' (%d ranks): squall's %s collectives, topology "
-                 "%s, for calls of >= %llu bytes%s; the rest goes to MPI\n",
+                 "squall_mpi: communicator '%s' (%d ranks): squall's collectives over %s, "
+                 "topology %s, for calls of >= %llu bytes%s; the rest goes to MPI\n",
                  name_of(comm).c_str(), size, state->transport.c_str(), l.settings.topology.c_str(),
                  static_cast<unsigned long long>(l.settings.min_bytes), compressed.c_str());
   }
@@ -575,16 +668,16 @@ comm_state* existing_state(MPI_Comm comm) {
   return found != 0 ? static_cast<comm_state*>(value) : nullptr;
 }
 
-/// Runs `body(holder)` on `comm`'s `squall_communicator` (made on first use); a squall error
-/// goes to `comm`'s error handler as MPI_ERR_OTHER.
+/// Runs `body(state)` with `comm`'s `comm_state` (made on first use); a squall error goes to
+/// `comm`'s error handler as MPI_ERR_OTHER.
 template <class Body>
-int run(MPI_Comm comm, Body&& body) {
+int run_state(MPI_Comm comm, Body&& body) {
   inside = true;
   int code = MPI_SUCCESS;
   try {
     comm_state* state = existing_state(comm);
     if (state == nullptr) state = &make_state(comm);
-    std::visit([&](auto& impl) { body(impl); }, state->impl);
+    body(*state);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "squall_mpi: %s\n", e.what());
     code = MPI_ERR_OTHER;
@@ -592,6 +685,12 @@ int run(MPI_Comm comm, Body&& body) {
   inside = false;
   if (code != MPI_SUCCESS) PMPI_Comm_call_errhandler(comm, code);
   return code;
+}
+
+/// Runs `body(holder)` on `comm`'s `squall_communicator` for the whole communicator.
+template <class Body>
+int run(MPI_Comm comm, Body&& body) {
+  return run_state(comm, [&](comm_state& state) { std::visit(body, state.impl); });
 }
 
 template <class F>
@@ -664,8 +763,9 @@ void stop() {
                 MPI_COMM_WORLD);
     PMPI_Reduce(bytes.data(), total_bytes.data(), kinds * 2, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0,
                 MPI_COMM_WORLD);
-    unsigned long long compressed = 0;
-    PMPI_Reduce(&l.compressed, &compressed, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
+    std::array<unsigned long long, 2> mine = {l.compressed, l.tiered}, sums{};
+    PMPI_Reduce(mine.data(), sums.data(), 2, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
+    const auto [compressed, tiered] = sums;
     int rank = 0, size = 0;
     PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
     PMPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -682,6 +782,9 @@ void stop() {
         std::fprintf(stderr, "  float sums squall compressed with %s: %llu calls\n",
                      l.settings.compressor.c_str(), compressed);
       }
+      if (tiered > 0) {
+        std::fprintf(stderr, "  allreduce calls in tiers across nodes: %llu\n", tiered);
+      }
     }
   }
   std::vector<MPI_Comm> held;
@@ -696,6 +799,54 @@ void stop() {
 
 // ---- the collectives, for any count type ------------------------------------------------
 
+/// `data` (`count` elements) reduced in place over `holder`'s ranks: compressed where the
+/// holder has a compressor and the call is a float sum, else exact.
+template <class Holder, class T, class Op>
+void allreduce_in_place(Holder& holder, T* data, std::size_t count, Op op) {
+  auto& squall_comm = *holder.comm;
+  if constexpr (Holder::compresses && std::is_same_v<T, float> &&
+                std::is_same_v<Op, squall::sum_op>) {
+    auto state = holder.states.find(count);
+    if (state == holder.states.end()) {
+      state = holder.states.emplace(count, squall_comm.template make_state<float>(count)).first;
+    }
+    squall_comm.allreduce(host_view<float>(data, count), state->second, op);
+  } else {
+    squall_comm.allreduce(host_view<T>(data, count), op);
+  }
+}
+
+/// `data` (`count` elements) reduced in place over a communicator that spans nodes (`tiers`).
+/// With nodes of one size, the part of the count that the node's width divides goes through
+/// the shares; the rest (fewer elements than the width) is reduced in the node and then across
+/// by every rank, which all hold the same bits of it after the same steps.
+template <class T, class Op>
+void tiered_allreduce(tiers& t, T* data, std::size_t count, Op op) {
+  auto& node = *t.node.comm;
+  const auto across = [&](T* part, std::size_t n) {
+    if (t.cross_comm == MPI_COMM_NULL || n == 0) return;
+    std::visit([&](auto& holder) { allreduce_in_place(holder, part, n, op); }, t.cross);
+  };
+  if (!t.shares) {
+    node.allreduce(host_view<T>(data, count), op);
+    across(data, count);
+    node.broadcast(host_view<T>(data, count), 0);
+    return;
+  }
+  const auto width = static_cast<std::size_t>(node.size());
+  const std::size_t even = count - count % width;
+  if (even > 0) {
+    node.reduce_scatter(host_view<T>(data, even), op);
+    T* share = data + node.block_offset(even);
+    across(share, even / width);
+    node.allgather(host_view<const T>(share, even / width), host_view<T>(data, even));
+  }
+  if (even < count) {
+    node.allreduce(host_view<T>(data + even, count - even), op);
+    across(data + even, count - even);
+  }
+}
+
 template <class Fallback>
 int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Datatype datatype,
                    MPI_Op op, MPI_Comm comm, Fallback fallback) {
@@ -707,42 +858,46 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
     return fallback();
   }
   note(allreduce, true, bytes);
-  return run(comm, [&](auto& holder) {
-    auto& squall_comm = *holder.comm;
+  return run_state(comm, [&](comm_state& state) {
     staged out(recvbuf, count, datatype, comm);
     const bool in_place = sendbuf == MPI_IN_PLACE;
     std::optional<staged> in;
     if (!in_place) in.emplace(const_cast<void*>(sendbuf), count, datatype, comm);
     if (in_place) out.pack();
     if (in) in->pack();
-    using holder_type = std::remove_reference_t<decltype(holder)>;
-    if constexpr (holder_type::compresses) {
-      if (b == base::f32 && op == MPI_SUM) {
-        // The compressed allreduce works in place: the input goes to the output first.
-        const std::size_t n = elements<float>(bytes);
-        if (!in_place) std::memcpy(out.bytes(), in->bytes(), bytes);
-        auto state = holder.states.find(n);
-        if (state == holder.states.end()) {
-          state = holder.states.emplace(n, squall_comm.template make_state<float>(n)).first;
-        }
-        squall_comm.allreduce(host_view<float>(reinterpret_cast<float*>(out.bytes()), n),
-                              state->second, squall::sum_op{});
-        out.unpack();
-        const std::lock_guard guard(lib().lock);
-        ++lib().compressed;
-        return;
-      }
-    }
     with_type(b, [&]<class T>(T) {
       with_op(op, [&](auto squall_op) {
-        const host_view<T> result(reinterpret_cast<T*>(out.bytes()), elements<T>(bytes));
-        if (in_place) {
-          squall_comm.allreduce(result, squall_op);
-        } else {
-          squall_comm.allreduce(
-              host_view<const T>(reinterpret_cast<const T*>(in->bytes()), elements<T>(bytes)),
-              result, squall_op);
+        T* result = reinterpret_cast<T*>(out.bytes());
+        const std::size_t n = elements<T>(bytes);
+        constexpr bool float_sum =
+            std::is_same_v<T, float> && std::is_same_v<decltype(squall_op), squall::sum_op>;
+        if (state.hierarchy) {
+          if (!in_place) std::memcpy(result, in->bytes(), bytes);
+          tiered_allreduce(*state.hierarchy, result, n, squall_op);
+          const std::lock_guard guard(lib().lock);
+          ++lib().tiered;
+          if (float_sum && state.hierarchy->compressing) ++lib().compressed;
+          return;
         }
+        std::visit(
+            [&](auto& holder) {
+              using holder_type = std::remove_reference_t<decltype(holder)>;
+              // The compressed allreduce works in place: the input goes to the output first.
+              constexpr bool one_buffer = holder_type::compresses && float_sum;
+              if (in_place || one_buffer) {
+                if (!in_place) std::memcpy(result, in->bytes(), bytes);
+                allreduce_in_place(holder, result, n, squall_op);
+                if (one_buffer) {
+                  const std::lock_guard guard(lib().lock);
+                  ++lib().compressed;
+                }
+              } else {
+                holder.comm->allreduce(
+                    host_view<const T>(reinterpret_cast<const T*>(in->bytes()), n),
+                    host_view<T>(result, n), squall_op);
+              }
+            },
+            state.impl);
       });
     });
     out.unpack();
@@ -942,6 +1097,13 @@ SQUALL_MPI_EXPORT int MPI_Barrier(MPI_Comm comm) {
   }
   note(barrier, true, 0);
   return run(comm, [](auto& holder) { holder.comm->barrier(); });
+}
+
+/// For tests and tools: this process's allreduce calls so far that squall ran in tiers
+/// (shared memory inside nodes, MPI across them).
+SQUALL_MPI_EXPORT unsigned long long squall_mpi_tiered_calls() {
+  const std::lock_guard guard(lib().lock);
+  return lib().tiered;
 }
 
 /// For tests and tools: this process's calls so far handled by squall (`handled`, of which

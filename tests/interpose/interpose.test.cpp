@@ -6,6 +6,9 @@
 //
 // SQUALL_TEST_EXPECT_OFF=1: the job was started with settings that differ between ranks, so
 // squall must be off and MPI must take every call (the results are still checked).
+// SQUALL_RANKS_PER_NODE=k: communicators of more than k ranks span "nodes" of k consecutive
+// ranks, and every allreduce squall takes on them must run in tiers (shared memory inside the
+// nodes, MPI across); SQUALL_TEST_NODE_WIDTH=k says the same of real hosts of k ranks each.
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -20,6 +23,7 @@
 
 extern "C" int squall_mpi_counts(unsigned long long* handled, unsigned long long* passed,
                                  unsigned long long* compressed);
+extern "C" unsigned long long squall_mpi_tiered_calls();
 
 namespace {
 
@@ -61,6 +65,23 @@ void expect_route(bool handled, F&& call) {
   CHECK((handled && !expect_off() ? squall_took : mpi_took));
 }
 
+/// Whether squall's allreduces on `comm` must run in tiers: nodes of SQUALL_RANKS_PER_NODE
+/// consecutive ranks, or SQUALL_TEST_NODE_WIDTH per real host (tests/cluster).
+bool spans_nodes(MPI_Comm comm) {
+  const char* per = std::getenv("SQUALL_RANKS_PER_NODE");
+  if (per == nullptr) per = std::getenv("SQUALL_TEST_NODE_WIDTH");
+  return per != nullptr && !expect_off() && size_of(comm) > std::atoi(per);
+}
+
+/// Runs the allreduce `call` on `comm` through `expect_route`, and checks that it ran in tiers
+/// exactly when squall took it on a communicator that spans nodes.
+template <class F>
+void expect_allreduce_route(bool handled, MPI_Comm comm, F&& call) {
+  const unsigned long long before = squall_mpi_tiered_calls();
+  expect_route(handled, call);
+  CHECK(squall_mpi_tiered_calls() == before + (handled && spans_nodes(comm) ? 1 : 0));
+}
+
 /// Integer-valued data (exact in every type and any reduction order), different per rank.
 template <class T>
 std::vector<T> data_of(std::size_t count, int rank, int salt) {
@@ -86,7 +107,7 @@ void allreduce_case(MPI_Datatype type, MPI_Op op, std::size_t count, bool in_pla
           MPI_SUCCESS);
   std::vector<T> result = in_place ? input : std::vector<T>(count);
   const int n = static_cast<int>(count);
-  expect_route(count * sizeof(T) >= 4096, [&] {
+  expect_allreduce_route(count * sizeof(T) >= 4096, comm, [&] {
     return in_place ? MPI_Allreduce(MPI_IN_PLACE, result.data(), n, type, op, comm)
                     : MPI_Allreduce(input.data(), result.data(), n, type, op, comm);
   });
@@ -154,7 +175,7 @@ TEST_CASE("allreduce: random floats within reassociation of the exact sum") {
   };
   std::vector<float> data(count);
   for (std::size_t i = 0; i < count; ++i) data[i] = value(rank, i);
-  expect_route(true, [&] {
+  expect_allreduce_route(true, MPI_COMM_WORLD, [&] {
     return MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                          MPI_COMM_WORLD);
   });
@@ -199,7 +220,7 @@ TEST_CASE("lossy compression: float sums on the communicators named, within bf16
   for (std::size_t i = 0; i < count; ++i) data[i] = value(rank, i);
   PMPI_Allreduce(data.data(), reference.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, grads);
   const unsigned long long before = compressed_calls();
-  expect_route(true, [&] {
+  expect_allreduce_route(true, grads, [&] {
     return MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                          grads);
   });
