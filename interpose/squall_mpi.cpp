@@ -7,7 +7,9 @@
 // MPI_Barrier (and MPI_Init, MPI_Init_thread, MPI_Finalize to set up and tear down). A call it
 // can prove it handles identically on every rank runs squall's communicator on a private
 // duplicate of the caller's communicator: shared memory when every rank of the communicator is
-// on this host, mpi_transport otherwise. Everything else goes to PMPI_* unchanged.
+// on this host; across hosts, the allreduce in tiers (shared memory inside each host,
+// mpi_transport between hosts) and the other collectives on mpi_transport. Everything else goes
+// to PMPI_* unchanged.
 //
 // The same route on every rank. Whether a call is handled depends only on what MPI requires
 // every rank to pass alike: the type signature (not the datatype handle: ranks may describe
@@ -32,8 +34,11 @@
 //   SQUALL_MPI_MIN_BYTES  smallest call handled, in bytes (default 8192, where squall-mpi-bench
 //                         found squall ahead at P = 2; suffix K, M, G).
 //   SQUALL_MPI_TOPOLOGY   automatic (default), ring, tree, direct or halving_doubling.
-//   SQUALL_MPI_TRANSPORT  auto (default: shared memory on one host, MPI across hosts), shm or
-//                         mpi (mpi_transport even on one host).
+//   SQUALL_MPI_TRANSPORT  auto (default: shared memory on one host; across hosts the allreduce
+//                         in tiers, the rest on MPI), shm or mpi (mpi_transport alone, even on
+//                         one host).
+//   SQUALL_RANKS_PER_NODE k: nodes of k consecutive ranks of each communicator instead of the
+//                         hosts (to run the tiers on one host).
 //   SQUALL_MPI_COLLECTIVES  which ones squall may take: a comma list of allreduce, allgather,
 //                         reduce_scatter_block, bcast, barrier, or all (default: the first
 //                         three; bcast and barrier were no faster than Open MPI's at P = 2).
