@@ -15,11 +15,12 @@
 ///
 /// Contracts:
 /// - Every collective is blocking: it returns once this rank's result is complete and every
-///   buffer it was given may be reused. All ranks must call the same collectives in the same
-///   order with the same count, element type, op and root. With `options::check_mismatch`
-///   (the default) a cheap exchange of a 24-byte call signature before each collective
-///   catches a difference and throws `mismatch_error` on every rank, naming the ranks; without
-///   it a mismatch is caught by the transport (size mismatch) or the deadline.
+///   buffer it was given may be reused. The `i` forms (`iallreduce`, ...) return a `request`
+///   at once and run on the communicator's progress thread, in the order started. All ranks must
+///   call the same collectives in the same order with the same count, element type, op and root.
+///   With `options::check_mismatch` (the default) a cheap exchange of a 24-byte call signature
+///   before each collective catches a difference and throws `mismatch_error` on every rank, naming
+///   the ranks; without it a mismatch is caught by the transport (size mismatch) or the deadline.
 /// - Every rank holds bitwise the same result: each element is reduced by one rank in one
 ///   fixed order and then copied, whatever the schedule.
 /// - Any count, 0 and above 2^31 elements included; any rank count; in place (one view) or
@@ -32,6 +33,7 @@
 #include <squall/algorithm/compressed/allreduce.hpp>
 #include <squall/algorithm/compressed/gather.hpp>
 #include <squall/algorithm/dense.hpp>
+#include <squall/algorithm/request.hpp>
 #include <squall/backend/dispatch.hpp>
 #include <squall/backend/host.hpp>
 #include <squall/compress/none.hpp>
@@ -45,8 +47,10 @@
 #include <squall/topology/automatic.hpp>
 #include <squall/tuning/tuning.hpp>
 
+#include <chrono>
 #include <concepts>  // same_as
 #include <cstddef>   // size_t
+#include <memory>    // unique_ptr
 #include <string>
 #include <string_view>
 #include <typeinfo>  // typeid
@@ -86,7 +90,8 @@ class communicator {
   explicit communicator(Transport transport, Topology topology = {}, const options& opts = {},
                         const collective_tuning& tuning = {}, Backend backend = {})
       : dense_(std::move(transport), std::move(topology), opts, tuning, std::move(backend)),
-        check_finite_(opts.check_finite) {}
+        check_finite_(opts.check_finite),
+        deadline_(opts.resolved_deadline()) {}
 
   /// The same, with the compressor the compressed collectives use (its tuned parameters:
   /// ratio, bits, rank, seed). Every rank must pass the same parameters.
@@ -95,7 +100,8 @@ class communicator {
                const collective_tuning& tuning = {}, Backend backend = {})
       : dense_(std::move(transport), std::move(topology), opts, tuning, std::move(backend)),
         compressor_(std::move(compressor)),
-        check_finite_(opts.check_finite) {}
+        check_finite_(opts.check_finite),
+        deadline_(opts.resolved_deadline()) {}
 
   int rank() const { return dense_.rank(); }
   int size() const { return dense_.size(); }
@@ -159,13 +165,13 @@ class communicator {
   /// `data[i] = op over ranks of data[i]`, in place.
   template <element T, reduction_op<T> Op = sum_op>
   void allreduce(view<T> data, Op op = {}) {
-    announced([&] { dense_.allreduce(data, op); });
+    ordered([&] { dense_.allreduce(data, op); });
   }
   /// `out[i] = op over ranks of in[i]`; `in` and `out` have the same count and do not
   /// partially overlap (`invalid_argument` otherwise).
   template <element T, reduction_op<T> Op = sum_op>
   void allreduce(view<const T> in, view<T> out, Op op = {}) {
-    announced([&] { dense_.allreduce(in, out, op); });
+    ordered([&] { dense_.allreduce(in, out, op); });
   }
 
   /// The compressed allreduce, in place: `data` = the sum (`sum_op`) or mean (`avg_op`) over
@@ -205,22 +211,7 @@ class communicator {
   void allreduce(view<T> data, state_type<T>& state, Op op = {}) {
     static_assert(std::same_as<Op, sum_op> || std::same_as<Op, avg_op>,
                   "squall: a compressed allreduce sums or averages: sum_op or avg_op");
-    announced([&] {
-      require_state("compressed allreduce", state.count(), data.count(), "data");
-      // the step goes in the signature: ranks at different steps would draw differently
-      const squall::aggregation how = aggregation();
-      const detail::chunk_plan plan = detail::overlap_plan<core_type, Compressor, T>(
-          how, dense_.tuning(), compressor_, data.count(), rank());
-      dense_.begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count(),
-                        static_cast<int>(state.step() & 0x7fffffff), how, plan.chunks);
-      if (check_finite_) detail::require_finite_everywhere(dense_.core(), view<const T>(data));
-      workspace_.clock.start();
-      detail::compressed_allreduce(how, plan, dense_.core(), compressor_, workspace_, data, state);
-      detail::dispatch::finalize_on(backend(), op, data, static_cast<std::size_t>(size()));
-      backend().synchronize();
-      workspace_.clock.mark(detail::phase::decode);
-      state.advance();
-    });
+    ordered([&] { compressed_allreduce_now(data, state, op); });
   }
 
   // ---- reduce_scatter ---------------------------------------------------------------------
@@ -235,13 +226,13 @@ class communicator {
   /// holds the result, the other blocks hold partial sums.
   template <element T, reduction_op<T> Op = sum_op>
   void reduce_scatter(view<T> data, Op op = {}) {
-    announced([&] { dense_.reduce_scatter(data, op); });
+    ordered([&] { dense_.reduce_scatter(data, op); });
   }
   /// `out` = this rank's block of `in` reduced over ranks; `out.count()` must be
   /// `block_count(in.count())`.
   template <element T, reduction_op<T> Op = sum_op>
   void reduce_scatter(view<const T> in, view<T> out, Op op = {}) {
-    announced([&] { dense_.reduce_scatter(in, out, op); });
+    ordered([&] { dense_.reduce_scatter(in, out, op); });
   }
 
   // ---- allgather ----------------------------------------------------------------------------
@@ -250,7 +241,7 @@ class communicator {
   /// `size() * in.count()`. `in` may be this rank's block of `out` (in place).
   template <element T>
   void allgather(view<const T> in, view<T> out) {
-    announced([&] { dense_.allgather(in, out); });
+    ordered([&] { dense_.allgather(in, out); });
   }
 
   /// The compressed allgather: block q of `out` (`out.count()` = `size() * in.count()`) is
@@ -265,7 +256,7 @@ class communicator {
   /// and the transport's errors.
   template <real_gradient T>
   void allgather(view<const T> in, view<T> out, state_type<T>& state) {
-    announced([&] {
+    ordered([&] {
       const std::size_t count = in.count();
       detail::require_count("compressed allgather", "out", out.count(),
                             count * static_cast<std::size_t>(size()));
@@ -287,16 +278,100 @@ class communicator {
   /// `data` on every rank = `data` on `root`.
   template <element T>
   void broadcast(view<T> data, int root) {
-    announced([&] { dense_.broadcast(data, root); });
+    ordered([&] { dense_.broadcast(data, root); });
   }
 
   /// Returns once every rank has entered the barrier.
   void barrier() {
-    announced([&] { dense_.barrier(); });
+    ordered([&] { dense_.barrier(); });
+  }
+
+  // ---- non-blocking ---------------------------------------------------------------------------
+
+  /// The non-blocking forms: each starts the collective its blocking namesake runs and returns
+  /// a `request` at once. The communicator's progress thread (started at the first of them)
+  /// runs them one at a time in the order this rank started them, and every rank must start
+  /// the same sequence (as with the blocking calls); several may be in flight, and a blocking
+  /// call made meanwhile runs after them (it is one of them, plus `wait`). Buffers, and the
+  /// compression state, must stay valid and untouched until the request's `wait()` (or a
+  /// `test()` that returned true). Errors surface at `wait()`; after one, every later call on
+  /// this communicator fails with it. Do not move the communicator while requests are in
+  /// flight.
+  template <element T, reduction_op<T> Op = sum_op>
+  request iallreduce(view<T> data, Op op = {}) {
+    return started([this, data, op] { dense_.allreduce(data, op); });
+  }
+  template <element T, reduction_op<T> Op = sum_op>
+  request iallreduce(view<const T> in, view<T> out, Op op = {}) {
+    return started([this, in, out, op] { dense_.allreduce(in, out, op); });
+  }
+  /// The compressed allreduce (`allreduce(data, state, op)`), non-blocking.
+  template <real_gradient T, class Op = sum_op>
+  request iallreduce(view<T> data, state_type<T>& state, Op op = {}) {
+    static_assert(std::same_as<Op, sum_op> || std::same_as<Op, avg_op>,
+                  "squall: a compressed allreduce sums or averages: sum_op or avg_op");
+    return started(
+        [this, data, state = &state, op] { compressed_allreduce_now(data, *state, op); });
+  }
+  template <element T, reduction_op<T> Op = sum_op>
+  request ireduce_scatter(view<T> data, Op op = {}) {
+    return started([this, data, op] { dense_.reduce_scatter(data, op); });
+  }
+  template <element T, reduction_op<T> Op = sum_op>
+  request ireduce_scatter(view<const T> in, view<T> out, Op op = {}) {
+    return started([this, in, out, op] { dense_.reduce_scatter(in, out, op); });
+  }
+  template <element T>
+  request iallgather(view<const T> in, view<T> out) {
+    return started([this, in, out] { dense_.allgather(in, out); });
+  }
+  template <element T>
+  request ibroadcast(view<T> data, int root) {
+    return started([this, data, root] { dense_.broadcast(data, root); });
+  }
+  request ibarrier() {
+    return started([this] { dense_.barrier(); });
   }
 
  private:
   using core_type = detail::dense_core<Transport, Backend>;
+
+  // The compressed allreduce's body (see `allreduce(data, state, op)`).
+  template <real_gradient T, class Op>
+  void compressed_allreduce_now(view<T> data, state_type<T>& state, Op op) {
+    require_state("compressed allreduce", state.count(), data.count(), "data");
+    // the step goes in the signature: ranks at different steps would draw differently
+    const squall::aggregation how = aggregation();
+    const detail::chunk_plan plan = detail::overlap_plan<core_type, Compressor, T>(
+        how, dense_.tuning(), compressor_, data.count(), rank());
+    dense_.begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count(),
+                      static_cast<int>(state.step() & 0x7fffffff), how, plan.chunks);
+    if (check_finite_) detail::require_finite_everywhere(dense_.core(), view<const T>(data));
+    workspace_.clock.start();
+    detail::compressed_allreduce(how, plan, dense_.core(), compressor_, workspace_, data, state);
+    detail::dispatch::finalize_on(backend(), op, data, static_cast<std::size_t>(size()));
+    backend().synchronize();
+    workspace_.clock.mark(detail::phase::decode);
+    state.advance();
+  }
+
+  // A blocking collective: on the caller's thread when nothing is in flight, else queued
+  // behind what is and waited for (so it runs in the order it was called).
+  template <class F>
+  void ordered(F&& body) {
+    if (!engine_ || engine_->idle()) {
+      announced(std::forward<F>(body));
+      return;
+    }
+    engine_->wait(engine_->submit([&] { announced(body); }), rank());
+  }
+  // A non-blocking collective: `body` queued on the progress thread.
+  template <class F>
+  request started(F body) {
+    if (!engine_) engine_ = std::make_unique<detail::progress_engine>(deadline_);
+    return request(engine_.get(),
+                   engine_->submit([this, body = std::move(body)] { announced(body); }), rank());
+  }
 
   // Runs a collective's body. An error of this rank's own (a bad argument, a compressor's
   // error, an allocation) is announced to the peers through the transport's `abandon` where
@@ -351,6 +426,10 @@ class communicator {
   Compressor compressor_{};
   bool check_finite_ = false;  ///< options::check_finite
   detail::compressed_workspace<Backend> workspace_;
+  std::chrono::nanoseconds deadline_;  ///< options::resolved_deadline, for the requests' waits
+  /// The progress thread of the non-blocking calls, made at the first; destroyed first (it
+  /// finishes what is queued while the rest of the communicator still exists).
+  std::unique_ptr<detail::progress_engine> engine_;
 };
 
 }  // namespace squall

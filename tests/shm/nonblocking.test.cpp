@@ -1,0 +1,276 @@
+// SPDX-License-Identifier: Apache-2.0
+// The non-blocking collectives (`iallreduce`, `ireduce_scatter`, `iallgather`, `ibroadcast`,
+// `ibarrier`, the compressed `iallreduce`) over shm_transport, ranks as real processes. Inputs
+// are small integers, so every rank can compute every expected result itself, exactly.
+// Suite: shm_nonblocking.
+
+#include <squall/algorithm/communicator.hpp>
+#include <squall/compress/cast.hpp>
+#include <squall/topology/automatic.hpp>
+#include <squall/transport/launch.hpp>
+#include <squall/transport/shm.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>  // shuffle
+#include <chrono>
+#include <cmath>    // sin
+#include <csignal>  // raise, SIGKILL
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>  // clock_gettime
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "../support/shm_ranks.hpp"
+
+using squall::shm_job;
+using squall::shm_transport;
+namespace test = squall::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+using comm_type = squall::communicator<shm_transport, squall::automatic_topology,
+                                       squall::cast_compressor<squall::bfloat16>>;
+
+/// Rank r's value at i: a small integer, so sums are exact in float and in any order.
+float value(int rank, std::size_t i, int salt) {
+  return static_cast<float>(
+      static_cast<int>(
+          (i * 7 + static_cast<std::size_t>(rank) * 13 + static_cast<std::size_t>(salt) * 5) % 61) -
+      30);
+}
+
+std::vector<float> input(int rank, std::size_t n, int salt) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = value(rank, i, salt);
+  return v;
+}
+
+float sum_at(int size, std::size_t i, int salt) {
+  float s = 0;
+  for (int r = 0; r < size; ++r) s += value(r, i, salt);
+  return s;
+}
+
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+/// Says on stderr what is wrong and gives the rank's failure status.
+int wrong(int rank, const char* what) {
+  std::fprintf(stderr, "rank %d: %s\n", rank, what);
+  return 1;
+}
+
+TEST_SUITE("shm_nonblocking") {
+  TEST_CASE("many requests in flight, mixed collectives, waited in a random order per rank") {
+    for (int ranks = 1; ranks <= 4; ++ranks) {
+      CAPTURE(ranks);
+      test::expect_ranks_succeed(ranks, [](const shm_job& me) {
+        comm_type comm(shm_transport(me), {}, squall::cast_compressor<squall::bfloat16>{});
+        const int p = me.size;
+        // Sizes across the schedules' regimes: windows, messages, single copy.
+        const std::vector<std::size_t> counts = {1, 1000, 70001, 1 << 20};
+        std::vector<std::vector<float>> sums, outs;
+        std::vector<std::vector<float>> gathered(counts.size()), shards(counts.size());
+        std::vector<std::vector<std::int64_t>> maxima(counts.size());
+        std::vector<squall::request> pending;
+        for (std::size_t c = 0; c < counts.size(); ++c) {
+          const std::size_t n = counts[c];
+          const int salt = static_cast<int>(c);
+          sums.push_back(input(me.rank, n, salt));
+          pending.push_back(comm.iallreduce(squall::host_view<float>(sums.back())));
+          maxima[c].resize(n);
+          for (std::size_t i = 0; i < n; ++i) maxima[c][i] = me.rank * 1000 + (i % 7);
+          pending.push_back(
+              comm.iallreduce(squall::host_view<std::int64_t>(maxima[c]), squall::max_op{}));
+          gathered[c].resize(n * static_cast<std::size_t>(p));
+          outs.push_back(input(me.rank, n, salt + 10));
+          pending.push_back(comm.iallgather(squall::host_view<const float>(outs.back()),
+                                            squall::host_view<float>(gathered[c])));
+          shards[c] = input(me.rank, n * static_cast<std::size_t>(p), salt + 20);
+          pending.push_back(comm.ireduce_scatter(squall::host_view<float>(shards[c])));
+        }
+        // A blocking call among them runs after everything started before it.
+        std::vector<float> blocking = input(me.rank, 5000, 99);
+        comm.allreduce(squall::host_view<float>(blocking));
+        std::vector<std::vector<float>> roots(static_cast<std::size_t>(p));
+        for (int root = 0; root < p; ++root) {
+          roots[static_cast<std::size_t>(root)] = input(me.rank, 3001, 40 + root);
+          pending.push_back(comm.ibroadcast(
+              squall::host_view<float>(roots[static_cast<std::size_t>(root)]), root));
+        }
+        pending.push_back(comm.ibarrier());
+        std::mt19937 order(static_cast<unsigned>(me.rank) * 7919u + 3u);
+        std::vector<std::size_t> index(pending.size());
+        std::iota(index.begin(), index.end(), 0);
+        std::shuffle(index.begin(), index.end(), order);
+        for (std::size_t k : index) pending[k].wait();
+
+        for (std::size_t c = 0; c < counts.size(); ++c) {
+          const std::size_t n = counts[c];
+          const int salt = static_cast<int>(c);
+          for (std::size_t i = 0; i < n; ++i) {
+            if (sums[c][i] != sum_at(p, i, salt)) return wrong(me.rank, "iallreduce sum");
+            if (maxima[c][i] != static_cast<std::int64_t>((p - 1) * 1000 + (i % 7))) {
+              return wrong(me.rank, "iallreduce max");
+            }
+          }
+          for (int q = 0; q < p; ++q) {
+            for (std::size_t i = 0; i < n; ++i) {
+              if (gathered[c][static_cast<std::size_t>(q) * n + i] != value(q, i, salt + 10)) {
+                return wrong(me.rank, "iallgather");
+              }
+            }
+          }
+          const std::size_t whole = n * static_cast<std::size_t>(p);
+          const std::size_t first = comm.block_offset(whole);
+          for (std::size_t i = first; i < first + comm.block_count(whole); ++i) {
+            if (shards[c][i] != sum_at(p, i, salt + 20)) return wrong(me.rank, "ireduce_scatter");
+          }
+        }
+        for (std::size_t i = 0; i < blocking.size(); ++i) {
+          if (blocking[i] != sum_at(p, i, 99)) return wrong(me.rank, "the blocking allreduce");
+        }
+        for (int root = 0; root < p; ++root) {
+          for (std::size_t i = 0; i < 3001; ++i) {
+            if (roots[static_cast<std::size_t>(root)][i] != value(root, i, 40 + root)) {
+              return wrong(me.rank, "ibroadcast");
+            }
+          }
+        }
+        return 0;
+      });
+    }
+  }
+
+  TEST_CASE("the compressed iallreduce gives the blocking one's bits; test() polls") {
+    for (int ranks : {2, 3}) {
+      CAPTURE(ranks);
+      test::expect_ranks_succeed(ranks, [](const shm_job& me) {
+        comm_type comm(shm_transport(me), {}, squall::cast_compressor<squall::bfloat16>{});
+        const std::size_t n = 100003;
+        std::vector<float> a(n), b;
+        for (std::size_t i = 0; i < n; ++i) {
+          a[i] = static_cast<float>(std::sin(0.01 * static_cast<double>(i) + me.rank)) * 3.0f;
+        }
+        b = a;
+        auto state_a = comm.make_state<float>(n);
+        auto state_b = comm.make_state<float>(n);
+        squall::request r = comm.iallreduce(squall::host_view<float>(a), state_a, squall::avg_op{});
+        while (!r.test()) std::this_thread::yield();
+        r.wait();  // done: returns at once
+        r.wait();  // a request waited on holds nothing
+        comm.allreduce(squall::host_view<float>(b), state_b, squall::avg_op{});
+        if (a != b) return wrong(me.rank, "compressed iallreduce differs from the blocking one");
+        if (state_a.step() != 1) return wrong(me.rank, "the state's step did not advance");
+        return 0;
+      });
+    }
+  }
+
+  TEST_CASE("a request destroyed without wait still completes before later calls") {
+    test::expect_ranks_succeed(3, [](const shm_job& me) {
+      comm_type comm(shm_transport(me), {}, squall::cast_compressor<squall::bfloat16>{});
+      std::vector<float> dropped = input(me.rank, 200000, 1);
+      { auto r = comm.iallreduce(squall::host_view<float>(dropped)); }
+      std::vector<float> after = input(me.rank, 1000, 2);
+      comm.allreduce(squall::host_view<float>(after));
+      for (std::size_t i = 0; i < dropped.size(); ++i) {
+        if (dropped[i] != sum_at(me.size, i, 1)) return wrong(me.rank, "the dropped request");
+      }
+      for (std::size_t i = 0; i < after.size(); ++i) {
+        if (after[i] != sum_at(me.size, i, 2)) return wrong(me.rank, "the call after it");
+      }
+      return 0;
+    });
+  }
+
+  TEST_CASE("the progress thread does not spin while idle") {
+    test::expect_ranks_succeed(2, [](const shm_job& me) {
+      comm_type comm(shm_transport(me), {}, squall::cast_compressor<squall::bfloat16>{});
+      std::vector<float> data = input(me.rank, 1000, 3);
+      comm.iallreduce(squall::host_view<float>(data)).wait();
+      const double before = cpu_seconds();
+      std::this_thread::sleep_for(500ms);
+      const double used = cpu_seconds() - before;
+      if (used > 0.05) {
+        std::fprintf(stderr, "rank %d: %.3f s of CPU in 0.5 s idle\n", me.rank, used);
+        return 1;
+      }
+      comm.barrier();
+      return 0;
+    });
+  }
+
+  TEST_CASE("a rank dies with requests pending: every survivor's wait raises, none hangs") {
+    for (int ranks : {2, 3}) {
+      CAPTURE(ranks);
+      const auto result = squall::launch(
+          ranks,
+          [](const shm_job& me) {
+            comm_type comm(shm_transport(me, squall::options{.deadline = 60s}), {},
+                           squall::cast_compressor<squall::bfloat16>{});
+            comm.barrier();
+            if (me.rank == 1) raise(SIGKILL);
+            std::vector<std::vector<float>> data(4, std::vector<float>(1 << 20, 1.0f));
+            std::vector<squall::request> pending;
+            for (auto& d : data) pending.push_back(comm.iallreduce(squall::host_view<float>(d)));
+            const auto start = std::chrono::steady_clock::now();
+            int raised = 0;
+            for (auto& r : pending) {
+              try {
+                r.wait();
+              } catch (const squall::error& e) {
+                if (raised == 0) std::fprintf(stderr, "rank %d: %s\n", me.rank, e.what());
+                ++raised;
+              }
+            }
+            const double waited =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            if (raised != 4) return wrong(me.rank, "a wait returned although a rank had died");
+            if (waited > 10.0) return wrong(me.rank, "the waits took more than 10 s");
+            // Later calls fail too, at once.
+            try {
+              comm.barrier();
+            } catch (const squall::error&) {
+              return 0;
+            }
+            return wrong(me.rank, "a blocking call after the failure returned");
+          },
+          {.kill_on_failure = false});
+      CHECK(result.status[1] == 128 + SIGKILL);
+      INFO(test::statuses(result));
+      for (int r = 0; r < ranks; ++r) {
+        if (r != 1) CHECK(result.status[static_cast<std::size_t>(r)] == 0);
+      }
+    }
+  }
+
+  TEST_CASE("a bad argument surfaces at wait() on every rank") {
+    test::expect_ranks_succeed(3, [](const shm_job& me) {
+      comm_type comm(shm_transport(me, squall::options{.deadline = 20s}), {},
+                     squall::cast_compressor<squall::bfloat16>{});
+      std::vector<float> data(1000);
+      squall::request r = comm.ibroadcast(squall::host_view<float>(data), me.size);  // no such root
+      try {
+        r.wait();
+      } catch (const squall::invalid_argument&) {
+        return 0;
+      } catch (const squall::error& e) {
+        std::fprintf(stderr, "rank %d: %s\n", me.rank, e.what());
+        return 0;  // a peer that learned of it from the rank that raised it first
+      }
+      return wrong(me.rank, "wait() returned for a root outside the communicator");
+    });
+  }
+}
+
+}  // namespace
