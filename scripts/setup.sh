@@ -19,6 +19,11 @@ packages=(
   python3-mpi4py python3-numpy  # unmodified programs under libsquall_mpi.so (tests): mpi4py
   lammps lammps-examples        # and LAMMPS on its melt example
 )
+# The Python package and its tests (scripts/test.sh sets SQUALL_SETUP_PYTHON=1): the binding's
+# pybind11 and headers, pytest, and torch (CPU) for the DDP hook; the main job needs none.
+if [[ "${SQUALL_SETUP_PYTHON:-0}" == "1" ]]; then
+  packages+=(pybind11-dev python3-dev python3-pytest python3-torch)
+fi
 # MPICH instead of / beside Open MPI: SQUALL_SETUP_MPICH=1 adds it (see README, "MPICH").
 if [[ "${SQUALL_SETUP_MPICH:-0}" == "1" ]]; then
   packages+=(libmpich-dev mpich)

@@ -12,7 +12,7 @@
 # (-O3) with warnings as errors. .ci/run calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+SQUALL_SETUP_PYTHON=1 ./scripts/setup.sh
 source scripts/cuda-path.sh
 # Each phase says how long it took (seconds since the last mark), so the test command's time
 # can be read phase by phase.

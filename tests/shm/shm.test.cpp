@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <vector>
 
@@ -191,19 +192,35 @@ TEST_SUITE("shm") {
 }
 
 TEST_SUITE("shm_env") {
-  TEST_CASE("the job comes from squall's, Open MPI's or MPICH's variables") {
+  TEST_CASE("the job comes from squall's, Open MPI's, MPICH's or torchrun's variables") {
     for (const char* v :
          {"SQUALL_JOB", "SQUALL_RANK", "SQUALL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
           "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE",
-          "MPI_LOCALRANKID", "MPI_LOCALNRANKS"}) {
+          "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "TORCHELASTIC_RUN_ID", "LOCAL_RANK",
+          "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) {
       unsetenv(v);
     }
     CHECK_THROWS_WITH_AS(shm_job::from_environment(), doctest::Contains("SQUALL_WORLD_SIZE"),
                          squall::invalid_argument);
+    // torchrun's: named by the run id and the rendezvous address, which key it too
+    setenv("TORCHELASTIC_RUN_ID", "run/7", 1);
+    setenv("LOCAL_RANK", "1", 1);
+    setenv("LOCAL_WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "29500", 1);
+    auto job = shm_job::from_environment();
+    CHECK(job.name.rfind("torch-run_7-", 0) == 0);
+    CHECK(job.rank == 1);
+    CHECK(job.size == 2);
+    const std::uint64_t torch_key = job.key;
+    setenv("MASTER_PORT", "29501", 1);
+    CHECK(shm_job::from_environment().key != torch_key);
+    CHECK(shm_job::from_environment().name != job.name);
+    for (const char* v : {"TORCHELASTIC_RUN_ID", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) unsetenv(v);
     setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
     setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3", 1);
     setenv("OMPI_MCA_ess_base_jobid", "4242", 1);
-    auto job = shm_job::from_environment();
+    job = shm_job::from_environment();
     CHECK(job.name == "ompi-4242");
     CHECK(job.rank == 1);
     CHECK(job.size == 3);

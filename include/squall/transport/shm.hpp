@@ -70,8 +70,9 @@ struct shm_job {
   /// else from Open MPI's launcher (`OMPI_COMM_WORLD_LOCAL_RANK`, `..._LOCAL_SIZE`, job id)
   /// or MPICH's Hydra (`MPI_LOCALRANKID`, `MPI_LOCALNRANKS`), so the same binary runs under
   /// `mpiexec`; there the key is derived from the job id (Open MPI) or the proxy's pid and
-  /// start time (Hydra). Throws `invalid_argument` naming the variables when none are set or
-  /// they are malformed.
+  /// start time (Hydra); else from torchrun's (`LOCAL_RANK`, `LOCAL_WORLD_SIZE`, named and
+  /// keyed by `TORCHELASTIC_RUN_ID` and `MASTER_ADDR:MASTER_PORT`). Throws `invalid_argument`
+  /// naming the variables when none are set or they are malformed.
   static shm_job from_environment() {
     const auto get = [](const char* name) -> const char* { return std::getenv(name); };
     if (get("SQUALL_RANK") != nullptr || get("SQUALL_WORLD_SIZE") != nullptr) {
@@ -107,9 +108,28 @@ struct shm_job {
       job.key = key_of("hydra/" + std::to_string(getppid()) + "/" + start_time_of(getppid()));
       return job;
     }
+    if (get("TORCHELASTIC_RUN_ID") != nullptr && get("LOCAL_RANK") != nullptr) {
+      // torchrun: the ranks of this host, named by the run id and the rendezvous address.
+      const std::string run = get("TORCHELASTIC_RUN_ID");
+      const char* address = get("MASTER_ADDR");
+      const char* port = get("MASTER_PORT");
+      const std::string where =
+          std::string(address != nullptr ? address : "") + ":" + (port != nullptr ? port : "");
+      std::string tag;
+      for (char c : run + "-" + std::to_string(key_of(where) & 0xffffffu)) {
+        const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                           (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+        tag += plain ? c : '_';
+      }
+      shm_job job = make("torch-" + tag.substr(0, 150), get("LOCAL_RANK"), get("LOCAL_WORLD_SIZE"),
+                         "LOCAL_RANK/LOCAL_WORLD_SIZE");
+      job.key = key_of("torch/" + run + "/" + where);
+      return job;
+    }
     throw invalid_argument({.operation = "shm_job"},
                            "no job in the environment: set SQUALL_JOB, SQUALL_RANK and "
-                           "SQUALL_WORLD_SIZE, or start the program with squall-run or mpiexec");
+                           "SQUALL_WORLD_SIZE, or start the program with squall-run, mpiexec "
+                           "or torchrun");
   }
 
   /// Checks the fields: a job name of letters, digits, '-', '_', '.' (1 to 200 characters),

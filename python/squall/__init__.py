@@ -1,0 +1,116 @@
+# SPDX-License-Identifier: Apache-2.0
+"""squall's collectives from Python: dense and compressed allreduce of NumPy arrays and CPU
+torch tensors, without copies.
+
+    import numpy as np, squall
+    comm = squall.Communicator()                      # the job of squall-run, mpiexec or torchrun
+    x = np.ones(1000, np.float32)
+    comm.allreduce(x)                                 # in place: x = sum over ranks
+    sparse = squall.Communicator(compressor="topk:0.01+ef")
+    state = sparse.make_state(x.size)                 # one per tensor, kept by the caller
+    sparse.allreduce(x, state, op="avg")
+    request = comm.iallreduce(x); ...; request.wait()
+
+Every rank must make the same communicators in the same order and call the same collectives
+in the same order (as in MPI). Each communicator has a transport of its own: a shared-memory
+job of the ranks of this host ("shm", started by squall-run, mpiexec or torchrun), or a
+duplicate of MPI_COMM_WORLD ("mpi"). Compressor names are squall-bench's ("none", "cast:bf16",
+"topk:0.01+ef", "powersgd:4+ef", ...). squall's errors are raised as `squall.Error` (a
+RuntimeError) with squall's message, bad arguments as ValueError or TypeError.
+"""
+
+import atexit
+
+from . import _squall
+
+atexit.register(_squall._finish_mpi)
+
+Error = _squall.Error
+Request = _squall.Request
+State = _squall.State
+has_mpi = _squall.has_mpi
+
+__all__ = ["Communicator", "Error", "Request", "State", "has_mpi"]
+
+
+def _array(x):
+    """`x` as something with the buffer protocol, sharing its memory: a NumPy array as it is,
+    a CPU torch tensor as its NumPy view."""
+    if type(x).__module__.startswith("torch"):
+        if x.device.type != "cpu":
+            raise TypeError("squall: a torch tensor on %s; CPU tensors only" % x.device)
+        if not x.is_contiguous():
+            raise ValueError("squall: the torch tensor must be contiguous")
+        return x.detach().numpy()
+    return x
+
+
+class Communicator:
+    """One squall communicator: `transport` "shm" (default) or "mpi", `compressor` a name as in
+    squall-bench ("none" by default: the dense collectives only)."""
+
+    def __init__(self, transport="shm", compressor="none"):
+        self._comm = _squall.Communicator(transport, compressor)
+        self.compressor = compressor
+
+    @property
+    def rank(self):
+        return self._comm.rank
+
+    @property
+    def size(self):
+        return self._comm.size
+
+    def make_state(self, count):
+        """A compression state for a tensor of `count` float32 elements (error feedback's
+        residual, PowerSGD's Q, the step); one per tensor, used for it in every call."""
+        return self._comm.make_state(count)
+
+    # ---- non-blocking: each returns a Request (wait(), test()) -----------------------------
+
+    def iallreduce(self, data, state=None, op="sum"):
+        """Starts the allreduce of `data` in place (op: sum, avg, min, max); with `state`, the
+        compressed allreduce (float32, sum or avg)."""
+        if state is None:
+            return self._comm.iallreduce(_array(data), op)
+        return self._comm.iallreduce_compressed(_array(data), state, op)
+
+    def ireduce_scatter(self, data, op="sum"):
+        """Starts the reduce-scatter of `data` in place: this rank's block
+        (`block(data.size)`) holds the result."""
+        return self._comm.ireduce_scatter(_array(data), op)
+
+    def iallgather(self, input, output):
+        """Starts the allgather: `output` = every rank's `input`, in rank order."""
+        return self._comm.iallgather(_array(input), _array(output))
+
+    def ibroadcast(self, data, root):
+        return self._comm.ibroadcast(_array(data), root)
+
+    def ibarrier(self):
+        return self._comm.ibarrier()
+
+    # ---- blocking: the same, waited for ------------------------------------------------------
+
+    def allreduce(self, data, state=None, op="sum"):
+        self.iallreduce(data, state, op).wait()
+        return data
+
+    def reduce_scatter(self, data, op="sum"):
+        self.ireduce_scatter(data, op).wait()
+        return data
+
+    def allgather(self, input, output):
+        self.iallgather(input, output).wait()
+        return output
+
+    def broadcast(self, data, root):
+        self.ibroadcast(data, root).wait()
+        return data
+
+    def barrier(self):
+        self.ibarrier().wait()
+
+    def block(self, count):
+        """(offset, count) of this rank's block of a reduce-scatter of `count` elements."""
+        return self._comm.block_offset(count), self._comm.block_count(count)
