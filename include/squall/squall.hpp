@@ -3,6 +3,7 @@
 /// Everything a host-only user needs; compiles with g++ on a machine without MPI or CUDA.
 /// MPI users add <squall/transport/mpi.hpp>; nvcc users include <squall/cuda.cuh> instead.
 
+#include <squall/algorithm/buckets.hpp>
 #include <squall/algorithm/communicator.hpp>
 #include <squall/algorithm/detail/executor.hpp>
 #include <squall/algorithm/detail/gtopk.hpp>

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The non-blocking collectives (`iallreduce`, `ireduce_scatter`, `iallgather`, `ibroadcast`,
-// `ibarrier`, the compressed `iallreduce`) over shm_transport, ranks as real processes. Inputs
+// `ibarrier`, the compressed `iallreduce`) and `gradient_buckets` over shm_transport, ranks as
+// real processes. Inputs
 // are small integers, so every rank can compute every expected result itself, exactly.
 // Suite: shm_nonblocking.
 
+#include <squall/algorithm/buckets.hpp>
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/cast.hpp>
 #include <squall/topology/automatic.hpp>
@@ -12,7 +14,7 @@
 
 #include <doctest/doctest.h>
 
-#include <algorithm>  // shuffle
+#include <algorithm>  // copy, shuffle
 #include <chrono>
 #include <cmath>    // sin
 #include <csignal>  // raise, SIGKILL
@@ -22,6 +24,8 @@
 #include <ctime>  // clock_gettime
 #include <numeric>
 #include <random>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -270,6 +274,79 @@ TEST_SUITE("shm_nonblocking") {
       }
       return wrong(me.rank, "wait() returned for a root outside the communicator");
     });
+  }
+  TEST_CASE("gradient buckets: tensors marked in any order, buckets started in order, sums") {
+    for (int ranks = 1; ranks <= 3; ++ranks) {
+      CAPTURE(ranks);
+      test::expect_ranks_succeed(ranks, [](const shm_job& me) {
+        // Both kinds: the dense allreduce, and the compressed one with a state per bucket
+        // (bf16 carries these small integer sums exactly).
+        squall::communicator<shm_transport, squall::automatic_topology> dense{shm_transport(me)};
+        const std::vector<std::size_t> sizes = {1000, 70000, 5, 300000, 12345, 1, 40000};
+        squall::gradient_buckets<decltype(dense)> plain(dense, sizes, 400 << 10, false);
+        // 400 KiB: {1000, 70000, 5}, {300000}, {12345, 1, 40000}
+        if (plain.bucket_count() != 3 || plain.bucket_of(2) != 0 || plain.bucket_of(3) != 1 ||
+            plain.bucket_of(6) != 2) {
+          return wrong(me.rank, "bucket assignment");
+        }
+        std::mt19937 order(static_cast<unsigned>(me.rank) + 11u);
+        for (int step = 0; step < 3; ++step) {
+          std::vector<std::size_t> marks(sizes.size());
+          std::iota(marks.begin(), marks.end(), 0);
+          std::shuffle(marks.begin(), marks.end(), order);  // a different order on every rank
+          for (std::size_t i : marks) {
+            const std::vector<float> g = input(me.rank, sizes[i], step * 10 + static_cast<int>(i));
+            plain.ready(i, squall::host_view<const float>(g));
+          }
+          plain.wait();
+          for (std::size_t i = 0; i < sizes.size(); ++i) {
+            const std::span<float> got = plain.gradient(i);
+            for (std::size_t k = 0; k < got.size(); ++k) {
+              if (got[k] != sum_at(me.size, k, step * 10 + static_cast<int>(i))) {
+                return wrong(me.rank, "a dense bucket's sum");
+              }
+            }
+          }
+        }
+        comm_type compressing(
+            shm_transport(squall::shm_job{
+                .name = me.name + "-c", .rank = me.rank, .size = me.size, .key = me.key}),
+            {}, squall::cast_compressor<squall::bfloat16>{});
+        squall::gradient_buckets<comm_type> packed(compressing, sizes, 1 << 20, false);
+        for (int step = 0; step < 2; ++step) {
+          for (std::size_t i = sizes.size(); i-- > 0;) {
+            const std::vector<float> g = input(me.rank, sizes[i], 50 + step + static_cast<int>(i));
+            std::copy(g.begin(), g.end(), packed.gradient(i).begin());
+            packed.ready(i);
+          }
+          packed.wait();
+          for (std::size_t i = 0; i < sizes.size(); ++i) {
+            const std::span<float> got = packed.gradient(i);
+            for (std::size_t k = 0; k < got.size(); ++k) {
+              if (got[k] != sum_at(me.size, k, 50 + step + static_cast<int>(i))) {
+                return wrong(me.rank, "a compressed bucket's sum");
+              }
+            }
+          }
+        }
+        // Misuse is named.
+        try {
+          packed.ready(0);
+          packed.ready(0);
+          return wrong(me.rank, "a tensor marked twice was accepted");
+        } catch (const squall::invalid_argument&) {
+        }
+        try {
+          packed.wait();
+          return wrong(me.rank, "wait() with tensors not ready was accepted");
+        } catch (const squall::invalid_argument& e) {
+          if (std::string(e.what()).find("tensor 1") == std::string::npos) {
+            return wrong(me.rank, "wait() did not name the first tensor not ready");
+          }
+        }
+        return 0;
+      });
+    }
   }
 }
 
