@@ -37,6 +37,7 @@ class compressed final : public compressed_base {
     return avg ? comm_.iallreduce(v, st, squall::avg_op{}) : comm_.iallreduce(v, st);
   }
   squall::request ibarrier() override { return comm_.ibarrier(); }
+  std::uint64_t bytes_sent() const override { return comm_.bytes_sent_total(); }
 
  private:
   Comm comm_;

@@ -109,6 +109,7 @@ class dense_base {
   virtual squall::request iallgather(const void* in, void* out, std::size_t n, dtype t) = 0;
   virtual squall::request ibroadcast(void* data, std::size_t n, dtype t, int root) = 0;
   virtual squall::request ibarrier() = 0;
+  virtual std::uint64_t bytes_sent() const = 0;
   virtual std::size_t block_offset(std::size_t n) const = 0;
   virtual std::size_t block_count(std::size_t n) const = 0;
 };
@@ -149,6 +150,7 @@ class dense final : public dense_base {
     return r;
   }
   squall::request ibarrier() override { return comm_.ibarrier(); }
+  std::uint64_t bytes_sent() const override { return comm_.bytes_sent_total(); }
   std::size_t block_offset(std::size_t n) const override { return comm_.block_offset(n); }
   std::size_t block_count(std::size_t n) const override { return comm_.block_count(n); }
 
@@ -316,6 +318,12 @@ PYBIND11_MODULE(_squall, m) {
       .def(py::init(&make_comm), py::arg("transport") = "shm", py::arg("compressor") = "none")
       .def_property_readonly("rank", &any_comm::rank)
       .def_property_readonly("size", &any_comm::size)
+      .def_property_readonly(
+          "bytes_sent",
+          [](const any_comm& c) {
+            return c.dense_comm ? c.dense_comm->bytes_sent() : c.compressed_comm->bytes_sent();
+          },
+          "The bytes this rank has sent in this communicator's collectives so far.")
       .def_property_readonly("compresses",
                              [](const any_comm& c) { return c.compressed_comm != nullptr; })
       .def(

@@ -30,6 +30,7 @@ class compressed_base {
   virtual std::unique_ptr<state_base> make_state(std::size_t n) = 0;
   virtual squall::request iallreduce(float* data, std::size_t n, state_base& s, bool avg) = 0;
   virtual squall::request ibarrier() = 0;
+  virtual std::uint64_t bytes_sent() const = 0;
 };
 
 /// The compressor `choice` names (not "none") over shared memory, job `job`.

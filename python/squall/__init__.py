@@ -61,6 +61,11 @@ class Communicator:
     def size(self):
         return self._comm.size
 
+    @property
+    def bytes_sent(self):
+        """The bytes this rank has sent in this communicator's collectives so far."""
+        return self._comm.bytes_sent
+
     def make_state(self, count):
         """A compression state for a tensor of `count` float32 elements (error feedback's
         residual, PowerSGD's Q, the step); one per tensor, used for it in every call."""

@@ -47,10 +47,12 @@
 #include <squall/topology/automatic.hpp>
 #include <squall/tuning/tuning.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <concepts>  // same_as
 #include <cstddef>   // size_t
-#include <memory>    // unique_ptr
+#include <cstdint>
+#include <memory>  // unique_ptr
 #include <string>
 #include <string_view>
 #include <typeinfo>  // typeid
@@ -152,6 +154,11 @@ class communicator {
 
   /// The bytes this rank moved in its last collective (counted from its start).
   transfer_stats last_transfer() const { return dense_.last_transfer(); }
+  /// The bytes this rank sent in all its collectives so far (safe to read while non-blocking
+  /// ones run: updated as each finishes).
+  std::uint64_t bytes_sent_total() const {
+    return std::atomic_ref(const_cast<std::uint64_t&>(sent_total_)).load(std::memory_order_relaxed);
+  }
   /// Where this rank's last compressed allreduce or allgather spent its time: encode,
   /// transfer, decode (`phase_split`; zeros before the first).
   phase_split last_split() const { return workspace_.clock.split(); }
@@ -383,6 +390,8 @@ class communicator {
   void announced(F&& body) {
     try {
       std::forward<F>(body)();
+      std::atomic_ref(sent_total_)
+          .fetch_add(dense_.last_transfer().bytes_sent, std::memory_order_relaxed);
     } catch (const mismatch_error&) {
       throw;
     } catch (const peer_failure&) {
@@ -427,6 +436,7 @@ class communicator {
   bool check_finite_ = false;  ///< options::check_finite
   detail::compressed_workspace<Backend> workspace_;
   std::chrono::nanoseconds deadline_;  ///< options::resolved_deadline, for the requests' waits
+  std::uint64_t sent_total_ = 0;       ///< bytes_sent_total (through atomic_ref: stays movable)
   /// The progress thread of the non-blocking calls, made at the first; destroyed first (it
   /// finishes what is queued while the rest of the communicator still exists).
   std::unique_ptr<detail::progress_engine> engine_;
