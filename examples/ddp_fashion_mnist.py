@@ -7,7 +7,7 @@ step (squall's hooks: counted by squall; torch's: the ring allreduce's 2 (P-1)/P
 bytes, fp16 half of that, PowerSGD from its matrices' shapes, computed, not measured).
 
     build/release/squall-run -n 4 env PYTHONPATH=$PWD/build/release/python \\
-        python3 examples/ddp_fashion_mnist.py --epochs 2 --hooks default,fp16,powersgd,none,cast:bf16
+        /usr/bin/python3 examples/ddp_fashion_mnist.py --epochs 2 --hooks default,fp16,powersgd,none,cast:bf16
 """
 import argparse
 import gzip
