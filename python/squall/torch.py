@@ -31,7 +31,6 @@ class HookState:
         self.comm = Communicator(transport=transport, compressor=compressor)
         self.compressor = compressor
         self.states = {}
-        self.bytes = 0  # payload-free count: float32 bytes of the buckets reduced
         self._pending = queue.Queue()
         self._waiter = threading.Thread(target=self._complete, daemon=True)
         self._waiter.start()
@@ -56,7 +55,6 @@ class HookState:
                 state = self.comm.make_state(tensor.numel())
                 self.states[index] = state
             request = self.comm.iallreduce(tensor, state, op="avg")
-        self.bytes += tensor.numel() * tensor.element_size()
         future = torch.futures.Future()
         self._pending.put((request, future, tensor))
         return future

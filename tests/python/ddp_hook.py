@@ -58,7 +58,7 @@ dense, dense_losses = train(dense_state)
 for a, b in zip(reference, dense):
     if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
         fail("squall's dense hook: parameters differ from DDP's by %g" % (a - b).abs().max())
-if dense_state.bytes == 0:
+if dense_state.comm.bytes_sent == 0:
     fail("the hook never ran")
 if len(dense_state.states) != 0:
     fail("the dense hook kept compression states")
