@@ -31,12 +31,22 @@ class compressed final : public compressed_base {
   std::unique_ptr<state_base> make_state(std::size_t n) override {
     return std::make_unique<state>(comm_.template make_state<float>(n));
   }
-  squall::request iallreduce(float* data, std::size_t n, state_base& s, bool avg) override {
+  squall::request allreduce(float* data, std::size_t n, state_base& s, bool avg,
+                            bool now) override {
     auto& st = dynamic_cast<state&>(s).s;
     const squall::host_view<float> v(data, n);
-    return avg ? comm_.iallreduce(v, st, squall::avg_op{}) : comm_.iallreduce(v, st);
+    if (!now) return avg ? comm_.iallreduce(v, st, squall::avg_op{}) : comm_.iallreduce(v, st);
+    if (avg)
+      comm_.allreduce(v, st, squall::avg_op{});
+    else
+      comm_.allreduce(v, st);
+    return {};
   }
-  squall::request ibarrier() override { return comm_.ibarrier(); }
+  squall::request barrier(bool now) override {
+    if (!now) return comm_.ibarrier();
+    comm_.barrier();
+    return {};
+  }
   std::uint64_t bytes_sent() const override { return comm_.bytes_sent_total(); }
 
  private:

@@ -52,9 +52,24 @@ op op_of(const std::string& name) {
   throw py::value_error("squall: op '" + name + "' is not sum, avg, min or max");
 }
 
-/// A writable (or, with `writable` false, readable) C-contiguous buffer's info.
-py::buffer_info contiguous(const py::buffer& b, bool writable, const char* what) {
-  py::buffer_info info = b.request(writable);
+/// A writable (or, with `writable` false, readable) C-contiguous buffer's info: `b` has the
+/// buffer protocol (a NumPy array), or is the package's description of a CPU torch tensor's
+/// memory, the tuple (tensor, address, count, format) that squall._array checked.
+py::buffer_info contiguous(const py::object& b, bool writable, const char* what) {
+  if (py::isinstance<py::tuple>(b)) {
+    const auto t = b.cast<py::tuple>();
+    const auto format = t[3].cast<std::string>();
+    const py::ssize_t itemsize = format == "f" || format == "i" ? 4 : 8;
+    return py::buffer_info(reinterpret_cast<void*>(t[1].cast<std::uintptr_t>()), itemsize, format,
+                           t[2].cast<py::ssize_t>());
+  }
+  if (PyObject_CheckBuffer(b.ptr()) == 0) {
+    throw py::type_error(std::string("squall: ") + what +
+                         " must be a NumPy array (or anything with the buffer protocol) or a CPU "
+                         "torch tensor, not " +
+                         py::str(py::type::of(b).attr("__name__")).cast<std::string>());
+  }
+  py::buffer_info info = py::reinterpret_borrow<py::buffer>(b).request(writable);
   py::ssize_t step = info.itemsize;
   for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
     if (info.shape[static_cast<std::size_t>(d)] != 1 &&
@@ -104,11 +119,14 @@ class dense_base {
   virtual ~dense_base() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual squall::request iallreduce(void* data, std::size_t n, dtype t, op o) = 0;
-  virtual squall::request ireduce_scatter(void* data, std::size_t n, dtype t, op o) = 0;
-  virtual squall::request iallgather(const void* in, void* out, std::size_t n, dtype t) = 0;
-  virtual squall::request ibroadcast(void* data, std::size_t n, dtype t, int root) = 0;
-  virtual squall::request ibarrier() = 0;
+  // Each collective runs blocking (`now`: on the caller's thread when nothing is in flight,
+  // returning an empty request) or non-blocking (on the progress thread).
+  virtual squall::request allreduce(void* data, std::size_t n, dtype t, op o, bool now) = 0;
+  virtual squall::request reduce_scatter(void* data, std::size_t n, dtype t, op o, bool now) = 0;
+  virtual squall::request allgather(const void* in, void* out, std::size_t n, dtype t,
+                                    bool now) = 0;
+  virtual squall::request broadcast(void* data, std::size_t n, dtype t, int root, bool now) = 0;
+  virtual squall::request barrier(bool now) = 0;
   virtual std::uint64_t bytes_sent() const = 0;
   virtual std::size_t block_offset(std::size_t n) const = 0;
   virtual std::size_t block_count(std::size_t n) const = 0;
@@ -122,34 +140,57 @@ class dense final : public dense_base {
 
   int rank() const override { return comm_.rank(); }
   int size() const override { return comm_.size(); }
-  squall::request iallreduce(void* data, std::size_t n, dtype t, op o) override {
+  squall::request allreduce(void* data, std::size_t n, dtype t, op o, bool now) override {
     squall::request r;
     with_type(t, [&]<class T>(T) {
-      with_op<T>(o, [&](auto f) { r = comm_.iallreduce(view<T>(data, n), f); });
+      with_op<T>(o, [&](auto f) {
+        if (now)
+          comm_.allreduce(view<T>(data, n), f);
+        else
+          r = comm_.iallreduce(view<T>(data, n), f);
+      });
     });
     return r;
   }
-  squall::request ireduce_scatter(void* data, std::size_t n, dtype t, op o) override {
+  squall::request reduce_scatter(void* data, std::size_t n, dtype t, op o, bool now) override {
     squall::request r;
     with_type(t, [&]<class T>(T) {
-      with_op<T>(o, [&](auto f) { r = comm_.ireduce_scatter(view<T>(data, n), f); });
+      with_op<T>(o, [&](auto f) {
+        if (now)
+          comm_.reduce_scatter(view<T>(data, n), f);
+        else
+          r = comm_.ireduce_scatter(view<T>(data, n), f);
+      });
     });
     return r;
   }
-  squall::request iallgather(const void* in, void* out, std::size_t n, dtype t) override {
+  squall::request allgather(const void* in, void* out, std::size_t n, dtype t, bool now) override {
     squall::request r;
     with_type(t, [&]<class T>(T) {
-      r = comm_.iallgather(squall::host_view<const T>(static_cast<const T*>(in), n),
-                           view<T>(out, n * static_cast<std::size_t>(size())));
+      const squall::host_view<const T> input(static_cast<const T*>(in), n);
+      const auto output = view<T>(out, n * static_cast<std::size_t>(size()));
+      if (now)
+        comm_.allgather(input, output);
+      else
+        r = comm_.iallgather(input, output);
     });
     return r;
   }
-  squall::request ibroadcast(void* data, std::size_t n, dtype t, int root) override {
+  squall::request broadcast(void* data, std::size_t n, dtype t, int root, bool now) override {
     squall::request r;
-    with_type(t, [&]<class T>(T) { r = comm_.ibroadcast(view<T>(data, n), root); });
+    with_type(t, [&]<class T>(T) {
+      if (now)
+        comm_.broadcast(view<T>(data, n), root);
+      else
+        r = comm_.ibroadcast(view<T>(data, n), root);
+    });
     return r;
   }
-  squall::request ibarrier() override { return comm_.ibarrier(); }
+  squall::request barrier(bool now) override {
+    if (!now) return comm_.ibarrier();
+    comm_.barrier();
+    return {};
+  }
   std::uint64_t bytes_sent() const override { return comm_.bytes_sent_total(); }
   std::size_t block_offset(std::size_t n) const override { return comm_.block_offset(n); }
   std::size_t block_count(std::size_t n) const override { return comm_.block_count(n); }
@@ -288,6 +329,91 @@ struct py_state {
 
 std::size_t count_of(const py::buffer_info& b) { return static_cast<std::size_t>(b.size); }
 
+/// Runs `start(now)`: blocking (`now`, the GIL released, None returned) or non-blocking (a
+/// Request that keeps `keep`, the Python objects whose memory the collective uses, alive).
+template <class Start>
+py::object run(bool now, Start&& start, py::object keep) {
+  if (!now) return py::cast(py_request{start(false), std::move(keep)});
+  {
+    py::gil_scoped_release unlocked;
+    start(true);
+  }
+  return py::none();
+}
+
+// The collectives' arguments checked, then run blocking or not (both bound below).
+py::object allreduce(any_comm& c, const py::object& data, const std::string& o, bool now) {
+  const py::buffer_info b = contiguous(data, true, "data");
+  return run(
+      now,
+      [&](bool n) { return c.dense().allreduce(b.ptr, count_of(b), dtype_of(b), op_of(o), n); },
+      data);
+}
+
+py::object allreduce_compressed(any_comm& c, const py::object& data, const py::object& state,
+                                const std::string& o, bool now) {
+  const py::buffer_info b = contiguous(data, true, "data");
+  if (dtype_of(b) != dtype::f32) {
+    throw py::type_error("squall: the compressed allreduce takes float32 data");
+  }
+  const op which = op_of(o);
+  if (which != op::sum && which != op::avg) {
+    throw py::value_error("squall: a compressed allreduce sums or averages");
+  }
+  auto& s = state.cast<py_state&>();
+  if (s.s->count() != count_of(b)) {
+    throw py::value_error("squall: a compression state of " + std::to_string(s.s->count()) +
+                          " elements for data of " + std::to_string(count_of(b)));
+  }
+  return run(
+      now,
+      [&](bool n) {
+        return c.compressed().allreduce(static_cast<float*>(b.ptr), count_of(b), *s.s,
+                                        which == op::avg, n);
+      },
+      py::make_tuple(data, state));
+}
+
+py::object reduce_scatter(any_comm& c, const py::object& data, const std::string& o, bool now) {
+  const py::buffer_info b = contiguous(data, true, "data");
+  return run(
+      now,
+      [&](bool n) {
+        return c.dense().reduce_scatter(b.ptr, count_of(b), dtype_of(b), op_of(o), n);
+      },
+      data);
+}
+
+py::object allgather(any_comm& c, const py::object& in, const py::object& out, bool now) {
+  const py::buffer_info i = contiguous(in, false, "input");
+  const py::buffer_info o = contiguous(out, true, "output");
+  if (dtype_of(i) != dtype_of(o)) {
+    throw py::type_error("squall: allgather's input and output differ in type");
+  }
+  if (count_of(o) != count_of(i) * static_cast<std::size_t>(c.size())) {
+    throw py::value_error("squall: allgather's output must hold size x input elements");
+  }
+  return run(
+      now, [&](bool n) { return c.dense().allgather(i.ptr, o.ptr, count_of(i), dtype_of(i), n); },
+      py::make_tuple(in, out));
+}
+
+py::object broadcast(any_comm& c, const py::object& data, int root, bool now) {
+  const py::buffer_info b = contiguous(data, true, "data");
+  return run(
+      now, [&](bool n) { return c.dense().broadcast(b.ptr, count_of(b), dtype_of(b), root, n); },
+      data);
+}
+
+py::object barrier(any_comm& c, bool now) {
+  return run(
+      now,
+      [&](bool n) {
+        return c.dense_comm ? c.dense_comm->barrier(n) : c.compressed_comm->barrier(n);
+      },
+      py::none());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_squall, m) {
@@ -330,72 +456,65 @@ PYBIND11_MODULE(_squall, m) {
           "make_state",
           [](any_comm& c, std::size_t n) { return py_state{c.compressed().make_state(n)}; },
           py::arg("count"))
+      // the non-blocking forms return a Request; the blocking ones run on this thread
       .def(
           "iallreduce",
-          [](any_comm& c, const py::buffer& data, const std::string& o) {
-            const py::buffer_info b = contiguous(data, true, "data");
-            return py_request{c.dense().iallreduce(b.ptr, count_of(b), dtype_of(b), op_of(o)),
-                              data};
+          [](any_comm& c, const py::object& d, const std::string& o) {
+            return allreduce(c, d, o, false);
+          },
+          py::arg("data"), py::arg("op") = "sum")
+      .def(
+          "allreduce",
+          [](any_comm& c, const py::object& d, const std::string& o) {
+            return allreduce(c, d, o, true);
           },
           py::arg("data"), py::arg("op") = "sum")
       .def(
           "iallreduce_compressed",
-          [](any_comm& c, const py::buffer& data, py::object state, const std::string& o) {
-            const py::buffer_info b = contiguous(data, true, "data");
-            if (dtype_of(b) != dtype::f32) {
-              throw py::type_error("squall: the compressed allreduce takes float32 data");
-            }
-            const op which = op_of(o);
-            if (which != op::sum && which != op::avg) {
-              throw py::value_error("squall: a compressed allreduce sums or averages");
-            }
-            auto& s = state.cast<py_state&>();
-            if (s.s->count() != count_of(b)) {
-              throw py::value_error("squall: a compression state of " +
-                                    std::to_string(s.s->count()) + " elements for data of " +
-                                    std::to_string(count_of(b)));
-            }
-            return py_request{c.compressed().iallreduce(static_cast<float*>(b.ptr), count_of(b),
-                                                        *s.s, which == op::avg),
-                              py::make_tuple(data, state)};
+          [](any_comm& c, const py::object& d, const py::object& s, const std::string& o) {
+            return allreduce_compressed(c, d, s, o, false);
+          },
+          py::arg("data"), py::arg("state"), py::arg("op") = "sum")
+      .def(
+          "allreduce_compressed",
+          [](any_comm& c, const py::object& d, const py::object& s, const std::string& o) {
+            return allreduce_compressed(c, d, s, o, true);
           },
           py::arg("data"), py::arg("state"), py::arg("op") = "sum")
       .def(
           "ireduce_scatter",
-          [](any_comm& c, const py::buffer& data, const std::string& o) {
-            const py::buffer_info b = contiguous(data, true, "data");
-            return py_request{c.dense().ireduce_scatter(b.ptr, count_of(b), dtype_of(b), op_of(o)),
-                              data};
+          [](any_comm& c, const py::object& d, const std::string& o) {
+            return reduce_scatter(c, d, o, false);
+          },
+          py::arg("data"), py::arg("op") = "sum")
+      .def(
+          "reduce_scatter",
+          [](any_comm& c, const py::object& d, const std::string& o) {
+            return reduce_scatter(c, d, o, true);
           },
           py::arg("data"), py::arg("op") = "sum")
       .def(
           "iallgather",
-          [](any_comm& c, const py::buffer& in, const py::buffer& out) {
-            const py::buffer_info i = contiguous(in, false, "input");
-            const py::buffer_info o = contiguous(out, true, "output");
-            if (dtype_of(i) != dtype_of(o)) {
-              throw py::type_error("squall: allgather's input and output differ in type");
-            }
-            if (count_of(o) != count_of(i) * static_cast<std::size_t>(c.size())) {
-              throw py::value_error("squall: allgather's output must hold size x input elements");
-            }
-            return py_request{c.dense().iallgather(i.ptr, o.ptr, count_of(i), dtype_of(i)),
-                              py::make_tuple(in, out)};
+          [](any_comm& c, const py::object& i, const py::object& o) {
+            return allgather(c, i, o, false);
+          },
+          py::arg("input"), py::arg("output"))
+      .def(
+          "allgather",
+          [](any_comm& c, const py::object& i, const py::object& o) {
+            return allgather(c, i, o, true);
           },
           py::arg("input"), py::arg("output"))
       .def(
           "ibroadcast",
-          [](any_comm& c, const py::buffer& data, int root) {
-            const py::buffer_info b = contiguous(data, true, "data");
-            return py_request{c.dense().ibroadcast(b.ptr, count_of(b), dtype_of(b), root), data};
-          },
+          [](any_comm& c, const py::object& d, int root) { return broadcast(c, d, root, false); },
           py::arg("data"), py::arg("root"))
-      .def("ibarrier",
-           [](any_comm& c) {
-             return py_request{
-                 c.dense_comm ? c.dense_comm->ibarrier() : c.compressed_comm->ibarrier(),
-                 py::none()};
-           })
+      .def(
+          "broadcast",
+          [](any_comm& c, const py::object& d, int root) { return broadcast(c, d, root, true); },
+          py::arg("data"), py::arg("root"))
+      .def("ibarrier", [](any_comm& c) { return barrier(c, false); })
+      .def("barrier", [](any_comm& c) { return barrier(c, true); })
       .def("block_offset", [](any_comm& c, std::size_t n) { return c.dense().block_offset(n); })
       .def("block_count", [](any_comm& c, std::size_t n) { return c.dense().block_count(n); });
 }

@@ -28,8 +28,10 @@ class compressed_base {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::unique_ptr<state_base> make_state(std::size_t n) = 0;
-  virtual squall::request iallreduce(float* data, std::size_t n, state_base& s, bool avg) = 0;
-  virtual squall::request ibarrier() = 0;
+  /// Blocking (`now`: returns an empty request) or non-blocking, as dense_base's.
+  virtual squall::request allreduce(float* data, std::size_t n, state_base& s, bool avg,
+                                    bool now) = 0;
+  virtual squall::request barrier(bool now) = 0;
   virtual std::uint64_t bytes_sent() const = 0;
 };
 

@@ -46,6 +46,16 @@ def test_torch_tensors_in_place_without_copies(comm):
     assert torch.equal(view, expected)
     with pytest.raises(ValueError, match="contiguous"):
         comm.allreduce(torch.zeros(10, 10).t())
+    for dtype in (torch.float64, torch.int32, torch.int64):
+        t = torch.arange(70001, dtype=dtype) % 97 - comm.rank
+        comm.allreduce(t, op="max")
+        assert torch.equal(t, torch.arange(70001, dtype=dtype) % 97)
+        comm.iallreduce(t).wait()
+        assert torch.equal(t, (torch.arange(70001, dtype=dtype) % 97) * comm.size)
+    with pytest.raises(TypeError, match="torch.float16"):
+        comm.allreduce(torch.zeros(10, dtype=torch.float16))
+    with pytest.raises(TypeError, match="not list"):
+        comm.allreduce([1.0, 2.0])
 
 
 def test_reduce_scatter_allgather_broadcast(comm):
@@ -74,6 +84,16 @@ def test_nonblocking_in_flight_waited_in_reverse(comm):
     for a, n in zip(arrays, (10, 100000, 3, 65536)):
         np.testing.assert_array_equal(a, sum(inputs(r, n, np.float32, n % 5)
                                              for r in range(comm.size)))
+    # a blocking call made while requests are in flight runs after them, on every rank
+    big = inputs(comm.rank, 1 << 20, np.float64, 1)
+    small = inputs(comm.rank, 1000, np.int32, 2)
+    request = comm.iallreduce(big)
+    comm.allreduce(small, op="min")
+    np.testing.assert_array_equal(small, np.min([inputs(r, 1000, np.int32, 2)
+                                                 for r in range(comm.size)], axis=0))
+    request.wait()
+    np.testing.assert_array_equal(big, sum(inputs(r, 1 << 20, np.float64, 1)
+                                           for r in range(comm.size)))
     r = comm.ibarrier()
     while not r.test():
         pass
