@@ -8,6 +8,7 @@
 //                       [--hidden H] [--compressor SPEC[,SPEC...]] [--train-subset N]
 //                       [--test-subset N] [--data DIR] [--csv FILE] [--seed S]
 //                       [--transport shm|mpi] [--require-accuracy FRACTION]
+//                       [--overlap PIECES]
 //
 // SPEC is squall's compressor name (squall/compress/by_name.hpp): none, cast:bf16, int8,
 // qsgd:4, terngrad, sign+ef, topk:0.01+ef, topk:0.001+ef@gtopk, randomk:0.01,
@@ -21,11 +22,17 @@
 // than its values (a wide count sketch of W2). With error feedback the momentum is applied before
 // the allreduce (DGC's momentum correction), without it after; FetchSGD (fetchsgd:COLS) keeps
 // the momentum (--momentum) and the error in its sketches, so its result is the step itself.
+// With --overlap K the allreduces are non-blocking and overlap backward: W2's starts as soon
+// as backward has computed it, W1's gradient is computed in K blocks of rows, each block's
+// allreduce (with a compression state of its own) started as soon as it is done, then the
+// biases'; the step waits for them all before the update (DDP's and Horovod's overlap; over
+// MPI it needs MPI_THREAD_MULTIPLE, the two communicators' progress threads calling at once).
+// Without it (0, the default) the same parts are reduced blocking, W1 whole.
 // After each epoch: the mean training loss, the accuracy on the test images (split across the
-// ranks), the wall time, the time in the gradient allreduces and the bytes this rank sent for
-// them since the start, the most of any rank. At the end every rank's weights are compared bit
-// for bit. The compressed allreduces check
-// their inputs (squall::options::check_finite): a non-finite gradient on any rank stops every
+// ranks), the wall time, the time in the gradient allreduces (with --overlap: waiting for them,
+// what backward did not hide) and the bytes this rank sent for them since the start, the most of
+// any rank. At the end every rank's weights are compared bit for bit. The compressed allreduces
+// check their inputs (squall::options::check_finite): a non-finite gradient on any rank stops every
 // rank with an error naming it. The images come from Debian's
 // dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), $SQUALL_FASHION_MNIST or --data.
 #include <squall/compress/by_name.hpp>
@@ -83,6 +90,7 @@ struct settings {
   std::uint64_t seed = 1;
   std::string transport = "shm";  // shm: fork -n ranks; mpi: the ranks mpiexec started
   double require_accuracy = 0;    // exit 4 if a run ends below it (tests)
+  std::size_t overlap = 0;        // --overlap K: W1 in K pieces, non-blocking (0: blocking)
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -94,7 +102,7 @@ struct settings {
       "[--hidden H] "
       "[--compressor SPEC[,SPEC...]] "
       "[--train-subset N] [--test-subset N] [--data DIR] [--csv FILE] [--seed S] "
-      "[--transport shm|mpi] [--require-accuracy FRACTION]\n"
+      "[--transport shm|mpi] [--require-accuracy FRACTION] [--overlap PIECES]\n"
       "SPEC: %s\n",
       why.c_str(), squall::compressor_usage().c_str());
   std::exit(2);
@@ -156,6 +164,8 @@ settings parse(int argc, char** argv) {
       s.transport = v;
     } else if (a == "--require-accuracy")
       s.require_accuracy = number(a, v);
+    else if (a == "--overlap")
+      s.overlap = static_cast<std::size_t>(number(a, v));
     else
       usage("unknown option " + a);
   }
@@ -164,6 +174,7 @@ settings parse(int argc, char** argv) {
   if (s.batch < 1) usage("--batch must be at least 1");
   if (s.hidden < 1) usage("--hidden must be at least 1");
   if (s.momentum >= 1) usage("--momentum must be below 1");
+  if (s.overlap > 784) usage("--overlap: at most 784 pieces (W1's rows)");
   for (std::size_t at = 0; at <= compressors.size();) {
     const std::size_t comma = std::min(compressors.find(',', at), compressors.size());
     try {
@@ -259,9 +270,24 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
       return comm.compressor().max_payload_bytes(squall::dtype::float32, count) <
              count * sizeof(float);
   };
-  const bool compress1 = worth(comm1, model.w1_count());
+  // W1 as `pieces` blocks of rows, each reduced on its own, with its own state (with
+  // --overlap K, K pieces, each started as soon as backward has it; else one, the matrix)
+  struct w1_piece {
+    std::size_t from = 0, count = 0;  // in the flat gradient
+    bool compress = false;
+    typename comm_type::template state_type<float> state;
+  };
+  const std::size_t pieces = std::max<std::size_t>(s.overlap, 1);
+  std::vector<w1_piece> w1_pieces;
+  for (std::size_t k = 0; k < pieces; ++k) {
+    const std::size_t from = fashion_mnist::w1_row(model, k, pieces) * model.hidden;
+    const std::size_t count = fashion_mnist::w1_row(model, k + 1, pieces) * model.hidden - from;
+    const bool compress = worth(comm1, count);
+    w1_pieces.push_back(
+        {from, count, compress, comm1.template make_state<float>(compress ? count : 0)});
+  }
+  const bool compress1 = w1_pieces.front().compress;
   const bool compress2 = worth(comm2, model.w2_count());
-  auto state1 = comm1.template make_state<float>(compress1 ? model.w1_count() : 0);
   auto state2 = comm2.template make_state<float>(compress2 ? model.w2_count() : 0);
 
   C warm_template = compressor;
@@ -270,10 +296,13 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
   // the name printed and written to the CSV: the compressor's, and its warm-up
   const bool warms = s.sparsity_warmup > 0 && target_ratio != nullptr && target < 0.25;
   const std::string label =
-      choice.text + (warms ? " warm-up " + std::to_string(s.sparsity_warmup) : std::string());
+      choice.text + (warms ? " warm-up " + std::to_string(s.sparsity_warmup) : std::string()) +
+      (s.overlap > 0 ? " overlap " + std::to_string(s.overlap) : std::string());
   if (me.rank == 0) {
-    std::printf("# %s: W1 (%zu values) %s, W2 (%zu) %s, biases (%zu) dense\n", label.c_str(),
-                model.w1_count(), compress1 ? "compressed" : "dense", model.w2_count(),
+    std::printf("# %s: W1 (%zu values%s) %s, W2 (%zu) %s, biases (%zu) dense\n", label.c_str(),
+                model.w1_count(),
+                s.overlap > 0 ? (", " + std::to_string(pieces) + " pieces").c_str() : "",
+                compress1 ? "compressed" : "dense", model.w2_count(),
                 compress2 ? "compressed" : "dense", model.bias_count());
   }
   // Momentum: with error feedback each rank keeps its own velocity and compresses that, the
@@ -317,11 +346,24 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
   std::vector<float> batch_x(s.batch * model.inputs);
   std::vector<std::uint8_t> batch_y(s.batch);
   std::uint64_t wire_bytes = 0;  // this rank's, for the gradients, since the start
-  double comm_seconds = 0;       // this epoch's
+  double comm_seconds = 0;       // this epoch's: in blocking allreduces or waiting for requests
+  std::vector<squall::request> pending;  // with --overlap: this step's allreduces in flight
 
-  auto reduce = [&](auto& comm, std::span<float> g, auto& state, bool compress) {
-    const auto start = clock_type::now();
+  // The mean of gradient part `g` over the ranks: blocking, or (--overlap) started on the
+  // communicator's progress thread while backward goes on, waited for before the update.
+  auto reduce = [&](comm_type& comm, std::span<float> g, auto& state, bool compress) {
     const squall::host_view<float> view(g.data(), g.size());
+    if (s.overlap > 0) {
+      if constexpr (!dense) {
+        if (compress) {
+          pending.push_back(comm.iallreduce(view, state, squall::avg_op{}));
+          return;
+        }
+      }
+      pending.push_back(comm.iallreduce(view, squall::avg_op{}));
+      return;
+    }
+    const auto start = clock_type::now();
     if constexpr (dense)
       comm.allreduce(view, squall::avg_op{});
     else if (compress)
@@ -329,7 +371,6 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
     else
       comm.allreduce(view, squall::avg_op{});
     comm_seconds += std::chrono::duration<double>(clock_type::now() - start).count();
-    wire_bytes += comm.last_transfer().bytes_sent;
   };
   auto across = [&](double v, bool sum) {
     if (sum)
@@ -365,21 +406,49 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
       }
       loss_sum += fashion_mnist::forward(model, params, batch_x.data(), batch_y.data(), s.batch, ws)
                       .loss_sum;
-      fashion_mnist::backward(model, params, batch_x.data(), batch_y.data(), s.batch, ws, grads);
-      if constexpr (local_momentum) {
-        for (std::size_t i = 0; i < params.size(); ++i) {
-          velocity[i] = s.momentum * velocity[i] + grads[i];
-          grads[i] = velocity[i];
+      const std::uint64_t sent_before = comm1.bytes_sent_total() + comm2.bytes_sent_total();
+      // each part of the gradient goes to its allreduce as soon as backward has it (with
+      // error feedback, through this rank's velocity first)
+      const auto reduce_part = [&](std::span<float> g, auto&& go) {
+        if constexpr (local_momentum) {
+          float* v = velocity.data() + (g.data() - grads.data());
+          for (std::size_t i = 0; i < g.size(); ++i) {
+            v[i] = s.momentum * v[i] + g[i];
+            g[i] = v[i];
+          }
         }
+        go(g);
+      };
+      fashion_mnist::backward(
+          model, params, batch_x.data(), batch_y.data(), s.batch, ws, grads, pieces,
+          [&](fashion_mnist::part part, std::size_t k) {
+            switch (part) {
+              case fashion_mnist::part::w2:
+                return reduce_part(model.w2(grads),
+                                   [&](auto g) { reduce(comm2, g, state2, compress2); });
+              case fashion_mnist::part::w1_rows: {
+                w1_piece& piece = w1_pieces[k];
+                return reduce_part(std::span(grads.data() + piece.from, piece.count),
+                                   [&](auto g) { reduce(comm1, g, piece.state, piece.compress); });
+              }
+              case fashion_mnist::part::biases:
+                return reduce_part(model.biases(grads),
+                                   [&](auto g) { reduce(comm1, g, state2, false); });
+            }
+          });
+      if (!pending.empty()) {
+        const auto start = clock_type::now();
+        for (squall::request& r : pending) r.wait();
+        pending.clear();
+        comm_seconds += std::chrono::duration<double>(clock_type::now() - start).count();
       }
-      reduce(comm1, model.w1(grads), state1, compress1);
-      reduce(comm2, model.w2(grads), state2, compress2);
-      reduce(comm1, model.biases(grads), state1, false);
+      wire_bytes += comm1.bytes_sent_total() + comm2.bytes_sent_total() - sent_before;
       // the sparse-set compressors (topk, threshold): the ones gTop-k merges
       if constexpr (local_momentum && squall::compression_traits<C>::aggregations.contains(
                                           squall::aggregation::gtopk)) {
         if (s.masking) {
-          mask_sent(state1, velocity.data(), compress1);
+          for (w1_piece& piece : w1_pieces)
+            mask_sent(piece.state, velocity.data() + piece.from, piece.compress);
           mask_sent(state2, velocity.data() + model.w1_count(), compress2);
         }
       }
@@ -396,7 +465,8 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
         }
       };
       const std::size_t w2_end = model.w1_count() + model.w2_count();
-      apply(0, model.w1_count(), sketch_momentum && compress1);
+      for (const w1_piece& piece : w1_pieces)
+        apply(piece.from, piece.from + piece.count, sketch_momentum && piece.compress);
       apply(model.w1_count(), w2_end, sketch_momentum && compress2);
       apply(w2_end, params.size(), false);
     }
@@ -466,8 +536,22 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
 /// MPI_Init and MPI_Finalize around main's body, when --transport mpi.
 struct mpi_session {
   bool on = false;
-  mpi_session(int& argc, char**& argv, bool wanted) : on(wanted) {
-    if (on) MPI_Init(&argc, &argv);
+  // with `threads`, MPI_THREAD_MULTIPLE: the two communicators' progress threads call MPI at
+  // the same time (--overlap)
+  mpi_session(int& argc, char**& argv, bool wanted, bool threads) : on(wanted) {
+    if (!on) return;
+    if (!threads) {
+      MPI_Init(&argc, &argv);
+      return;
+    }
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    if (provided < MPI_THREAD_MULTIPLE) {
+      std::fprintf(stderr,
+                   "train_fashion_mnist: --overlap over MPI needs MPI_THREAD_MULTIPLE, "
+                   "which this MPI does not provide\n");
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
   }
   mpi_session(const mpi_session&) = delete;
   mpi_session& operator=(const mpi_session&) = delete;
@@ -488,7 +572,7 @@ int main(int argc, char** argv) {
   const settings s = parse(argc, argv);
   bool leader = true;  // prints the header and writes the CSV's
 #if SQUALL_EXAMPLE_WITH_MPI
-  const mpi_session mpi(argc, argv, s.transport == "mpi");
+  const mpi_session mpi(argc, argv, s.transport == "mpi", s.overlap > 0);
   if (mpi.on) leader = mpi_session::rank() == 0;
 #endif
   if (openblas_set_num_threads != nullptr) openblas_set_num_threads(1);

@@ -107,11 +107,26 @@ inline batch_result forward(const mlp& m, const std::vector<float>& p, const flo
   return out;
 }
 
+/// The parts of the gradient `backward` completes, in the order it completes them.
+enum class part {
+  w2,       ///< W2's gradient (the output layer's, first)
+  w1_rows,  ///< rows [w1_row(k), w1_row(k + 1)) of W1's gradient, k = 0, 1, ...
+  biases,   ///< both biases (last)
+};
+
+/// The first row of piece `k` of W1 (inputs x hidden) cut into `pieces` row blocks.
+inline std::size_t w1_row(const mlp& m, std::size_t k, std::size_t pieces) {
+  return m.inputs * k / pieces;
+}
+
 /// The gradient of the batch's mean cross-entropy into `g` (flat, like the parameters), from
-/// the activations `forward` left in `ws`.
-inline void backward(const mlp& m, const std::vector<float>& p, const float* x,
-                     const std::uint8_t* labels, std::size_t batch, workspace& ws,
-                     std::vector<float>& g) {
+/// the activations `forward` left in `ws`. `ready(part, k)` is called as each part is complete
+/// (k: the piece of W1's rows, of `pieces`), so that its allreduce can start while the rest is
+/// computed: the overlap of backward and communication that DDP and Horovod do.
+template <class Ready>
+void backward(const mlp& m, const std::vector<float>& p, const float* x, const std::uint8_t* labels,
+              std::size_t batch, workspace& ws, std::vector<float>& g, std::size_t pieces,
+              Ready&& ready) {
   const int b = static_cast<int>(batch), n = static_cast<int>(m.inputs),
             h = static_cast<int>(m.hidden), c = static_cast<int>(m.classes);
   const float* w2 = p.data() + m.w1_count();
@@ -129,6 +144,7 @@ inline void backward(const mlp& m, const std::vector<float>& p, const float* x,
   // gW2 = a1^T d2; gb2 = column sums of d2
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, h, c, b, 1.0f, ws.a1.data(), h, d2, c, 0.0f,
               gw2, c);
+  ready(part::w2, std::size_t{0});
   std::fill(gb2, gb2 + m.classes, 0.0f);
   for (std::size_t r = 0; r < batch; ++r) {
     for (std::size_t k = 0; k < m.classes; ++k) gb2[k] += d2[r * m.classes + k];
@@ -139,13 +155,18 @@ inline void backward(const mlp& m, const std::vector<float>& p, const float* x,
   for (std::size_t i = 0; i < ws.d1.size(); ++i) {
     if (ws.z1[i] <= 0.0f) ws.d1[i] = 0.0f;
   }
-  // gW1 = x^T d1; gb1 = column sums of d1
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, h, b, 1.0f, x, n, ws.d1.data(), h, 0.0f,
-              gw1, h);
+  // gW1 = x^T d1, a block of rows (input pixels) at a time; gb1 = column sums of d1
+  for (std::size_t k = 0; k < pieces; ++k) {
+    const std::size_t from = w1_row(m, k, pieces), to = w1_row(m, k + 1, pieces);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(to - from), h, b, 1.0f,
+                x + from, n, ws.d1.data(), h, 0.0f, gw1 + from * m.hidden, h);
+    ready(part::w1_rows, k);
+  }
   std::fill(gb1, gb1 + m.hidden, 0.0f);
   for (std::size_t r = 0; r < batch; ++r) {
     for (std::size_t k = 0; k < m.hidden; ++k) gb1[k] += ws.d1[r * m.hidden + k];
   }
+  ready(part::biases, std::size_t{0});
 }
 
 }  // namespace fashion_mnist
