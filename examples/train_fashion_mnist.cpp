@@ -349,9 +349,17 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
   double comm_seconds = 0;       // this epoch's: in blocking allreduces or waiting for requests
   std::vector<squall::request> pending;  // with --overlap: this step's allreduces in flight
 
-  // The mean of gradient part `g` over the ranks: blocking, or (--overlap) started on the
-  // communicator's progress thread while backward goes on, waited for before the update.
+  // The mean of gradient part `g` over the ranks (with error feedback, of this rank's velocity
+  // of it): blocking, or (--overlap) started on the communicator's progress thread as soon as
+  // backward has the part, waited for before the update. `state` is unused when not `compress`.
   auto reduce = [&](comm_type& comm, std::span<float> g, auto& state, bool compress) {
+    if constexpr (local_momentum) {
+      float* v = velocity.data() + (g.data() - grads.data());
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        v[i] = s.momentum * v[i] + g[i];
+        g[i] = v[i];
+      }
+    }
     const squall::host_view<float> view(g.data(), g.size());
     if (s.overlap > 0) {
       if constexpr (!dense) {
@@ -407,35 +415,21 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
       loss_sum += fashion_mnist::forward(model, params, batch_x.data(), batch_y.data(), s.batch, ws)
                       .loss_sum;
       const std::uint64_t sent_before = comm1.bytes_sent_total() + comm2.bytes_sent_total();
-      // each part of the gradient goes to its allreduce as soon as backward has it (with
-      // error feedback, through this rank's velocity first)
-      const auto reduce_part = [&](std::span<float> g, auto&& go) {
-        if constexpr (local_momentum) {
-          float* v = velocity.data() + (g.data() - grads.data());
-          for (std::size_t i = 0; i < g.size(); ++i) {
-            v[i] = s.momentum * v[i] + g[i];
-            g[i] = v[i];
-          }
-        }
-        go(g);
-      };
-      fashion_mnist::backward(
-          model, params, batch_x.data(), batch_y.data(), s.batch, ws, grads, pieces,
-          [&](fashion_mnist::part part, std::size_t k) {
-            switch (part) {
-              case fashion_mnist::part::w2:
-                return reduce_part(model.w2(grads),
-                                   [&](auto g) { reduce(comm2, g, state2, compress2); });
-              case fashion_mnist::part::w1_rows: {
-                w1_piece& piece = w1_pieces[k];
-                return reduce_part(std::span(grads.data() + piece.from, piece.count),
-                                   [&](auto g) { reduce(comm1, g, piece.state, piece.compress); });
-              }
-              case fashion_mnist::part::biases:
-                return reduce_part(model.biases(grads),
-                                   [&](auto g) { reduce(comm1, g, state2, false); });
-            }
-          });
+      fashion_mnist::backward(model, params, batch_x.data(), batch_y.data(), s.batch, ws, grads,
+                              pieces, [&](fashion_mnist::part part, std::size_t k) {
+                                switch (part) {
+                                  case fashion_mnist::part::w2:
+                                    return reduce(comm2, model.w2(grads), state2, compress2);
+                                  case fashion_mnist::part::w1_rows: {
+                                    w1_piece& piece = w1_pieces[k];
+                                    return reduce(comm1,
+                                                  std::span(grads.data() + piece.from, piece.count),
+                                                  piece.state, piece.compress);
+                                  }
+                                  case fashion_mnist::part::biases:
+                                    return reduce(comm1, model.biases(grads), state2, false);
+                                }
+                              });
       if (!pending.empty()) {
         const auto start = clock_type::now();
         for (squall::request& r : pending) r.wait();
