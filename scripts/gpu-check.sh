@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one run (the device machine's time is short): the CUDA tests,
-# the same tests under compute-sanitizer memcheck and racecheck, and the CUDA kernel benchmark.
+# The checks that need a GPU, in one run (the device machine's time is short): the CUDA tests
+# (their process cases start ranks with DIR/squall-run), the same tests under compute-sanitizer
+# memcheck and racecheck (the process cases: the message test at 2 ranks under memcheck), the
+# CUDA kernel benchmark and the CUDA IPC allreduce benchmark at 2 and 4 processes.
 # Usage: scripts/gpu-check.sh DIR [LOG_DIR]: DIR holds what scripts/gpu-build.sh gathers
 # (squall_cuda_tests, squall_cuda_bench, the shared libraries), and may hold another build's
 # as squall_cuda_tests-NAME / squall_cuda_bench-NAME, run beside them; logs go to LOG_DIR
-# (default: $OUT where set, else DIR). Prints a short table last.
+# (default: $OUT where set, else DIR). SQUALL_GPU_SKIP names steps to leave out (a rerun
+# within the lease: "memcheck racecheck bench"). Prints a short table last.
 set -u
 dir=$(cd "$1" && pwd)
 logs=${2:-${OUT:-$dir}}
 mkdir -p "$logs"
+export SQUALL_TIMEOUT_S=${SQUALL_TIMEOUT_S:-30}  # a hang is a named timeout, not a killed step
 export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 summary=()
 step() { # step NAME SECONDS COMMAND...: runs it with a deadline, logs it, records its status
   local name=$1 limit=$2
   shift 2
+  [[ " ${SQUALL_GPU_SKIP:-} " == *" $name "* ]] && return
   local start=$SECONDS
   timeout "$limit" "$@" >"$logs/$name.log" 2>&1
   local rc=$?
@@ -30,12 +35,17 @@ cat "$logs/gpu.txt"
 for tests in "$dir"/squall_cuda_tests*; do
   [[ -x $tests ]] || continue
   name=$(basename "$tests")
-  step "${name#squall_cuda_}" 60 "$tests" --duration=true
+  step "${name#squall_cuda_}" 240 "$tests" --duration=true
 done
 tests=$dir/squall_cuda_tests
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [[ -x $tests && -n $sanitizer ]]; then
-  step memcheck 80 "$sanitizer" --tool memcheck --error-exitcode 9 "$tests"
+  step memcheck 90 "$sanitizer" --tool memcheck --error-exitcode 9 "$tests" \
+    '--test-case-exclude=*between processes*'
+  export SQUALL_CUDA_TEST_RANKS=1  # the ranks run the case's body (tests/cuda/ipc.test.cu)
+  step memcheck-ipc 60 "$sanitizer" --tool memcheck --error-exitcode 9 --target-processes all \
+    "$dir/squall-run" -n 2 "$tests" '--test-case=cuda_ipc_transport*'
+  unset SQUALL_CUDA_TEST_RANKS
   # racecheck is slow: the kernels that share memory within a block (CUB, the reductions)
   step racecheck 50 "$sanitizer" --tool racecheck --error-exitcode 9 "$tests" \
     "${SQUALL_RACECHECK_CASES:--tc=*random-k*,*PowerSGD*,*write_selected*}"
@@ -46,6 +56,10 @@ for bench in "$dir"/squall_cuda_bench*; do
   name=$(basename "$bench")
   step "${name#squall_cuda_}" 40 "$bench" --benchmark_min_time=0.2
 done
+if [[ -x $dir/squall_cuda_ipc_bench ]]; then
+  step ipc-bench-2 90 "$dir/squall-run" -n 2 "$dir/squall_cuda_ipc_bench"
+  step ipc-bench-4 120 "$dir/squall-run" -n 4 "$dir/squall_cuda_ipc_bench"
+fi
 for f in "$logs"/*.log; do
   echo "== $(basename "$f"): last lines"
   tail -25 "$f"

@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "../support/collective_checks.hpp"
 #include "../support/cuda_device.cuh"
+#include "../support/device_collectives.cuh"
 #include "../support/thread_ranks.hpp"
 #include "../support/topologies.hpp"
 
@@ -36,52 +36,13 @@ using squall::inproc_transport;
 
 namespace {
 
-// Every rank's device data against `want(i)`, element by element.
-template <class T, class Want>
-void expect(test::findings& f, const char* what, const std::vector<T>& got, Want want) {
-  test::compare(f, what, got.data(), got.size(), 0, want);
-}
-
 template <class Topology>
 void staged_collectives(int p) {
   test::run_ranks(p, [p](inproc_transport& t) {
     squall::communicator<inproc_transport, Topology, squall::identity_compressor, cuda_backend>
         comm(std::move(t), test::make_topology<Topology>(p), {}, {}, cuda_backend(0, nullptr));
-    const int r = comm.rank();
     test::findings f;
-    for (const std::size_t count :
-         {std::size_t{0}, std::size_t{1}, std::size_t{1009}, (std::size_t{1} << 20) + 3}) {
-      const auto sum = [p](std::size_t i) {
-        return test::reference_element<float, squall::sum_op>(p, i);
-      };
-      test::device_vector<float> data(test::exact_input<float>(r, count));
-      comm.allreduce(data.view());
-      expect(f, "allreduce in place", data.to_host(), sum);
-
-      const test::device_vector<float> in(test::exact_input<float>(r, count));
-      test::device_vector<float> out(std::vector<float>(count, -1.0f));
-      comm.allreduce(in.view(), out.view());
-      expect(f, "allreduce", out.to_host(), sum);
-
-      test::device_vector<float> block(std::vector<float>(comm.block_count(count), -1.0f));
-      comm.reduce_scatter(in.view(), block.view());
-      const std::size_t offset = comm.block_offset(count);
-      expect(f, "reduce_scatter", block.to_host(), [&](std::size_t i) { return sum(offset + i); });
-
-      test::device_vector<float> all(
-          std::vector<float>(count * static_cast<std::size_t>(p), -1.0f));
-      comm.allgather(in.view(), all.view());
-      expect(f, "allgather", all.to_host(), [count](std::size_t j) {
-        return test::exact_value<float>(static_cast<int>(j / count), j % count);
-      });
-
-      for (int root = 0; root < p; ++root) {
-        test::device_vector<float> b(test::exact_input<float>(r == root ? root : root + 1, count));
-        comm.broadcast(b.view(), root);
-        expect(f, "broadcast", b.to_host(),
-               [root](std::size_t i) { return test::exact_value<float>(root, i); });
-      }
-    }
+    test::check_device_collectives(comm, f);
     INFO(f.text());
     CHECK(f.ok());
   });

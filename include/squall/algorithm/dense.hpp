@@ -154,6 +154,13 @@ class dense_core {
       throw invalid_argument({.operation = "communicator", .rank = rank()},
                              "collective_tuning::chunk_bytes must be positive");
     }
+    // A transport whose messages cost more to start than 256 KiB take to move (CUDA IPC: a
+    // round trip through the host against a copy at device bandwidth) names its own default.
+    if constexpr (requires { Transport::default_chunk_bytes; }) {
+      if (tuning_.chunk_bytes == collective_tuning{}.chunk_bytes) {
+        tuning_.chunk_bytes = Transport::default_chunk_bytes;
+      }
+    }
   }
 
   int rank() const { return transport_.rank(); }

@@ -627,6 +627,18 @@ struct state {
     return sent || received || acked;
   }
 
+  /// Sleeps on this rank's doorbell until it rings (something was published for this rank)
+  /// or `at_most` has passed; returns at once if work moves first (the Dekker pairing of
+  /// `ring`).
+  void idle(std::chrono::nanoseconds at_most) {
+    rank_words& me = seg.rank(rank);
+    const std::uint32_t bell = me.doorbell.load();
+    me.sleeping.store(1);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!progress()) futex_wait(me.doorbell, bell, at_most);
+    me.sleeping.store(0);
+  }
+
   /// Advances everything until `done()`: spins a little, then sleeps on this rank's doorbell,
   /// checking the failure word at every turn and the peers' liveness at every wake-up.
   template <class Done>
@@ -837,6 +849,12 @@ class shm_transport {
     }
     return {state_.get(), target};
   }
+
+  /// Moves this transport's posted work along, then sleeps until something is published for
+  /// this rank (a message, a freed slot, a barrier's release, a failure) or `at_most` has
+  /// passed: for a layer above that waits on these messages and on other things too
+  /// (`cuda_ipc_transport`), between its own polls.
+  void idle(std::chrono::nanoseconds at_most) { state_->idle(at_most); }
 
   /// The window of `peer`, which every rank maps: for schedules that read or reduce
   /// straight out of a peer's memory. Synchronise around it with messages or `barrier()`.

@@ -55,7 +55,8 @@ struct traffic {
 };
 
 template <class Transport>
-using completion_of = decltype(std::declval<Transport&>().send(0, buffer_view<const std::byte>{}));
+using completion_of = decltype(std::declval<Transport&>().send(
+    0, buffer_view<const std::byte, typename Transport::memory_space>{}));
 
 /// The transport's verbs, counted into `traffic`. Two references: built where needed.
 template <transport Transport>

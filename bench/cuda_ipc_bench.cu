@@ -1,0 +1,147 @@
+// SPDX-License-Identifier: Apache-2.0
+// The dense allreduce of float device buffers between the processes of one host (issue 21's
+// figure): cuda_ipc_transport (ring in pieces of 4, 16 (its default) and 64 MiB; direct)
+// beside the same collective staged through host memory over shm_transport, and beside the
+// device-to-device copy bandwidth of the GPU (a cudaMemcpy of the same bytes, timed on rank 0 alone
+// before the collectives). Run under squall-run:
+//
+//   squall-run -n 4 squall_cuda_ipc_bench [--max-mib 256]
+//
+// Each line is the median over the iterations of rank 0's time from a barrier to the end of
+// one allreduce (in place, every rank's own buffer), and the NCCL-style bus bandwidth
+// 2 (P - 1) / P x bytes / time. With several processes on one GPU every rank's copies and
+// reductions share that GPU's memory: the copy bandwidth is the ceiling for all of them.
+// Built only where nvcc is, outside `all`; run on a GPU by scripts/gpu-check.sh.
+
+#include <squall/algorithm/communicator.hpp>
+#include <squall/cuda.cuh>
+#include <squall/topology/direct.hpp>
+#include <squall/topology/ring.hpp>
+#include <squall/transport/cuda_ipc.cuh>
+#include <squall/transport/shm.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using squall::cuda_backend;
+using clock_type = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int iterations_for(std::size_t bytes) {
+  return bytes <= (std::size_t{8} << 20) ? 30 : bytes <= (std::size_t{64} << 20) ? 12 : 6;
+}
+
+// Seconds of one cudaMemcpy device to device of `bytes` (median).
+double copy_seconds(std::size_t bytes) {
+  void* a = nullptr;
+  void* b = nullptr;
+  SQUALL_CUDA_CHECK(cudaMalloc(&a, bytes));
+  SQUALL_CUDA_CHECK(cudaMalloc(&b, bytes));
+  SQUALL_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  std::vector<double> t;
+  for (int i = 0; i < iterations_for(bytes) + 2; ++i) {
+    const auto start = clock_type::now();
+    SQUALL_CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    SQUALL_CUDA_CHECK(cudaDeviceSynchronize());
+    if (i >= 2) t.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
+  }
+  cudaFree(a);
+  cudaFree(b);
+  return median(t);
+}
+
+squall::shm_job job(const std::string& suffix) {
+  squall::shm_job j = squall::shm_job::from_environment();
+  j.name += suffix;
+  return j;
+}
+
+// Rank 0's median seconds of one allreduce of `bytes` on `comm`.
+template <class Comm>
+double allreduce_seconds(Comm& comm, std::size_t bytes) {
+  const std::size_t count = bytes / sizeof(float);
+  float* data = nullptr;
+  SQUALL_CUDA_CHECK(cudaMalloc(&data, bytes));
+  std::vector<float> init(count, 1.0f / static_cast<float>(comm.size()));
+  SQUALL_CUDA_CHECK(cudaMemcpy(data, init.data(), bytes, cudaMemcpyHostToDevice));
+  std::vector<double> t;
+  for (int i = 0; i < iterations_for(bytes) + 2; ++i) {
+    comm.barrier();
+    const auto start = clock_type::now();
+    comm.allreduce(squall::device_view<float>(data, count));
+    if (i >= 2) t.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
+  }
+  cudaFree(data);
+  return median(t);
+}
+
+template <class Transport, class Topology>
+void run(const char* label, Transport transport, std::size_t chunk, std::size_t max_bytes,
+         const std::vector<double>& copy) {
+  squall::collective_tuning tuning;
+  tuning.chunk_bytes = chunk;
+  squall::communicator<Transport, Topology, squall::identity_compressor, cuda_backend> comm(
+      std::move(transport), {}, {}, tuning, cuda_backend(0, nullptr));
+  const int p = comm.size();
+  std::size_t k = 0;
+  for (std::size_t bytes = std::size_t{1} << 20; bytes <= max_bytes; bytes *= 4, ++k) {
+    const double s = allreduce_seconds(comm, bytes);
+    const double busbw = 2.0 * (p - 1) / p * static_cast<double>(bytes) / s / 1e9;
+    const double copy_rate = 2.0 * static_cast<double>(bytes) / copy[k] / 1e9;
+    if (comm.rank() == 0) {
+      std::printf("%-28s P=%d %7.0f MiB %9.1f us  busbw %7.1f GB/s  copy %7.1f GB/s  %.2fx\n",
+                  label, p, static_cast<double>(bytes) / (1 << 20), s * 1e6, busbw, copy_rate,
+                  busbw / copy_rate);
+      std::fflush(stdout);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t max_mib = 256;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--max-mib") == 0) max_mib = std::strtoull(argv[i + 1], nullptr, 10);
+  }
+  const std::size_t max_bytes = max_mib << 20;
+  try {
+    const squall::shm_job me = squall::shm_job::from_environment();
+    // the copy rate, rank 0 alone (the others wait at the first communicator's barrier)
+    std::vector<double> copy;
+    for (std::size_t bytes = std::size_t{1} << 20; bytes <= max_bytes; bytes *= 4) {
+      copy.push_back(me.rank == 0 ? copy_seconds(bytes) : 1.0);
+    }
+    const auto ipc = [](const char* suffix) {
+      return squall::cuda_ipc_transport(squall::shm_transport(job(suffix)),
+                                        cuda_backend(0, nullptr));
+    };
+    const std::size_t mib = std::size_t{1} << 20;
+    run<squall::cuda_ipc_transport, squall::ring_topology>("cuda_ipc ring 4 MiB", ipc("-r4"),
+                                                           4 * mib, max_bytes, copy);
+    run<squall::cuda_ipc_transport, squall::ring_topology>("cuda_ipc ring 16 MiB", ipc("-r16"),
+                                                           16 * mib, max_bytes, copy);
+    run<squall::cuda_ipc_transport, squall::ring_topology>("cuda_ipc ring 64 MiB", ipc("-r64"),
+                                                           64 * mib, max_bytes, copy);
+    run<squall::cuda_ipc_transport, squall::direct_topology>("cuda_ipc direct 16 MiB", ipc("-d16"),
+                                                             16 * mib, max_bytes, copy);
+    run<squall::shm_transport, squall::ring_topology>(
+        "shm staged ring 256 KiB", squall::shm_transport(job("-s")), mib / 4, max_bytes, copy);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "squall_cuda_ipc_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
