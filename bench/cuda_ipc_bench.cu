@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The dense allreduce of float device buffers between the processes of one host (issue 21's
-// figure): cuda_ipc_transport (ring in pieces of 4, 16 (its default) and 64 MiB; direct)
+// figure): cuda_ipc_transport (ring in pieces of 4, 16 and 64 MiB (its default); direct)
 // beside the same collective staged through host memory over shm_transport, and beside the
 // device-to-device copy bandwidth of the GPU (a cudaMemcpy of the same bytes, timed on rank 0 alone
 // before the collectives). Run under squall-run:
@@ -60,6 +60,95 @@ double copy_seconds(std::size_t bytes) {
   cudaFree(a);
   cudaFree(b);
   return median(t);
+}
+
+// Microseconds per (4-byte memset + stream synchronize) on rank 0, over 300 of them: the cost
+// of one small piece of device work and the wait for it, which every step of a collective
+// pays at least once.
+double small_op_us() {
+  void* word = nullptr;
+  SQUALL_CUDA_CHECK(cudaMalloc(&word, 4));
+  const int n = 300;
+  const auto start = clock_type::now();
+  for (int i = 0; i < n; ++i) {
+    SQUALL_CUDA_CHECK(cudaMemsetAsync(word, i, 4, nullptr));
+    SQUALL_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
+  const double us = std::chrono::duration<double, std::micro>(clock_type::now() - start).count();
+  cudaFree(word);
+  return us / n;
+}
+
+template <class F>
+double us_per_call(int n, F&& f) {
+  const auto start = clock_type::now();
+  for (int i = 0; i < n; ++i) f();
+  return std::chrono::duration<double, std::micro>(clock_type::now() - start).count() / n;
+}
+
+// Where a message's time goes, on ranks 0 and 1 (over `control`): an 88-byte round trip
+// through shared memory, the driver calls a send makes (pointer attributes, handle export),
+// the device guard every poll takes, and an 8-byte copy out of the peer's memory (IPC) and out
+// of this process's own, each until its event completes.
+void latency_breakdown(squall::shm_transport& control) {
+  const int me = control.rank();
+  if (me > 1 || control.size() < 2) {  // the two barriers of ranks 0 and 1
+    control.barrier().wait();
+    control.barrier().wait();
+    return;
+  }
+  const int other = 1 - me;
+  std::byte word[88] = {};
+  const double shm_rtt = us_per_call(500, [&] {
+    if (me == 0) {
+      control.send(other, {word, sizeof word}).wait();
+      control.recv(other, {word, sizeof word}).wait();
+    } else {
+      control.recv(other, {word, sizeof word}).wait();
+      control.send(other, {word, sizeof word}).wait();
+    }
+  });
+  void* mine = nullptr;
+  void* local = nullptr;
+  SQUALL_CUDA_CHECK(cudaMalloc(&mine, 1 << 20));
+  SQUALL_CUDA_CHECK(cudaMalloc(&local, 1 << 20));
+  cudaIpcMemHandle_t h{};
+  const double attributes =
+      us_per_call(200, [&] { (void)squall::detail::cuda_ipc::exportable(mine); });
+  const double get_handle =
+      us_per_call(200, [&] { SQUALL_CUDA_CHECK(cudaIpcGetMemHandle(&h, mine)); });
+  const double guard = us_per_call(2000, [] { const squall::detail::device_guard g(0); });
+  cudaIpcMemHandle_t theirs{};
+  auto sent = control.send(other, {reinterpret_cast<const std::byte*>(&h), sizeof h});
+  control.recv(other, {reinterpret_cast<std::byte*>(&theirs), sizeof theirs}).wait();
+  sent.wait();
+  void* peer = nullptr;
+  SQUALL_CUDA_CHECK(cudaIpcOpenMemHandle(&peer, theirs, cudaIpcMemLazyEnablePeerAccess));
+  cudaEvent_t e = nullptr;
+  SQUALL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const auto copy_from = [&](const void* from) {
+    return us_per_call(300, [&] {
+      SQUALL_CUDA_CHECK(cudaMemcpyAsync(local, from, 8, cudaMemcpyDefault, nullptr));
+      SQUALL_CUDA_CHECK(cudaEventRecord(e, nullptr));
+      while (cudaEventQuery(e) == cudaErrorNotReady) {
+      }
+    });
+  };
+  const double ipc_copy = copy_from(peer);
+  const double own_copy = copy_from(mine);
+  control.barrier().wait();
+  SQUALL_CUDA_CHECK(cudaIpcCloseMemHandle(peer));
+  cudaEventDestroy(e);
+  cudaFree(mine);
+  cudaFree(local);
+  if (me == 0) {
+    std::printf(
+        "per call, us: shm 88-byte round trip %.1f; pointer attributes %.2f; "
+        "cudaIpcGetMemHandle %.2f; device guard %.2f; 8-byte copy + event from the "
+        "peer's memory %.1f, from this process's %.1f\n",
+        shm_rtt, attributes, get_handle, guard, ipc_copy, own_copy);
+  }
+  control.barrier().wait();
 }
 
 squall::shm_job job(const std::string& suffix) {
@@ -128,6 +217,55 @@ int main(int argc, char** argv) {
       return squall::cuda_ipc_transport(squall::shm_transport(job(suffix)),
                                         cuda_backend(0, nullptr));
     };
+    // What sharing one GPU between processes costs (each process is a context of its own,
+    // time-sliced): a small device operation and its wait on rank 0 alone, then on every rank
+    // at once; and one message's round trip between ranks 0 and 1.
+    {
+      squall::shm_transport control(job("-l"));
+      latency_breakdown(control);
+    }
+    {
+      squall::cuda_ipc_transport t = ipc("-p");
+      const double alone = me.rank == 0 ? small_op_us() : 0.0;
+      t.barrier().wait();
+      const double together = small_op_us();
+      t.barrier().wait();
+      for (const std::size_t bytes : {std::size_t{8}, std::size_t{1} << 20}) {
+        void* buffer = nullptr;
+        SQUALL_CUDA_CHECK(cudaMalloc(&buffer, bytes));
+        const squall::device_view<std::byte> b(static_cast<std::byte*>(buffer), bytes);
+        const int n = 200;
+        double us = 0;
+        if (me.rank <= 1 && t.size() > 1) {
+          const int other = 1 - me.rank;
+          const auto start = clock_type::now();
+          for (int i = 0; i < n + 10; ++i) {
+            if (i == 10)
+              us = -std::chrono::duration<double, std::micro>(clock_type::now() - start).count();
+            if (me.rank == 0) {
+              t.send(other, b).wait();
+              t.recv(other, b).wait();
+            } else {
+              t.recv(other, b).wait();
+              t.send(other, b).wait();
+            }
+          }
+          us += std::chrono::duration<double, std::micro>(clock_type::now() - start).count();
+        }
+        t.barrier().wait();
+        cudaFree(buffer);
+        if (me.rank == 0) {
+          std::printf("round trip rank 0 <-> 1 of %zu bytes: %.1f us\n", bytes, us / n);
+        }
+      }
+      if (me.rank == 0) {
+        std::printf(
+            "4-byte memset + synchronize: %.1f us alone, %.1f us with %d processes on "
+            "the GPU\n",
+            alone, together, t.size());
+        std::fflush(stdout);
+      }
+    }
     const std::size_t mib = std::size_t{1} << 20;
     run<squall::cuda_ipc_transport, squall::ring_topology>("cuda_ipc ring 4 MiB", ipc("-r4"),
                                                            4 * mib, max_bytes, copy);

@@ -2,7 +2,8 @@
 # The checks that need a GPU, in one run (the device machine's time is short): the CUDA tests
 # (their process cases start ranks with DIR/squall-run), the same tests under compute-sanitizer
 # memcheck and racecheck (the process cases: the message test at 2 ranks under memcheck), the
-# CUDA kernel benchmark and the CUDA IPC allreduce benchmark at 2 and 4 processes.
+# CUDA kernel benchmark and the CUDA IPC allreduce benchmark at 2 and 4 processes, also under
+# MPS where nvidia-cuda-mps-control is installed (SQUALL_GPU_MPS=0: not).
 # Usage: scripts/gpu-check.sh DIR [LOG_DIR]: DIR holds what scripts/gpu-build.sh gathers
 # (squall_cuda_tests, squall_cuda_bench, the shared libraries), and may hold another build's
 # as squall_cuda_tests-NAME / squall_cuda_bench-NAME, run beside them; logs go to LOG_DIR
@@ -56,9 +57,26 @@ for bench in "$dir"/squall_cuda_bench*; do
   name=$(basename "$bench")
   step "${name#squall_cuda_}" 40 "$bench" --benchmark_min_time=0.2
 done
+if [[ -x $dir/squall-cuda-topk ]]; then
+  step example-topk 60 "$dir/squall-run" -n 3 "$dir/squall-cuda-topk"
+fi
 if [[ -x $dir/squall_cuda_ipc_bench ]]; then
   step ipc-bench-2 90 "$dir/squall-run" -n 2 "$dir/squall_cuda_ipc_bench"
   step ipc-bench-4 120 "$dir/squall-run" -n 4 "$dir/squall_cuda_ipc_bench"
+  # Processes sharing one GPU are time-sliced unless the MPS server runs them as one context:
+  # the same benchmark under a private MPS daemon (a user process; the GPU's settings stay
+  # as they are), stopped afterwards.
+  if [[ ${SQUALL_GPU_MPS:-1} == 1 ]] && command -v nvidia-cuda-mps-control >/dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/squall-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/squall-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+      step ipc-bench-mps-2 40 "$dir/squall-run" -n 2 "$dir/squall_cuda_ipc_bench"
+      step ipc-bench-mps-4 50 "$dir/squall-run" -n 4 "$dir/squall_cuda_ipc_bench"
+      echo quit | nvidia-cuda-mps-control
+      cp "$CUDA_MPS_LOG_DIRECTORY/control.log" "$logs/mps-control.log" 2>/dev/null
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
 fi
 for f in "$logs"/*.log; do
   echo "== $(basename "$f"): last lines"

@@ -12,13 +12,14 @@
 /// copy has finished; the send completes on the answer. Memory that cannot be exported
 /// (stream-ordered pool memory, such as squall's own scratch and the default
 /// `cudaMallocAsync` pool; host memory, which the collectives' small control messages use) is
-/// first copied into one of the sender's exported staging buffers, kept for reuse. Several
-/// processes on one GPU (what a one-GPU machine tests) and one process per GPU both work
-/// (handles are opened with lazy peer access).
+/// first copied into one of the sender's exported staging buffers, kept for reuse. Tested
+/// with several processes on one GPU (what the machines lent have); one process per GPU is
+/// what it is for (handles are opened with lazy peer access), not run here.
 ///
-/// Ordering is host-side, as with the other transports: the sender's offer waits for an
-/// event recorded on its stream at `send` (so the producer's kernels on that stream are
-/// done), and the receiver's answer for one recorded after its copy; no IPC event is needed.
+/// Ordering is host-side, as with the other transports: the sender's offer waits until the
+/// work enqueued on its stream before `send` has finished (at once if the stream is idle,
+/// else through an event recorded there), and the receiver's answer for an event recorded
+/// after its copy; no IPC event is needed.
 
 #include <squall/backend/cuda.cuh>
 #include <squall/concepts.hpp>
@@ -32,13 +33,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,27 +65,40 @@ struct message {
   static constexpr std::uint32_t answer = 2;
   std::uint32_t kind = 0;
   std::uint32_t reserved = 0;
-  std::uint64_t bytes = 0;   // offer: the message's size; answer: the size the receiver expected
-  std::uint64_t start = 0;   // offer: the exported allocation's start in the sender
-  std::uint64_t offset = 0;  // offer: from that start
+  std::uint64_t bytes = 0;  // offer: the message's size; answer: the size the receiver expected
+  std::uint64_t start = 0;  // offer: the exported allocation's start in the sender
+  std::uint64_t allocation = 0;  // offer: its id there (CU_POINTER_ATTRIBUTE_BUFFER_ID)
+  std::uint64_t offset = 0;      // offer: from its start
   cudaIpcMemHandle_t handle{};
 };
 
-using handle_bytes = std::array<char, sizeof(cudaIpcMemHandle_t)>;
-
-/// The key of an opened allocation: the peer and the allocation's start there. (Not the
-/// handle: an allocation freed and made again at the same start has another handle, and the
-/// old mapping must be closed before the new one opens, else cudaErrorAlreadyMapped.)
+/// The key of an opened allocation: the peer and the allocation's start there. (An
+/// allocation freed and made again at the same start has another id, and the old mapping
+/// must be closed before the new one opens, else cudaErrorAlreadyMapped.)
 struct handle_key {
   int peer = 0;
   std::uint64_t start = 0;
   auto operator<=>(const handle_key&) const = default;
 };
 
-/// An opened allocation: where it is mapped here, and the handle it was opened from.
+/// An opened allocation: where it is mapped here, and its id in the peer.
 struct opened_allocation {
   std::byte* base = nullptr;
-  handle_bytes handle{};
+  std::uint64_t allocation = 0;
+};
+
+/// An allocation of this process: its start and its id, unique in the process for its
+/// lifetime (a freed allocation's successor at the same start has another).
+struct allocation_id {
+  const std::byte* start = nullptr;
+  std::uint64_t id = 0;
+};
+
+/// A handle this process exported, kept for the next send from the same allocation
+/// (cudaIpcGetMemHandle is a driver round trip).
+struct exported_allocation {
+  std::uint64_t id = 0;
+  cudaIpcMemHandle_t handle{};
 };
 
 /// The driver's cuPointerGetAttributes, through the runtime (no link against libcuda, so the
@@ -106,19 +119,20 @@ inline pointer_attributes_fn pointer_attributes() {
   return fn;
 }
 
-/// Where `p` lies, if it is device memory that `cudaIpcGetMemHandle` can export: the start
-/// of its allocation.
-inline std::optional<const std::byte*> exportable_start(const void* p) {
+/// The allocation `p` lies in, if it is device memory that `cudaIpcGetMemHandle` can export.
+inline std::optional<allocation_id> exportable(const void* p) {
   CUdeviceptr start = 0;
   int legacy_ipc = 0;
+  unsigned long long id = 0;
   CUpointer_attribute which[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                 CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
-  void* into[] = {&start, &legacy_ipc};
-  if (pointer_attributes()(2, which, into, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS ||
+                                 CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                 CU_POINTER_ATTRIBUTE_BUFFER_ID};
+  void* into[] = {&start, &legacy_ipc, &id};
+  if (pointer_attributes()(3, which, into, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS ||
       legacy_ipc == 0 || start == 0) {
     return std::nullopt;
   }
-  return reinterpret_cast<const std::byte*>(start);
+  return allocation_id{.start = reinterpret_cast<const std::byte*>(start), .id = id};
 }
 
 /// A device buffer of the sender's own, exported once, into which memory that cannot be
@@ -126,6 +140,7 @@ inline std::optional<const std::byte*> exportable_start(const void* p) {
 struct staging_buffer {
   std::byte* data = nullptr;
   std::size_t bytes = 0;
+  std::uint64_t id = 0;
   cudaIpcMemHandle_t handle{};
   bool busy = false;
 };
@@ -229,9 +244,15 @@ struct state {
       auto made = std::make_unique<staging_buffer>();
       made->bytes = std::max(std::bit_ceil(bytes), config.staging_bytes);
       check(cudaMalloc(reinterpret_cast<void**>(&made->data), made->bytes), "cudaMalloc", no_peer);
-      const cudaError_t exported = cudaIpcGetMemHandle(&made->handle, made->data);
-      if (exported != cudaSuccess) cudaFree(made->data);
-      check(exported, "cudaIpcGetMemHandle", no_peer);
+      const cudaError_t status = cudaIpcGetMemHandle(&made->handle, made->data);
+      const auto allocation = exportable(made->data);
+      if (status != cudaSuccess || !allocation) cudaFree(made->data);
+      check(status, "cudaIpcGetMemHandle", no_peer);
+      if (!allocation) {
+        throw error(make_error_code(errc::internal), {.operation = "cudaMalloc", .rank = rank()},
+                    "a staging buffer from cudaMalloc is not exportable");
+      }
+      made->id = allocation->id;
       best = made.get();
       staging.push_back(std::move(made));
     }
@@ -240,15 +261,13 @@ struct state {
   }
 
   // Where the allocation that `offer` names is mapped here: cached, or opened (a cached
-  // mapping of the same start with another handle is the peer's freed allocation: closed
-  // first). cudaErrorAlreadyMapped, the driver's word for a mapping of that memory still open
-  // under another start, closes every mapping of the peer and tries once more.
+  // mapping of the same start with another id is the peer's freed allocation: closed first).
+  // cudaErrorAlreadyMapped, the driver's word for a mapping of that memory still open under
+  // another start, closes every mapping of the peer and tries once more.
   std::byte* open_peer(int peer, const message& offer) {
     const handle_key key{.peer = peer, .start = offer.start};
-    handle_bytes h;
-    std::memcpy(h.data(), &offer.handle, sizeof offer.handle);
     if (opened_allocation* a = opened.find(key)) {
-      if (a->handle == h) return a->base;
+      if (a->allocation == offer.allocation) return a->base;
       opened.erase(key);
     }
     void* base = nullptr;
@@ -259,7 +278,7 @@ struct state {
       status = cudaIpcOpenMemHandle(&base, offer.handle, cudaIpcMemLazyEnablePeerAccess);
     }
     check(status, "cudaIpcOpenMemHandle", peer);
-    opened.insert(key, {.base = static_cast<std::byte*>(base), .handle = h});
+    opened.insert(key, {.base = static_cast<std::byte*>(base), .allocation = offer.allocation});
     return static_cast<std::byte*>(base);
   }
 
@@ -285,29 +304,49 @@ struct state {
     o.sent.emplace(control.send(peer, {reinterpret_cast<const std::byte*>(o.msg.get()), sizeof m}));
   }
 
+  // The IPC handle of `a` into `handle`: the one exported before for the same allocation, or a
+  // new one; false if the driver refuses (then the data goes through a staging buffer).
+  bool export_handle(const allocation_id& a, cudaIpcMemHandle_t& handle) {
+    const auto start = reinterpret_cast<std::uint64_t>(a.start);
+    if (const auto it = exported.find(start); it != exported.end() && it->second.id == a.id) {
+      handle = it->second.handle;
+      return true;
+    }
+    if (cudaIpcGetMemHandle(&handle, const_cast<std::byte*>(a.start)) != cudaSuccess) {
+      cudaGetLastError();  // a refused export is not the next launch's error
+      return false;
+    }
+    if (exported.size() >= 4096) exported.clear();  // bounded: starts of freed allocations
+    exported[start] = {.id = a.id, .handle = handle};
+    ++exports;
+    return true;
+  }
+
   // Makes `op`'s offer once its data is ready: its own allocation's handle, or a staging
   // buffer's after a copy.
   bool try_offer(send_op& op) {
-    const cudaError_t ready = cudaEventQuery(op.ready);
-    if (ready == cudaErrorNotReady) return false;
-    check(ready, "cudaEventQuery", op.peer);
-    give_event(op.ready);
+    if (op.ready != nullptr) {
+      const cudaError_t ready = cudaEventQuery(op.ready);
+      if (ready == cudaErrorNotReady) return false;
+      check(ready, "cudaEventQuery", op.peer);
+      give_event(op.ready);
+    }
     op.offer.kind = message::offer;
     op.offer.bytes = op.bytes;
     if (op.bytes != 0) {
-      const auto start = exportable_start(op.data);
-      if (start &&
-          cudaIpcGetMemHandle(&op.offer.handle, const_cast<std::byte*>(*start)) == cudaSuccess) {
-        op.offer.start = reinterpret_cast<std::uint64_t>(*start);
-        op.offer.offset = static_cast<std::uint64_t>(op.data - *start);
+      const auto allocation = exportable(op.data);
+      if (allocation && export_handle(*allocation, op.offer.handle)) {
+        op.offer.start = reinterpret_cast<std::uint64_t>(allocation->start);
+        op.offer.allocation = allocation->id;
+        op.offer.offset = static_cast<std::uint64_t>(op.data - allocation->start);
       } else {
-        cudaGetLastError();  // a refused export is not the next launch's error
         op.staged = stage(op.bytes);
         check(cudaMemcpyAsync(op.staged->data, op.data, op.bytes, cudaMemcpyDefault, on.stream),
               "cudaMemcpyAsync", op.peer);
         check(cudaStreamSynchronize(on.stream), "cudaStreamSynchronize", op.peer);
         op.offer.handle = op.staged->handle;
         op.offer.start = reinterpret_cast<std::uint64_t>(op.staged->data);
+        op.offer.allocation = op.staged->id;
         op.offer.offset = 0;
       }
     }
@@ -423,6 +462,8 @@ struct state {
   std::vector<peer_queues> peers;
   std::deque<outgoing> outbox;
   handle_cache<handle_key, opened_allocation> opened;
+  std::map<std::uint64_t, exported_allocation> exported;  // by allocation start
+  std::size_t exports = 0;
   std::vector<std::unique_ptr<staging_buffer>> staging;
   std::vector<cudaEvent_t> events;
   std::string failed;
@@ -559,17 +600,20 @@ class cuda_ipc_transport {
   using memory_space = device_memory;
 
   /// What `automatic_topology` predicts with before any calibration: one host, peers reached
-  /// at once; alpha is the offer-copy-answer round trip, beta a device-to-device copy.
+  /// at once; alpha half a message's round trip (34 us on an H100 under MPS; about 300 us
+  /// without MPS when the processes share a GPU), beta a device-to-device copy (1.4 TB/s of
+  /// bytes copied), gamma a reduction at the same memory rate (docs/performance.md).
   static constexpr link_costs costs{
-      .alpha = 20e-6, .beta = 1.0 / 1000e9, .gamma = 1.0 / 1000e9, .all_peers_at_once = true};
+      .alpha = 17e-6, .beta = 1.0 / 1.4e12, .gamma = 1.0 / 0.9e12, .all_peers_at_once = true};
   /// The executor's piece size unless the tuning sets another than collective_tuning's
   /// default: a message costs a round trip through the host (tens of microseconds), in which
   /// the device copies megabytes.
-  static constexpr std::size_t default_chunk_bytes = std::size_t{16} << 20;
+  static constexpr std::size_t default_chunk_bytes = std::size_t{64} << 20;
 
   /// Joins the job of `control` (whose rank and size it takes); copies run on `on`'s device
   /// and stream, which should be the communicator's backend's, so that a send follows the
-  /// kernels that wrote its data and a receive precedes those that read it.
+  /// kernels that wrote its data and a receive precedes those that read it. That stream
+  /// must outlive the transport (its destructor waits on it before closing peer memory).
   cuda_ipc_transport(shm_transport control, cuda_backend on, const cuda_ipc_config& config = {})
       : state_(std::make_unique<detail::cuda_ipc::state>(std::move(control), on, config)) {}
 
@@ -587,8 +631,16 @@ class cuda_ipc_transport {
     op->bytes = bytes.count();
     op->data = bytes.data();
     const detail::device_guard guard(state_->on.device);
-    op->ready = state_->take_event();
-    state_->check(cudaEventRecord(op->ready, state_->on.stream), "cudaEventRecord", peer);
+    // An idle stream has finished everything enqueued before: offer at once. Else an event
+    // marks that point (device work of its own, which another process's work on the same GPU
+    // can keep waiting for a time slice).
+    const cudaError_t idle = cudaStreamQuery(state_->on.stream);
+    if (idle == cudaErrorNotReady) {
+      op->ready = state_->take_event();
+      state_->check(cudaEventRecord(op->ready, state_->on.stream), "cudaEventRecord", peer);
+    } else {
+      state_->check(idle, "cudaStreamQuery", peer);
+    }
     state_->peers[static_cast<std::size_t>(peer)].sends.push_back(op);
     return {state_.get(), std::move(op)};
   }
@@ -622,7 +674,9 @@ class cuda_ipc_transport {
 
   /// Opened peer allocations now cached, and the lookups that found one (for tests).
   std::size_t open_handles() const { return state_->opened.size(); }
-  std::size_t handle_hits() const { return state_->opened.hits(); }
+  /// How many times this rank opened a peer's handle, and exported one of its own (for tests).
+  std::size_t handles_opened() const { return state_->opened.misses(); }
+  std::size_t handles_exported() const { return state_->exports; }
   /// The staging buffers made for memory that could not be exported.
   std::size_t staging_buffers() const { return state_->staging.size(); }
 
