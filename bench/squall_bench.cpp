@@ -6,12 +6,23 @@
 //                [--topology all|ring|tree|direct|halving_doubling|hierarchical|automatic[,..]]
 //                [--transport shm|mpi] [--dtype float|double|int32|int64|float16|bfloat16]
 //                [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] [--chunk BYTES]
-//                [--peer-memory BYTES] [--no-check] [--calibrate] [--csv FILE] [--json FILE]
+//                [--peer-memory BYTES] [--non-temporal BYTES] [--no-check] [--registered]
+//                [--calibrate] [--csv FILE] [--json FILE]
 //                [--compressor none|cast:bf16|topk:0.01+ef|qsgd:4|powersgd:4|...[,..]]
 //                [--aggregation automatic|linear|low_rank|per_hop|gtopk|gather]
 //                [--link-rate 1gbit]
 //
-// --chunk and --peer-memory override collective_tuning's chunk_bytes and peer_memory_bytes.
+// --chunk, --peer-memory and --non-temporal override collective_tuning's chunk_bytes,
+// peer_memory_bytes and non_temporal_bytes (0: never).
+// --registered (shm, dense): each communicator's input and output are registered memory
+// (shm_transport::allocate, every rank maps them: plain loads and stores between ranks,
+// issue 22), not the heap; the time to allocate and map them is printed once.
+//
+// Every dense row also gives the machine's limit for it: `traffic`, the bytes a rank must
+// read and write at least (allreduce 2n: its block of every input, its reduced block into
+// every output; reduce_scatter and allgather n + n/P; broadcast 2n), `copy_us`, the time of
+// every rank copying traffic / 2 bytes at once measured just before the row's size (the same
+// memory moved by memcpy), and `%copy` = copy_us / time_us.
 // --calibrate measures automatic's cost model before its rows (communicator::calibrate, 4 KiB
 // to 16 MiB); without it automatic predicts from the transport's link costs, as a
 // communicator does by default. The model used is printed ("# automatic model").
@@ -57,6 +68,7 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -82,7 +94,9 @@ const std::vector<std::string> all_topologies = {
       "reduce_scatter|broadcast] [--topology all|ring|tree|direct|halving_doubling|"
       "hierarchical|automatic[,...]] [--transport shm|mpi] [--dtype float|double|int32|"
       "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
-      "[--chunk BYTES] [--peer-memory BYTES] [--no-check] [--calibrate] [--csv FILE] [--json FILE] "
+      "[--chunk BYTES] [--peer-memory BYTES] [--non-temporal BYTES] [--no-check] [--registered] "
+      "[--calibrate] "
+      "[--csv FILE] [--json FILE] "
       "[--compressor NAME[:PARAMETER][+ef][@ALGORITHM][,...]] (%s) "
       "[--aggregation automatic|linear|low_rank|per_hop|gtopk|gather] [--link-rate 1gbit]\n",
       why.c_str(), squall::compressor_usage().c_str());
@@ -154,8 +168,12 @@ settings parse(int argc, char** argv) {
       s.chunk = parse_size(value());
     else if (a == "--peer-memory")
       s.peer_memory = parse_size(value());
+    else if (a == "--non-temporal")
+      s.non_temporal = static_cast<long long>(parse_size(value()));
     else if (a == "--no-check")
       s.check = false;
+    else if (a == "--registered")
+      s.registered = true;
     else if (a == "--calibrate")
       s.calibrate = true;
     else if (a == "--link-rate") {
@@ -215,6 +233,8 @@ settings parse(int argc, char** argv) {
   if (s.transport != "shm" && s.transport != "mpi")
     usage("unknown transport '" + s.transport + "'");
   if (s.factor < 2) usage("-f must be at least 2");
+  if (s.registered && (s.transport != "shm" || s.compressed()))
+    usage("--registered runs the dense collectives on --transport shm");
   if (s.min_bytes == 0 || s.min_bytes > s.max_bytes) usage("need 0 < -b <= -e");
 #if !SQUALL_BENCH_WITH_MPI
   if (s.transport == "mpi") usage("--transport mpi needs squall built with MPI");
@@ -253,24 +273,53 @@ MPI_Datatype mpi_type() {
 template <class Transport, class Topology, class T>
 struct runner final : runner_base<T> {
   runner(std::string topology, Transport transport, const settings& s, const job& j,
-         const squall::options& opts, const squall::collective_tuning& tuning)
+         const squall::options& opts, const squall::collective_tuning& tuning, std::size_t in_count,
+         std::size_t out_count)
       : comm(std::move(transport), Topology{}, opts, tuning), s_(s), j_(j) {
     this->name = std::move(topology);
+    if constexpr (std::is_same_v<Transport, squall::shm_transport>) {
+      if (s.registered) {
+        // the hidden cost of registration: allocating and mapping (every rank's files in
+        // every rank), then the first touch of every page here (what a first call pays)
+        const auto start = clock_type::now();
+        in_ = comm.transport().template allocate<T>(in_count);
+        out_ = comm.transport().template allocate<T>(out_count);
+        const auto mapped = clock_type::now();
+        std::fill(in_.begin(), in_.end(), T{});
+        std::fill(out_.begin(), out_.end(), T{});
+        const auto touched = clock_type::now();
+        const auto ms = [&](auto from, auto to) {
+          return across(std::chrono::duration<double>(to - from).count(), false) * 1e3;
+        };
+        const double map_ms = ms(start, mapped);
+        const double touch_ms = ms(mapped, touched);
+        if (j.rank == 0 && this->name == s.topologies.front()) {
+          std::printf(
+              "# registered: input %zu and output %zu bytes per rank, allocated and mapped by "
+              "every rank in %.1f ms, first touch of their pages %.1f ms (slowest rank)\n",
+              in_count * sizeof(T), out_count * sizeof(T), map_ms, touch_ms);
+        }
+      }
+    }
   }
 
-  void call(std::vector<T>& in, std::vector<T>& out, std::size_t count) override {
+  T* own_input() override { return in_.data(); }
+  T* own_output() override { return out_.data(); }
+
+  void call(std::vector<T>& in_vector, std::vector<T>& out_vector, std::size_t count) override {
     const int p = j_.size;
+    T* in = in_.size() != 0 ? in_.data() : in_vector.data();
+    T* out = out_.size() != 0 ? out_.data() : out_vector.data();
     if (s_.op == "allreduce") {
-      comm.allreduce(squall::host_view<const T>(in.data(), count),
-                     squall::host_view<T>(out.data(), count));
+      comm.allreduce(squall::host_view<const T>(in, count), squall::host_view<T>(out, count));
     } else if (s_.op == "allgather") {
-      comm.allgather(squall::host_view<const T>(in.data(), count),
-                     squall::host_view<T>(out.data(), count * static_cast<std::size_t>(p)));
+      comm.allgather(squall::host_view<const T>(in, count),
+                     squall::host_view<T>(out, count * static_cast<std::size_t>(p)));
     } else if (s_.op == "reduce_scatter") {
-      comm.reduce_scatter(squall::host_view<const T>(in.data(), count),
-                          squall::host_view<T>(out.data(), comm.block_count(count)));
+      comm.reduce_scatter(squall::host_view<const T>(in, count),
+                          squall::host_view<T>(out, comm.block_count(count)));
     } else {
-      comm.broadcast(squall::host_view<T>(in.data(), count), 0);
+      comm.broadcast(squall::host_view<T>(in, count), 0);
     }
   }
   std::string label(std::size_t bytes) const override {
@@ -285,6 +334,8 @@ struct runner final : runner_base<T> {
   squall::communicator<Transport, Topology> comm;
   const settings& s_;
   const job& j_;
+  squall::registered_buffer<T> in_;  // --registered: the input and output
+  squall::registered_buffer<T> out_;
 };
 
 template <class Transport>
@@ -316,8 +367,7 @@ class bench {
   }
 
   template <class T>
-  long count_wrong(const std::vector<T>& in, const std::vector<T>& out, std::size_t count,
-                   std::size_t offset) {
+  long count_wrong(const T* in, const T* out, std::size_t count, std::size_t offset) {
     const int p = j_.size;
     long wrong = 0;
     if (s_.op == "allreduce" || s_.op == "reduce_scatter") {
@@ -392,7 +442,47 @@ class bench {
 
   template <class T>
   row measure(runner_base<T>& r, const compressor_spec& spec, std::size_t bytes, std::vector<T>& in,
-              std::vector<T>& out, double mpi_us, const std::vector<row>& earlier);
+              std::vector<T>& out, double mpi_us, double copy_us, const std::vector<row>& earlier);
+
+  // The bytes a rank of the dense collective of `bytes` must read and write at least (the
+  // one-shot through peer memory moves exactly these): see the file's comment.
+  double traffic(std::size_t bytes) const {
+    const double n = static_cast<double>(bytes);
+    const double p = j_.size;
+    if (j_.size == 1) return 0;
+    if (s_.op == "allreduce" || s_.op == "broadcast") return 2 * n;
+    return n + n / p;
+  }
+
+  // Every rank copies `bytes` at once (after a barrier), `iters` times: the slowest rank's
+  // mean time of one copy, in microseconds. `sync` gives the barrier and the maximum.
+  template <class T>
+  double time_copy(std::size_t bytes, int iters, runner_base<T>& sync) {
+    if (bytes == 0) return 0;
+    constexpr std::size_t page = 4096;
+    if (copy_from_.size() < bytes + page) {
+      copy_from_.assign(bytes + page, std::byte{1});
+      copy_to_.assign(bytes + page, std::byte{2});
+    }
+    // both page-aligned: glibc's memcpy on AMD Zen (rep movsb) runs 10-20x slower where the
+    // destination lies just above the source modulo 4 KiB, as two heap vectors can
+    const auto aligned = [](std::vector<std::byte>& v) {
+      const auto at = reinterpret_cast<std::uintptr_t>(v.data());
+      return v.data() + ((page - at % page) % page);
+    };
+    std::byte* const from = aligned(copy_from_);
+    std::byte* const to = aligned(copy_to_);
+    std::memcpy(to, from, bytes);  // warm, as the rows' warm-up
+    sync.barrier();
+    const auto start = clock_type::now();
+    for (int it = 0; it < iters; ++it) {
+      std::memcpy(to, from, bytes);
+      // the copy is not optimised away: the next one reads what this one wrote
+      from[static_cast<std::size_t>(it) % bytes] = to[bytes - 1];
+    }
+    const double mine = std::chrono::duration<double>(clock_type::now() - start).count() / iters;
+    return sync.across(mine, false) * 1e6;
+  }
 
   // A compressed row's first call from a fresh state: rel_error against the exact sum (in
   // double) of every rank's input, wire bytes, and whether every rank got the same bits.
@@ -402,6 +492,8 @@ class bench {
 
   const settings& s_;
   const job& j_;
+  std::vector<std::byte> copy_from_;  // time_copy's buffers
+  std::vector<std::byte> copy_to_;
 };
 
 double bus_factor(const std::string& op, int p) {
@@ -424,6 +516,7 @@ std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string&
   squall::collective_tuning tuning;
   if (s_.chunk != 0) tuning.chunk_bytes = s_.chunk;
   if (s_.peer_memory != 0) tuning.peer_memory_bytes = s_.peer_memory;
+  if (s_.non_temporal >= 0) tuning.non_temporal_bytes = static_cast<std::size_t>(s_.non_temporal);
   tuning.aggregation = s_.aggregation;
   tuning = spec.tuned(tuning);
   // one shm job per communicator: the topology, and the compressor's place in the list
@@ -438,8 +531,12 @@ std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string&
       }
     }
   }
-  auto r = std::make_unique<runner<Transport, Topology, T>>(name, make_transport(job_name), s_, j_,
-                                                            opts, tuning);
+  const std::size_t most = count_for(s_, s_.max_bytes, sizeof(T), j_.size);
+  const std::size_t out_count =
+      s_.op == "allgather" ? most * static_cast<std::size_t>(j_.size) : most;
+  auto r = std::make_unique<runner<Transport, Topology, T>>(
+      name, make_transport(job_name), s_, j_, opts, tuning, std::max<std::size_t>(most, 1),
+      std::max<std::size_t>(out_count, 1));
   if constexpr (std::is_same_v<Topology, squall::hierarchical_topology<>>) {
     // the nodes the communicator found (host names, or SQUALL_RANKS_PER_NODE)
     const std::vector<int>& node_of = r->comm.topology().node_of;
@@ -513,7 +610,7 @@ template <class Transport>
 template <class T>
 row bench<Transport>::measure(runner_base<T>& run, const compressor_spec& spec, std::size_t bytes,
                               std::vector<T>& in, std::vector<T>& out, double mpi_us,
-                              const std::vector<row>& earlier) {
+                              double copy_us, const std::vector<row>& earlier) {
   const int p = j_.size;
   const std::size_t count = count_for(s_, bytes, sizeof(T), p);
   const int iters = iterations(bytes);
@@ -523,7 +620,8 @@ row bench<Transport>::measure(runner_base<T>& run, const compressor_spec& spec, 
     for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<T>(gradient_value(j_.rank, i));
     first_call(run, in, out, count, r);
   } else {
-    for (std::size_t i = 0; i < count; ++i) in[i] = input_value<T>(j_.rank, i);
+    T* const fill = run.own_input() != nullptr ? run.own_input() : in.data();
+    for (std::size_t i = 0; i < count; ++i) fill[i] = input_value<T>(j_.rank, i);
   }
   for (int w = 0; w < s_.warmup; ++w) run.call(in, out, count);
   run.barrier();
@@ -541,8 +639,10 @@ row bench<Transport>::measure(runner_base<T>& run, const compressor_spec& spec, 
   const squall::transfer_stats moved = run.moved();
   if (!s_.compressed()) {
     const std::size_t offset = s_.op == "reduce_scatter" ? run.block_offset(count) : 0;
+    const T* const got_in = run.own_input() != nullptr ? run.own_input() : in.data();
+    const T* const got_out = run.own_output() != nullptr ? run.own_output() : out.data();
     r.wrong = static_cast<long>(
-        run.across(static_cast<double>(count_wrong(in, out, count, offset)), true));
+        run.across(static_cast<double>(count_wrong(got_in, got_out, count, offset)), true));
     r.wire_bytes = run.across(static_cast<double>(moved.bytes_sent), false);
   } else if (!spec.dense()) {
     const double per_call_us = 1e6 / iters / p;  // the ranks' mean of the per-call mean
@@ -562,6 +662,10 @@ row bench<Transport>::measure(runner_base<T>& run, const compressor_spec& spec, 
   r.algbw = static_cast<double>(bytes) / t / 1e9;
   r.busbw = r.algbw * bus_factor(s_.op, p);
   r.mpi_us = mpi_us;
+  if (!s_.compressed() && copy_us >= 0) {
+    r.traffic = traffic(bytes);
+    r.copy_us = copy_us;
+  }
   if (r.mpi_us > 0)
     r.mpi_busbw = static_cast<double>(bytes) / (r.mpi_us * 1e-6) / 1e9 * bus_factor(s_.op, p);
   for (const row& dense : earlier) {
@@ -584,6 +688,8 @@ row bench<Transport>::measure(runner_base<T>& run, const compressor_spec& spec, 
       std::printf(" %11.1f %9.2f %8.2f", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
     else
       std::printf(" %11s %9s %8s", "-", "-", "-");
+    if (r.traffic >= 0)
+      std::printf(" %12.0f %9.1f %6.1f", r.traffic, r.copy_us, 100 * r.copy_us / r.time_us);
     if (s_.link_bits > 0) std::printf(" %11.1f %7.1f", r.bound_us, 100 * r.bound_us / r.time_us);
     if (r.encode_us >= 0)
       std::printf(" %10.1f %10.1f %10.1f", r.encode_us, r.transfer_us, r.decode_us);
@@ -634,9 +740,9 @@ std::vector<row> bench<Transport>::run() {
                   "count", "compressor", "topology", "time_us", "algbw", "busbw", "rel_err",
                   "wire_bytes", "ratio", "#wrong", "mpi_us", "mpi_busbw", "speedup");
     } else {
-      std::printf("# %10s %12s %9s %28s %11s %8s %8s %7s %11s %9s %8s", "size", "count", "type",
-                  "topology", "time_us", "algbw", "busbw", "#wrong", "mpi_us", "mpi_busbw",
-                  "speedup");
+      std::printf("# %10s %12s %9s %28s %11s %8s %8s %7s %11s %9s %8s %12s %9s %6s", "size",
+                  "count", "type", "topology", "time_us", "algbw", "busbw", "#wrong", "mpi_us",
+                  "mpi_busbw", "speedup", "traffic", "copy_us", "%copy");
     }
     if (s_.link_bits > 0) std::printf(" %11s %7s", "bound_us", "%bound");
     if (s_.compressed()) std::printf(" %10s %10s %10s", "encode_us", "xfer_us", "decode_us");
@@ -659,8 +765,12 @@ std::vector<row> bench<Transport>::run() {
           s_.compressed() ? static_cast<T>(gradient_value(j_.rank, i)) : input_value<T>(j_.rank, i);
     }
     const double mpi_us = time_mpi(in, out, count, iterations(bytes));
+    // the machine's limit for this size: every rank copying half its traffic at once
+    const double copy_us = s_.compressed() ? -1
+                                           : time_copy(static_cast<std::size_t>(traffic(bytes) / 2),
+                                                       iterations(bytes), *runners.front());
     for (std::size_t k = 0; k < runners.size(); ++k) {
-      rows.push_back(measure(*runners[k], *spec_of[k], bytes, in, out, mpi_us, rows));
+      rows.push_back(measure(*runners[k], *spec_of[k], bytes, in, out, mpi_us, copy_us, rows));
     }
   }
   return rows;
@@ -704,10 +814,12 @@ void write_files(const settings& s, const job& j, const std::vector<row>& rows) 
   if (!s.csv.empty()) {
     std::FILE* f = std::fopen(s.csv.c_str(), "w");
     if (f == nullptr) throw std::runtime_error("cannot write " + s.csv);
-    std::fprintf(f,
-                 "op,transport,topology,compressor,dtype,ranks,size_bytes,count,time_us,algbw_gbs,"
-                 "busbw_gbs,wrong,mpi_time_us,mpi_busbw_gbs,speedup_vs_mpi,wire_bytes_per_rank,"
-                 "compression_ratio,rel_error,wire_bound_us,encode_us,transfer_us,decode_us\n");
+    std::fprintf(
+        f,
+        "op,transport,topology,compressor,dtype,ranks,size_bytes,count,time_us,algbw_gbs,"
+        "busbw_gbs,wrong,mpi_time_us,mpi_busbw_gbs,speedup_vs_mpi,wire_bytes_per_rank,"
+        "compression_ratio,rel_error,wire_bound_us,encode_us,transfer_us,decode_us,traffic_bytes,"
+        "copy_us\n");
     for (const row& r : rows) {
       std::fprintf(f, "%s,%s,%s,%s,%s,%d,%zu,%zu,%.3f,%.4f,%.4f,%ld,", s.op.c_str(),
                    s.transport.c_str(), r.topology.c_str(), r.compressor.c_str(), s.dtype.c_str(),
@@ -716,13 +828,14 @@ void write_files(const settings& s, const job& j, const std::vector<row>& rows) 
         std::fprintf(f, "%.3f,%.4f,%.4f,", r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);
       else
         std::fprintf(f, ",,,");
-      std::fprintf(f, "%s,%s,%s,%s,%s,%s,%s\n", optional_number(r.wire_bytes, "%.0f").c_str(),
-                   optional_number(r.compression_ratio, "%.3f").c_str(),
-                   optional_number(r.rel_error, "%.6g").c_str(),
-                   optional_number(r.bound_us, "%.3f").c_str(),
-                   optional_number(r.encode_us, "%.3f").c_str(),
-                   optional_number(r.transfer_us, "%.3f").c_str(),
-                   optional_number(r.decode_us, "%.3f").c_str());
+      std::fprintf(
+          f, "%s,%s,%s,%s,%s,%s,%s,%s,%s\n", optional_number(r.wire_bytes, "%.0f").c_str(),
+          optional_number(r.compression_ratio, "%.3f").c_str(),
+          optional_number(r.rel_error, "%.6g").c_str(), optional_number(r.bound_us, "%.3f").c_str(),
+          optional_number(r.encode_us, "%.3f").c_str(),
+          optional_number(r.transfer_us, "%.3f").c_str(),
+          optional_number(r.decode_us, "%.3f").c_str(), optional_number(r.traffic, "%.0f").c_str(),
+          optional_number(r.copy_us, "%.3f").c_str());
     }
     std::fclose(f);
   }
@@ -744,13 +857,15 @@ void write_files(const settings& s, const job& j, const std::vector<row>& rows) 
                    "\"count\": %zu, \"time_us\": %.3f, \"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, "
                    "\"wrong\": %ld, \"wire_bytes_per_rank\": %s, \"compression_ratio\": %s, "
                    "\"rel_error\": %s, \"wire_bound_us\": %s, \"encode_us\": %s, "
-                   "\"transfer_us\": %s, \"decode_us\": %s, ",
+                   "\"transfer_us\": %s, \"decode_us\": %s, \"traffic_bytes\": %s, "
+                   "\"copy_us\": %s, ",
                    i == 0 ? "" : ",", r.topology.c_str(), r.compressor.c_str(), r.bytes, r.count,
                    r.time_us, r.algbw, r.busbw, r.wrong, or_null(r.wire_bytes, "%.0f").c_str(),
                    or_null(r.compression_ratio, "%.3f").c_str(),
                    or_null(r.rel_error, "%.6g").c_str(), or_null(r.bound_us, "%.3f").c_str(),
                    or_null(r.encode_us, "%.3f").c_str(), or_null(r.transfer_us, "%.3f").c_str(),
-                   or_null(r.decode_us, "%.3f").c_str());
+                   or_null(r.decode_us, "%.3f").c_str(), or_null(r.traffic, "%.0f").c_str(),
+                   or_null(r.copy_us, "%.3f").c_str());
       if (r.mpi_us > 0) {
         std::fprintf(f, "\"mpi_time_us\": %.3f, \"mpi_busbw_gbs\": %.4f, \"speedup_vs_mpi\": %.4f}",
                      r.mpi_us, r.mpi_busbw, r.mpi_us / r.time_us);

@@ -43,9 +43,11 @@ struct settings {
   int warmup = 2;
   std::size_t chunk = 0;        // 0: the default collective_tuning
   std::size_t peer_memory = 0;  // 0: the default collective_tuning
+  long long non_temporal = -1;  // < 0: the default collective_tuning
   bool check = true;
-  bool calibrate = false;  // automatic: measure its model first (communicator::calibrate)
-  double link_bits = 0;    // --link-rate: bits per second each way of a rank's link; 0: none
+  bool registered = false;  // --registered: shm buffers every rank maps (issue 22)
+  bool calibrate = false;   // automatic: measure its model first (communicator::calibrate)
+  double link_bits = 0;     // --link-rate: bits per second each way of a rank's link; 0: none
   std::string csv;
   std::string json;
   bool compressed() const { return !compressors.empty(); }
@@ -72,7 +74,9 @@ struct row {
   double algbw = 0;
   double busbw = 0;
   long wrong = 0;
-  double mpi_us = -1;  // < 0: none
+  double traffic = -1;  // bytes a rank reads and writes at least (dense rows); < 0: none
+  double copy_us = -1;  // every rank copying traffic / 2 bytes at once, in the same run
+  double mpi_us = -1;   // < 0: none
   double mpi_busbw = 0;
   // compressed runs (--compressor): the most any rank sent in one call, the dense
   // allreduce's bytes over these (same topology and size), and ||result - exact|| / ||exact||
@@ -94,6 +98,10 @@ struct runner_base {
   std::string name;
   virtual ~runner_base() = default;
   virtual void call(std::vector<T>& in, std::vector<T>& out, std::size_t count) = 0;
+  /// The runner's own input and output (registered memory, --registered), which `call` uses
+  /// in place of `in` and `out`; null: it uses theirs.
+  virtual T* own_input() { return nullptr; }
+  virtual T* own_output() { return nullptr; }
   /// "ring", or "automatic:<chosen>"
   virtual std::string label(std::size_t bytes) const = 0;
   /// The slowest rank's value (max) or the sum over ranks.

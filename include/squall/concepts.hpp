@@ -117,6 +117,31 @@ concept peer_memory_transport = transport<T> &&
   t.write_peer(peer, address, from);
 };
 
+/// A peer-memory transport whose ranks may also map each other's registered memory (issue
+/// 22, `shm_transport::register_memory`): collectives on buffers inside it reach the peers'
+/// copies with plain loads and stores, inside `with_peer` (which keeps the transport's
+/// promise that no rank touches a failed rank's memory), and by cross-memory copies where a
+/// buffer is not registered.
+namespace detail {
+/// A function that does nothing, for concepts that take one (a lambda in a requires
+/// expression trips nvcc).
+struct do_nothing {
+  void operator()() const {}
+};
+}  // namespace detail
+
+template <class T>
+concept registered_memory_transport = peer_memory_transport<T> &&
+    requires(T& t, const T& ct, int peer, std::uint64_t id, std::uint64_t address,
+             std::size_t bytes, const void* p) {
+  /// the registration of this rank's memory holding [p, p + bytes), or 0
+  { ct.registration_of(p, bytes) } -> std::same_as<std::uint64_t>;
+  /// where [address, address + bytes) of peer's registration `id` lies here, or null
+  { ct.mapped_peer(peer, id, address, bytes) } -> std::same_as<std::byte*>;
+  /// runs the function while this rank may touch peer's memory
+  t.with_peer(peer, detail::do_nothing{});
+};
+
 // ---- topology: who talks to whom, as a pure schedule -----------------------------------------
 
 template <class T>

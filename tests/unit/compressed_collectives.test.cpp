@@ -987,9 +987,9 @@ TEST_SUITE("compressed_collectives") {
         CHECK(s.bytes_received == s.bytes_sent);
       }
       // the one-shot schedule through the windows, and through the peers' memory (which
-      // first swaps its kind, size and two addresses, 32 bytes, with every peer): every rank reads
-      // its slice out of P - 1 peers and every other slice back, so 2 (P - 1) x bytes over all
-      // ranks
+      // first swaps its kind, size, two addresses and their registrations, 48 bytes, with every
+      // peer): every rank reads its slice out of P - 1 peers and every other slice back, so 2 (P -
+      // 1) x bytes over all ranks
       for (const bool through_memory : {false, true}) {
         CAPTURE(through_memory);
         std::vector<squall::transfer_stats> one_shot(static_cast<std::size_t>(p));
@@ -1010,8 +1010,9 @@ TEST_SUITE("compressed_collectives") {
           all_sent += s.bytes_sent;
           all_received += s.bytes_received;
         }
-        // each rank's 32-byte table entry (kind, bytes, two addresses) to every peer
-        const std::uint64_t addresses = through_memory ? 32 * up * (up - 1) : 0;
+        // each rank's 48-byte table entry (kind, bytes, two addresses, their registrations) to
+        // every peer
+        const std::uint64_t addresses = through_memory ? 48 * up * (up - 1) : 0;
         CHECK(all_sent == 2 * (up - 1) * 4 * count + addresses);
         CHECK(all_received == all_sent);
       }

@@ -239,6 +239,14 @@ class dense_core {
         return;
       }
     }
+    if constexpr (direct_transport<Transport>) {
+      if (s.one_shot && fits_window(in.size_bytes())) {
+        executor().allgather_windows(reinterpret_cast<const std::byte*>(in.data()),
+                                     reinterpret_cast<std::byte*>(out.data()), in.size_bytes(),
+                                     copy_only_reducer(), window_round_, check_after_barrier());
+        return;
+      }
+    }
     if (in.data() != mine) place(in, view<T>(mine, count));
     run(s, out.data(), out.count(), make_reducer<T, sum_op>(backend_));
   }
@@ -255,7 +263,7 @@ class dense_core {
     schedule s;
     if (own) {
       s = std::move(*own);
-    } else if (uses_peer_memory(data.size_bytes())) {
+    } else if (uses_peer_memory(data.size_bytes()) || fits_window(data.size_bytes())) {
       s = direct_topology{}.broadcast_schedule(rank(), size(), root);
     } else {
       s = tree_topology{}.broadcast_schedule(rank(), size(), root);
@@ -265,6 +273,14 @@ class dense_core {
         settle();
         executor().broadcast_peer_memory(reinterpret_cast<std::byte*>(data.data()),
                                          data.size_bytes(), root);
+        return;
+      }
+    }
+    if constexpr (direct_transport<Transport>) {
+      if (s.one_shot && fits_window(data.size_bytes())) {
+        executor().broadcast_windows(reinterpret_cast<std::byte*>(data.data()), data.size_bytes(),
+                                     root, copy_only_reducer(), window_round_,
+                                     check_after_barrier());
         return;
       }
     }
@@ -366,9 +382,8 @@ class dense_core {
     }
     if constexpr (direct_transport<Transport>) {
       if (s.one_shot && windows_fit(r)) {
-        executor().run_one_shot(reinterpret_cast<std::byte*>(out), count, r, window_round_, [this] {
-          if (check_.pending()) check_.read_pending(transport_);
-        });
+        executor().run_one_shot(reinterpret_cast<std::byte*>(out), count, r, window_round_,
+                                check_after_barrier());
         return;
       }
     }
@@ -442,6 +457,14 @@ class dense_core {
         done = true;
       }
     }
+    if constexpr (direct_transport<Transport>) {
+      if (!done && s.one_shot && fits_window(bytes)) {
+        executor().reduce_scatter_windows(reinterpret_cast<const std::byte*>(in),
+                                          reinterpret_cast<std::byte*>(out), count, r,
+                                          window_round_, check_after_barrier());
+        done = true;
+      }
+    }
     if (!done) {
       if (whole == nullptr) {
         whole = reinterpret_cast<T*>(work_.reserve(backend_, bytes));
@@ -462,15 +485,17 @@ class dense_core {
   }
 
   // The schedules of reduce_scatter and allgather: the topology's own, else direct's one-shot
-  // where the transport has peer memory, else the ring's.
+  // where the transport has peer memory or windows, else the ring's.
   schedule scatter_schedule(std::size_t bytes) const {
     if (auto own = schedules_->reduce_scatter_schedule(rank(), size())) return std::move(*own);
-    if (uses_peer_memory(bytes)) return direct_topology{}.reduce_scatter_schedule(rank(), size());
+    if (uses_peer_memory(bytes) || fits_window(bytes))
+      return direct_topology{}.reduce_scatter_schedule(rank(), size());
     return ring_topology{}.reduce_scatter_schedule(rank(), size());
   }
   schedule gather_schedule(std::size_t bytes) const {
     if (auto own = schedules_->allgather_schedule(rank(), size())) return std::move(*own);
-    if (uses_peer_memory(bytes)) return direct_topology{}.allgather_schedule(rank(), size());
+    if (uses_peer_memory(bytes) || fits_window(bytes / static_cast<std::size_t>(size())))
+      return direct_topology{}.allgather_schedule(rank(), size());
     return ring_topology{}.allgather_schedule(rank(), size());
   }
 
@@ -482,6 +507,26 @@ class dense_core {
 
   // Room for the one-shot schedule: each half of the window holds a round of at least 64
   // elements per rank.
+  // Whether a one-shot collective in which a rank publishes `bytes` goes through the windows
+  // (issue 22: below `peer_memory_bytes`, one round, where the peer-memory path does not run).
+  bool fits_window(std::size_t bytes) const {
+    if constexpr (direct_transport<Transport>) {
+      return size() > 1 && !uses_peer_memory(bytes) &&
+             bytes <= window_data_bytes(const_cast<Transport&>(transport_)) / 2;
+    } else {
+      (void)bytes;
+      return false;
+    }
+  }
+
+  // What a window round runs after its first barrier: the pending mismatch check, whose
+  // signatures that barrier made visible.
+  auto check_after_barrier() {
+    return [this] {
+      if (check_.pending()) check_.read_pending(transport_);
+    };
+  }
+
   bool windows_fit(const reducer& r) {
     return window_data_bytes(transport_) / 2 >=
            64 * r.element_bytes * static_cast<std::size_t>(size());

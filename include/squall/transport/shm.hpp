@@ -29,6 +29,7 @@
 #include <squall/core/link_costs.hpp>
 #include <squall/core/options.hpp>
 #include <squall/detail/math.hpp>
+#include <squall/transport/detail/shm_registry.hpp>
 #include <squall/transport/detail/shm_segment.hpp>
 
 #include <sys/uio.h>  // process_vm_readv
@@ -42,6 +43,7 @@
 #include <cstring>  // memcpy
 #include <deque>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sched.h>  // sched_getaffinity, CPU_COUNT
 #include <sstream>
@@ -292,6 +294,10 @@ struct state {
   /// Single-copy sends published to each peer, waiting for its acknowledgement.
   std::vector<std::deque<std::shared_ptr<operation>>> awaiting_ack;
   std::vector<std::uint32_t> tickets;
+  /// Registered memory (`shm_transport::register_memory`), shared with its handles.
+  std::shared_ptr<registry> registered = std::make_shared<registry>(rank);
+  std::uint64_t registrations = 0;    ///< registrations made, the same count on every rank
+  std::uint64_t mapped_accesses = 0;  ///< `with_peer` calls
   /// The word every peer reads once, at setup, to learn whether it may read our memory.
   std::uint64_t probe = probe_value;
 
@@ -392,21 +398,14 @@ struct state {
   /// system's, both leaving this transport failed.
   std::size_t copy_with_peer(int peer, const error_context& where, std::byte* local,
                              std::uint64_t remote, std::size_t bytes, bool write) {
-    std::atomic<std::uint32_t>& flag = seg.channel(rank, peer).touching;
-    flag.store(1);  // seq_cst: ordered before the read of `revoked` (Dekker with `revoke`)
-    if (seg.rank(peer).revoked.load() != 0) {
-      flag.store(0);
-      check_peers(where, true);  // a rank records its failure before it revokes
-      give_up(peer_failure(where, "rank " + std::to_string(peer) + " closed its memory"),
-              failure::gave_up, peer);
-    }
+    touch(peer, where);
     const pid_t pid = seg.rank(peer).pid.load();
     iovec mine{local, std::min(bytes, copy_piece)};
     iovec theirs{reinterpret_cast<void*>(remote), mine.iov_len};
     const ssize_t got = write ? process_vm_writev(pid, &mine, 1, &theirs, 1, 0)
                               : process_vm_readv(pid, &mine, 1, &theirs, 1, 0);
     const int err = errno;
-    flag.store(0, std::memory_order_release);
+    untouch(peer);
     if (got <= 0) {
       if (err == ESRCH) {
         give_up(peer_failure(where, "rank " + std::to_string(peer) + " died"), failure::died, peer);
@@ -417,6 +416,21 @@ struct state {
     }
     return static_cast<std::size_t>(got);
   }
+  /// Raises this rank's `touching` flag on `peer` before it reads or writes the peer's
+  /// memory, unless `peer` has closed its memory: then throws `peer_failure` with what `peer`
+  /// recorded, leaving this transport failed. `untouch` lowers it.
+  void touch(int peer, const error_context& where) {
+    std::atomic<std::uint32_t>& flag = seg.channel(rank, peer).touching;
+    flag.store(1);  // seq_cst: ordered before the read of `revoked` (Dekker with `revoke`)
+    if (seg.rank(peer).revoked.load() != 0) {
+      flag.store(0);
+      check_peers(where, true);  // a rank records its failure before it revokes
+      give_up(peer_failure(where, "rank " + std::to_string(peer) + " closed its memory"),
+              failure::gave_up, peer);
+    }
+  }
+  void untouch(int peer) { seg.channel(rank, peer).touching.store(0, std::memory_order_release); }
+
   /// The most one cross-memory copy moves, so that a failing peer waits at most one piece.
   static constexpr std::size_t copy_piece = std::size_t{16} << 20;
 
@@ -885,6 +899,127 @@ class shm_transport {
     copy_peer("write_peer", peer, to, const_cast<std::byte*>(from.data()), from.count(), true);
   }
 
+  /// Allocates `bytes` of registered memory: memory every rank maps, so that collectives on
+  /// buffers inside it read and write the peers' copies with plain loads and stores (no
+  /// system call, no page pinning; issue 22). Collective: every rank calls it, in the same
+  /// order, with the same `bytes`, while no collective is in flight on this transport; a
+  /// different size or count of calls gives `mismatch_error` on every rank. Zero-filled,
+  /// rounded up to whole pages. A peer whose memory cannot be mapped here (/proc access
+  /// refused) is still reached, through `read_peer`/`write_peer`; so is everything on
+  /// buffers outside registered memory.
+  registered_memory register_memory(std::size_t bytes) {
+    const error_context where{.operation = "register_memory", .rank = rank()};
+    state_->check_healthy(where);
+    if (bytes == 0) throw invalid_argument(where, "0 bytes");
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t mapped = (bytes + page - 1) / page * page;
+    const std::uint64_t id = ++state_->registrations;
+    auto [fd, local] = detail::shm::registry::make_local(mapped, where);
+    detail::shm::registry::region made{.id = id,
+                                       .bytes = mapped,
+                                       .address = std::vector<std::uint64_t>(size_t_size()),
+                                       .here = std::vector<std::byte*>(size_t_size())};
+    made.here[static_cast<std::size_t>(rank())] = local;
+    struct closer {  // this rank's descriptor, and the mappings until the registry owns them
+      int fd;
+      detail::shm::registry::region* region;
+      ~closer() {
+        close(fd);
+        if (region == nullptr) return;
+        for (std::byte* p : region->here)
+          if (p != nullptr) munmap(p, region->bytes);
+      }
+    } cleanup{fd, &made};
+    const detail::shm::registration_record mine{.id = id,
+                                                .bytes = bytes,
+                                                .address = reinterpret_cast<std::uint64_t>(local),
+                                                .pid = static_cast<std::int32_t>(getpid()),
+                                                .fd = fd};
+    std::vector<detail::shm::registration_record> all(size_t_size());
+    all[static_cast<std::size_t>(rank())] = mine;
+    {
+      std::vector<shm_completion> pending;
+      for (int q = 0; q < size(); ++q) {
+        if (q == rank()) continue;
+        pending.push_back(recv(
+            q, {reinterpret_cast<std::byte*>(&all[static_cast<std::size_t>(q)]), sizeof mine}));
+        pending.push_back(send(q, {reinterpret_cast<const std::byte*>(&mine), sizeof mine}));
+      }
+      for (shm_completion& c : pending) c.wait();
+    }
+    for (int q = 0; q < size(); ++q) {
+      const detail::shm::registration_record& theirs = all[static_cast<std::size_t>(q)];
+      if (theirs.id != id || theirs.bytes != bytes) {
+        std::string sizes;
+        std::string ids;
+        for (const detail::shm::registration_record& r : all) {
+          sizes += (sizes.empty() ? "" : ", ") + std::to_string(r.bytes);
+          ids += (ids.empty() ? "" : ", ") + std::to_string(r.id);
+        }
+        throw mismatch_error(where, "ranks register " + sizes + " bytes as their registration " +
+                                        ids + " (every rank must ask the same, in the same order)");
+      }
+    }
+    // every rank has checked the same table: all open their peers' files, or none does
+    for (int q = 0; q < size(); ++q) {
+      const detail::shm::registration_record& theirs = all[static_cast<std::size_t>(q)];
+      made.address[static_cast<std::size_t>(q)] = theirs.address;
+      if (q != rank()) {
+        made.here[static_cast<std::size_t>(q)] =
+            detail::shm::registry::map_peer(theirs.pid, theirs.fd, mapped);
+      }
+    }
+    barrier().wait();  // every peer has opened this rank's memory file: it may be closed
+    state_->registered->add(std::move(made));
+    cleanup.region = nullptr;
+    return {state_->registered, id, local, bytes};
+  }
+
+  /// `count` elements of `T` in registered memory (`register_memory`), zero-filled.
+  template <class T>
+  registered_buffer<T> allocate(std::size_t count) {
+    if (count > std::numeric_limits<std::size_t>::max() / sizeof(T)) {
+      throw invalid_argument({.operation = "allocate", .rank = rank()},
+                             "count " + std::to_string(count) + " overflows the byte size");
+    }
+    return {register_memory(std::max<std::size_t>(count * sizeof(T), 1)), count};
+  }
+
+  /// The registration of this rank's memory that holds all of [`p`, `p` + `bytes`), or 0:
+  /// what a peer-memory collective tells the peers with the buffer's address.
+  std::uint64_t registration_of(const void* p, std::size_t bytes) const {
+    return state_->registered->id_of(p, bytes);
+  }
+
+  /// Where [`address`, `address` + `bytes`) of `peer`'s memory, inside its registration `id`,
+  /// lies in this process; null where it does not (id 0, unmapped, outside). Reach it only
+  /// inside `with_peer`.
+  std::byte* mapped_peer(int peer, std::uint64_t id, std::uint64_t address,
+                         std::size_t bytes) const {
+    return state_->registered->here(peer, id, address, bytes);
+  }
+
+  /// Runs `f()` while this rank may touch `peer`'s memory (through `mapped_peer`): as a
+  /// cross-memory copy does, with this rank's `touching` flag raised, so a peer that fails
+  /// waits for it to end before its error leaves; throws `peer_failure` if the peer has
+  /// failed and closed its memory.
+  template <class F>
+  void with_peer(int peer, F&& f) {
+    check_peer("with_peer", peer);
+    state_->touch(peer, {.operation = "with_peer", .rank = rank(), .peer = peer});
+    struct lower {
+      detail::shm::state* s;
+      int peer;
+      ~lower() { s->untouch(peer); }
+    } const guard{state_.get(), peer};
+    ++state_->mapped_accesses;
+    std::forward<F>(f)();
+  }
+
+  /// How many times this rank has reached a peer's registered memory through its mapping
+  /// (`with_peer`): how a test or a benchmark sees that the registered path ran.
+  std::uint64_t mapped_accesses() const { return state_->mapped_accesses; }
+
   /// The segment's shared-memory name (already unlinked once all ranks attached).
   const std::string& segment_name() const { return state_->seg.name(); }
 
@@ -903,6 +1038,8 @@ class shm_transport {
     }
   }
 
+  std::size_t size_t_size() const { return static_cast<std::size_t>(size()); }
+
   void check_peer(const char* what, int peer) const {
     state_->check_healthy({.operation = what, .rank = rank(), .peer = peer});
     if (peer < 0 || peer >= size()) {
@@ -916,5 +1053,6 @@ class shm_transport {
 static_assert(transport<shm_transport>);
 static_assert(direct_transport<shm_transport>);
 static_assert(peer_memory_transport<shm_transport>);
+static_assert(registered_memory_transport<shm_transport>);
 
 }  // namespace squall

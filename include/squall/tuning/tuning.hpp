@@ -35,6 +35,12 @@ struct collective_tuning {
   /// 48.4; 4 ranks (oversubscribed): 16 KiB 27.1 / 11.7, 64 KiB 36.1 / 32.1, 256 KiB 73.7 /
   /// 105.4. 64 KiB is where neither rank count loses much.
   std::size_t peer_memory_bytes = std::size_t{64} << 10;
+  /// From this many bytes of output a peer-memory collective writes its outputs (its own, and
+  /// the peers' where it reaches them through registered memory) with non-temporal stores:
+  /// each reduced piece is made in a cache-sized scratch and streamed out, so no output line
+  /// is read before it is written and the outputs do not evict the inputs (issue 22). About
+  /// the last-level cache (32 MiB on the 2-core machine); 0: never.
+  std::size_t non_temporal_bytes = std::size_t{32} << 20;
   /// How a compressed allreduce sums payloads: `automatic` runs the compressor's first
   /// allowed aggregation (its `aggregations`) that the topology can run: linear for cast,
   /// randomk and count_sketch, low_rank for PowerSGD, per_hop for int8, qsgd, terngrad and sign

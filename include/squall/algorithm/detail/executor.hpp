@@ -19,6 +19,7 @@
 #include <array>
 #include <cstddef>  // byte, size_t
 #include <cstdint>  // uint64_t
+#include <cstring>  // memcpy
 #include <deque>
 #include <span>
 #include <string>
@@ -42,6 +43,10 @@ struct reducer {
   void (*copy_bytes)(const void* backend, std::byte* dst, const std::byte* src,
                      std::size_t bytes) = nullptr;
   void (*synchronize)(const void* backend) = nullptr;
+  /// A copy whose destination nothing reads soon: non-temporal stores on the host
+  /// (`kernels::stream_copy`), the backend's copy elsewhere.
+  void (*stream_bytes)(const void* backend, std::byte* dst, const std::byte* src,
+                       std::size_t bytes) = nullptr;
 
   /// dst[i] = dst[i] op src[i] for `count` elements
   void reduce_into(std::byte* dst, const std::byte* src, std::size_t count) const {
@@ -54,6 +59,10 @@ struct reducer {
   /// dst = src, `bytes` bytes
   void copy(std::byte* dst, const std::byte* src, std::size_t bytes) const {
     copy_bytes(backend, dst, src, bytes);
+  }
+  /// dst = src, `bytes` bytes not overlapping, bypassing the caches where the backend can
+  void stream(std::byte* dst, const std::byte* src, std::size_t bytes) const {
+    stream_bytes(backend, dst, src, bytes);
   }
   /// The ordering point: returns once the work started through this reducer has finished.
   void settle() const { synchronize(backend); }
@@ -87,7 +96,18 @@ reducer make_reducer(const Backend& backend) {
                                   buffer_view<std::byte, M>(dst, bytes),
                                   buffer_view<const std::byte, M>(src, bytes));
               },
-          .synchronize = [](const void* b) { static_cast<const Backend*>(b)->synchronize(); }};
+          .synchronize = [](const void* b) { static_cast<const Backend*>(b)->synchronize(); },
+          .stream_bytes =
+              [](const void* b, std::byte* dst, const std::byte* src, std::size_t bytes) {
+                if constexpr (std::is_same_v<Backend, host_backend>) {
+                  (void)b;
+                  kernels::stream_copy(dst, src, bytes);
+                } else {
+                  dispatch::copy_on(*static_cast<const Backend*>(b),
+                                    buffer_view<std::byte, M>(dst, bytes),
+                                    buffer_view<const std::byte, M>(src, bytes));
+                }
+              }};
 }
 
 /// The tail of every rank's window the communicator keeps for call signatures (two slots,
@@ -218,6 +238,75 @@ class executor {
     }
   }
 
+  /// Allgather through the windows (direct transports; a block that fits half a window):
+  /// this rank's block into its window, a barrier, then every peer's block out of its window
+  /// into `out`. One barrier, where `run_one_shot`'s rounds have two: the window's halves
+  /// alternate across window rounds (`round`, shared with `run_one_shot`), and every rank
+  /// reads a round's half before it enters the next round's barrier, so a rank that publishes
+  /// into a half again (two rounds on) has passed a barrier that every reader of its last use
+  /// had to reach. `in` may be block r of `out`. `after_barrier()` as in `run_one_shot`.
+  template <class Check>
+  void allgather_windows(const std::byte* in, std::byte* out, std::size_t block_bytes,
+                         const reducer& r, std::size_t& round,
+                         Check&& after_barrier) requires direct_transport<Transport> {
+    const int size = transport_.size();
+    const int me = transport_.rank();
+    std::byte* const* windows = publish(in, block_bytes, r, round, true, after_barrier);
+    for (int k = 1; k < size; ++k) {
+      const int q = wrap(me + k, size);
+      r.copy(out + static_cast<std::size_t>(q) * block_bytes, windows[q], block_bytes);
+    }
+    std::byte* const mine = out + static_cast<std::size_t>(me) * block_bytes;
+    if (in != mine) r.copy(mine, in, block_bytes);
+    r.settle();
+    const auto others = static_cast<std::uint64_t>(size - 1) * block_bytes;
+    wire_.count(others, others);  // the peers read this rank's block; it reads theirs
+  }
+
+  /// Reduce-scatter through the windows (a whole input that fits half a window): this rank's
+  /// input into its window, a barrier, then block r reduced out of every window into `out`
+  /// (block r's elements; it may be block r of `in`). One barrier, as `allgather_windows`.
+  template <class Check>
+  void reduce_scatter_windows(const std::byte* in, std::byte* out, std::size_t count,
+                              const reducer& r, std::size_t& round,
+                              Check&& after_barrier) requires direct_transport<Transport> {
+    const int size = transport_.size();
+    const int me = transport_.rank();
+    const std::size_t e = r.element_bytes;
+    std::byte* const* windows = publish(in, count * e, r, round, true, after_barrier);
+    const index_range block =
+        split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
+    const std::size_t at = block.begin * e;
+    for (int k = 1; k < size; ++k) {
+      const std::byte* theirs = windows[wrap(me + k, size)] + at;
+      if (k == 1) {
+        r.reduce(out, in + at, theirs, block.count);
+      } else {
+        r.reduce_into(out, theirs, block.count);
+      }
+    }
+    r.settle();
+    const std::uint64_t others = (count - block.count) * e;
+    wire_.count(others, others);
+  }
+
+  /// Broadcast through the root's window (data that fits half a window): the root publishes,
+  /// a barrier, every other rank copies out. One barrier, as `allgather_windows`.
+  template <class Check>
+  void broadcast_windows(std::byte* data, std::size_t bytes, int root, const reducer& r,
+                         std::size_t& round,
+                         Check&& after_barrier) requires direct_transport<Transport> {
+    const bool mine = transport_.rank() == root;
+    std::byte* const* windows = publish(data, bytes, r, round, mine, after_barrier);
+    if (!mine) {
+      r.copy(data, windows[root], bytes);
+      r.settle();
+      wire_.count(0, bytes);
+    } else {
+      wire_.count(static_cast<std::uint64_t>(transport_.size() - 1) * bytes, 0);
+    }
+  }
+
   /// The one-shot allreduce through the peers' own memory (peer-memory transports), with no
   /// staging copy: the ranks swap the addresses of their input and output; rank r reduces
   /// block r of every input into its output, piece by piece (each peer's piece read into a
@@ -231,7 +320,6 @@ class executor {
     const int me = transport_.rank();
     const std::size_t e = r.element_bytes;
     share_buffers(shared::allreduce, count * e, in, out);
-    auto output_of = [&](int q) { return buffer_of(q, 1); };
     const index_range block =
         split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
     // Accounting: the peers read the other blocks of this rank's input and write their
@@ -239,11 +327,11 @@ class executor {
     wire_.count((count - block.count) * e, (count - block.count) * e);
     // step 0, per piece of block `me`: reduce every rank's piece into this rank's output,
     // then write the result, still in cache, into every peer's output.
-    reduce_block_from_peers(in + block.begin * e, out + block.begin * e, block, r,
-                            [&](std::size_t at, std::size_t n) {
+    const bool stream = streams(count * e);
+    reduce_block_from_peers(in + block.begin * e, out + block.begin * e, block, r, stream,
+                            [&](std::size_t at, std::size_t n, const std::byte* reduced) {
                               for (int k = 1; k < size; ++k) {
-                                const int q = wrap(me + k, size);
-                                wire_.write_peer(q, output_of(q) + at, {out + at, n * e});
+                                write_to(wrap(me + k, size), 1, at, reduced, n * e, r, stream);
                               }
                             });
     // step 1: every block is everywhere once every rank is here.
@@ -258,12 +346,13 @@ class executor {
                                   const reducer& r) requires peer_memory_transport<Transport> {
     const int size = transport_.size();
     const int me = transport_.rank();
-    share_buffers(shared::reduce_scatter, count * r.element_bytes, in, nullptr);
+    share_buffers(shared::reduce_scatter, count * r.element_bytes, in);
     const index_range block =
         split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
     wire_.count((count - block.count) * r.element_bytes, 0);  // the peers read the other blocks
     reduce_block_from_peers(in + block.begin * r.element_bytes, out, block, r,
-                            [](std::size_t, std::size_t) {});
+                            streams(block.count * r.element_bytes),
+                            [](std::size_t, std::size_t, const std::byte*) {});
     wire_.barrier();
   }
 
@@ -273,12 +362,11 @@ class executor {
                              const reducer& r) requires peer_memory_transport<Transport> {
     const int size = transport_.size();
     const int me = transport_.rank();
-    share_buffers(shared::allgather, block_bytes, out, nullptr);
+    share_buffers(shared::allgather, block_bytes, out, nullptr,
+                  block_bytes * static_cast<std::size_t>(size));
     const std::size_t at = static_cast<std::size_t>(me) * block_bytes;
-    for (int k = 1; k < size; ++k) {
-      const int q = wrap(me + k, size);
-      wire_.write_peer(q, buffer_of(q, 0) + at, {in, block_bytes});
-    }
+    const bool stream = streams(block_bytes * static_cast<std::size_t>(size));
+    for (int k = 1; k < size; ++k) write_to(wrap(me + k, size), 0, at, in, block_bytes, r, stream);
     wire_.count(0, static_cast<std::uint64_t>(size - 1) * block_bytes);  // the peers' writes
     if (in != out + at) {
       r.copy(out + at, in, block_bytes);
@@ -291,10 +379,9 @@ class executor {
   /// at once; a barrier ends it, so the root's buffer stays unchanged until all have read.
   void broadcast_peer_memory(std::byte* data, std::size_t bytes,
                              int root) requires peer_memory_transport<Transport> {
-    share_buffers(shared::broadcast + (static_cast<std::uint64_t>(root) << 8), bytes, data,
-                  nullptr);
+    share_buffers(shared::broadcast + (static_cast<std::uint64_t>(root) << 8), bytes, data);
     if (transport_.rank() != root) {
-      wire_.read_peer(root, buffer_of(root, 0), {data, bytes});
+      read_into(root, 0, data, bytes, streams(bytes));
     } else {
       wire_.count(static_cast<std::uint64_t>(transport_.size() - 1) * bytes, 0);  // their reads
     }
@@ -309,19 +396,31 @@ class executor {
  private:
   // What a peer-memory collective tells the peers it runs (`share_buffers`).
   enum shared : std::uint64_t { allreduce = 1, reduce_scatter = 2, allgather = 3, broadcast = 4 };
-  static constexpr std::size_t shared_words = 4;  // kind, bytes, two addresses
+  // kind, bytes, two addresses, their registrations (issue 22; 0: not registered)
+  static constexpr std::size_t shared_words = 6;
 
   // Every rank sends what it runs (`kind`, a broadcast's root in bits 8 and up), the bytes
-  // of its buffers and their addresses (`first`, and `second` or null); then every rank
-  // checks the table, which is the same on every rank, so if any rank runs another kind or
-  // size, every rank throws `mismatch_error` before anything touches a peer's memory: the
-  // peer-memory paths never read or write outside the buffers a peer gave, even with the
-  // communicator's mismatch check off (issue 15). `buffer_of(q, i)` is q's address i.
+  // of its buffers, their addresses (`first`, and `second` or null; `first_extent` bytes
+  // from `first`, default `bytes`; `bytes` from `second`) and the registration of this rank's
+  // memory each lies in (0: none); then every rank checks the table, which is the same on
+  // every rank, so if any rank runs another kind or size, every rank throws `mismatch_error`
+  // before anything touches a peer's memory: the peer-memory paths never read or write
+  // outside the buffers a peer gave, even with the communicator's mismatch check off
+  // (issue 15). `buffer_of(q, i)` is q's address i.
   void share_buffers(std::uint64_t kind, std::uint64_t bytes, const void* first,
-                     const void* second) {
-    const std::array<std::uint64_t, shared_words> mine = {kind, bytes,
+                     const void* second = nullptr, std::size_t first_extent = 0) {
+    extent_ = {first_extent != 0 ? first_extent : bytes, bytes};
+    std::array<std::uint64_t, 2> registration = {0, 0};
+    if constexpr (registered_memory_transport<Transport>) {
+      registration = {transport_.registration_of(first, extent_[0]),
+                      second == nullptr ? 0 : transport_.registration_of(second, extent_[1])};
+    }
+    const std::array<std::uint64_t, shared_words> mine = {kind,
+                                                          bytes,
                                                           reinterpret_cast<std::uint64_t>(first),
-                                                          reinterpret_cast<std::uint64_t>(second)};
+                                                          reinterpret_cast<std::uint64_t>(second),
+                                                          registration[0],
+                                                          registration[1]};
     const int size = transport_.size();
     addresses_.resize(shared_words * static_cast<std::size_t>(size));
     exchange(mine.data(), sizeof mine, addresses_.data());
@@ -338,6 +437,56 @@ class executor {
   std::uint64_t buffer_of(int q, std::size_t i) const {
     return addresses_[shared_words * static_cast<std::size_t>(q) + 2 + i];
   }
+  // Where q's buffer i lies in this process when it is registered memory this rank maps
+  // (issue 22: plain loads and stores), else null (cross-memory copies).
+  std::byte* mapped_of(int q, std::size_t i) const {
+    if constexpr (registered_memory_transport<Transport>) {
+      return transport_.mapped_peer(q,
+                                    addresses_[shared_words * static_cast<std::size_t>(q) + 4 + i],
+                                    buffer_of(q, i), extent_[i]);
+    } else {
+      return nullptr;
+    }
+  }
+  // Reads `n` bytes at offset `at` of q's buffer 0 into `into`: a copy out of its mapping
+  // when registered (under `with_peer`), else a cross-memory read.
+  void read_into(int q, std::size_t at, std::byte* into, std::size_t n, bool stream) {
+    if constexpr (registered_memory_transport<Transport>) {
+      if (std::byte* mapped = mapped_of(q, 0); mapped != nullptr) {
+        transport_.with_peer(q, [&] {
+          if (stream) {
+            kernels::stream_copy(into, mapped + at, n);  // host memory: a registered transport's
+          } else {
+            std::memcpy(into, mapped + at, n);
+          }
+        });
+        wire_.count(0, n);
+        return;
+      }
+    }
+    wire_.read_peer(q, buffer_of(q, 0) + at, {into, n});
+  }
+  // Writes `n` bytes at `from` to offset `at` of q's buffer i: a copy into its mapping when
+  // registered (under `with_peer`; non-temporal stores where `stream`), else a cross-memory
+  // write.
+  void write_to(int q, std::size_t i, std::size_t at, const std::byte* from, std::size_t n,
+                const reducer& r, bool stream) {
+    if constexpr (registered_memory_transport<Transport>) {
+      if (std::byte* mapped = mapped_of(q, i); mapped != nullptr) {
+        transport_.with_peer(q, [&] {
+          if (stream) {
+            r.stream(mapped + at, from, n);
+          } else {
+            r.copy(mapped + at, from, n);
+          }
+          r.settle();
+        });
+        wire_.count(n, 0);
+        return;
+      }
+    }
+    wire_.write_peer(q, buffer_of(q, i) + at, {from, n});
+  }
   static std::string describe_shared(std::uint64_t kind, std::uint64_t bytes) {
     static constexpr std::array<const char*, 5> names = {"?", "allreduce", "reduce_scatter",
                                                          "allgather", "broadcast"};
@@ -346,32 +495,79 @@ class executor {
     return text + " of " + std::to_string(bytes) + " bytes";
   }
 
+  // The first half of a one-barrier window round (`allgather_windows`): this round's half of
+  // every window (returned, rank q's at [q]), this rank's `bytes` from `from` published into
+  // its own when `mine`, a barrier, then `after_barrier()`.
+  template <class Check>
+  std::byte* const* publish(const std::byte* from, std::size_t bytes, const reducer& r,
+                            std::size_t& round, bool mine,
+                            Check&& after_barrier) requires direct_transport<Transport> {
+    const int size = transport_.size();
+    const std::size_t at = (round++ % 2) * (window_data_bytes(transport_) / 2);
+    windows_.resize(static_cast<std::size_t>(size));
+    for (int q = 0; q < size; ++q)
+      windows_[static_cast<std::size_t>(q)] = transport_.peer_view(q).data() + at;
+    if (mine) {
+      r.copy(windows_[static_cast<std::size_t>(transport_.rank())], from, bytes);
+      r.settle();
+    }
+    wire_.barrier();
+    after_barrier();
+    return windows_.data();
+  }
+
+  // Whether a peer-memory collective of `bytes` of output writes it with non-temporal stores.
+  bool streams(std::size_t bytes) const {
+    return tuning_.non_temporal_bytes != 0 && bytes >= tuning_.non_temporal_bytes;
+  }
+
   // Reduces `block` (of the whole buffer) over every rank into `out`, which holds the block's
   // elements: this rank's own elements are at `own`, peer q's input at `buffer_of(q, 0)`.
-  // Works in 256 KiB pieces read into the scratch; after each piece calls `after(byte offset
-  // of the piece in the whole buffer, elements)`.
+  // Works in 256 KiB pieces, each peer's read into the scratch (or reduced straight out of
+  // its registered memory); after each piece calls `after(byte offset of the piece in the
+  // whole buffer, elements, the reduced piece)`. With `stream`, each piece is reduced into a
+  // second scratch, still in cache when `after` reads it, and streamed into `out`
+  // (non-temporal stores: `out`'s lines are not read first).
   template <class AfterPiece>
   void reduce_block_from_peers(const std::byte* own, std::byte* out, index_range block,
-                               const reducer& r, AfterPiece&& after) {
+                               const reducer& r, bool stream, AfterPiece&& after) {
     const int size = transport_.size();
     const int me = transport_.rank();
     const std::size_t e = r.element_bytes;
     const std::size_t piece = std::max<std::size_t>(1, (std::size_t{256} << 10) / e);
-    std::byte* const scratch = scratch_.get(piece * e);
+    std::byte* const scratch = scratch_.get(2 * piece * e);
+    std::byte* const staged = scratch + piece * e;
+    stream = stream && size > 1;  // one rank: nothing to reduce into the scratch
     for (std::size_t i = 0; i < block.count; i += piece) {
       const std::size_t n = std::min(piece, block.count - i);
       const std::size_t at = (block.begin + i) * e;
+      std::byte* const got = stream ? staged : out + i * e;
       for (int k = 1; k < size; ++k) {
         const int q = wrap(me + k, size);
-        wire_.read_peer(q, buffer_of(q, 0) + at, {scratch, n * e});
-        if (k == 1 && own != out) {
-          r.reduce(out + i * e, own + i * e, scratch, n);
-        } else {
-          r.reduce_into(out + i * e, scratch, n);
+        const bool first = k == 1 && (stream || own != out);
+        const auto reduce = [&](const std::byte* theirs) {
+          if (first) {
+            r.reduce(got, own + i * e, theirs, n);
+          } else {
+            r.reduce_into(got, theirs, n);
+          }
+          r.settle();  // the scratch is read again for the next peer; a mapping is let go
+        };
+        if constexpr (registered_memory_transport<Transport>) {
+          if (std::byte* mapped = mapped_of(q, 0); mapped != nullptr) {
+            transport_.with_peer(q, [&] { reduce(mapped + at); });
+            wire_.count(0, n * e);
+            continue;
+          }
         }
-        r.settle();  // the scratch is read again for the next peer
+        wire_.read_peer(q, buffer_of(q, 0) + at, {scratch, n * e});
+        reduce(scratch);
       }
-      after(at, n);
+      if (stream) {
+        r.stream(out + i * e, staged, n * e);
+        r.settle();
+      }
+      after(at, n, got);
     }
   }
 
@@ -460,6 +656,8 @@ class executor {
   wire<Transport> wire_;
   scratch_ref scratch_;
   std::vector<std::uint64_t>& addresses_;
+  std::array<std::size_t, 2> extent_ = {0, 0};  // the bytes at each shared address
+  std::vector<std::byte*> windows_;             // `publish`'s half of every window
   std::vector<completion_type>& pending_;
   std::deque<completion_type>& sends_;
   collective_tuning tuning_;
