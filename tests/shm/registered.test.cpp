@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../support/collective_checks.hpp"
@@ -234,6 +235,37 @@ TEST_SUITE("shm_registered") {
         ++failures;
       }
       return failures == 0 ? 0 : 1;
+    });
+  }
+}
+
+TEST_SUITE("shm_registered") {
+  TEST_CASE("a peer that failed closes its registered memory: with_peer refuses it, naming why") {
+    test::expect_ranks_succeed(2, [](const shm_job& me) {
+      shm_transport t(me, squall::options{.deadline = 20s});
+      squall::registered_buffer<int> buffer = t.allocate<int>(16);
+      t.barrier().wait();
+      if (me.rank == 1) {
+        t.abandon("rank 1 leaves on purpose");
+        return 0;
+      }
+      // until rank 1 has recorded its failure, rank 0 may touch its memory; then never again
+      const auto give_up = std::chrono::steady_clock::now() + 10s;
+      while (std::chrono::steady_clock::now() < give_up) {
+        bool ran = false;
+        try {
+          t.with_peer(1, [&] { ran = true; });
+        } catch (const squall::peer_failure& e) {
+          if (ran || std::string(e.what()).find("rank 1 leaves on purpose") == std::string::npos) {
+            std::fprintf(stderr, "rank 0: %s (ran: %d)\n", e.what(), ran ? 1 : 0);
+            return 1;
+          }
+          return 0;
+        }
+        std::this_thread::sleep_for(1ms);
+      }
+      std::fprintf(stderr, "rank 0: with_peer still ran 10 s after rank 1 failed\n");
+      return 1;
     });
   }
 }
