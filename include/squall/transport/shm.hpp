@@ -914,28 +914,15 @@ class shm_transport {
     const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
     const std::size_t mapped = (bytes + page - 1) / page * page;
     const std::uint64_t id = ++state_->registrations;
-    auto [fd, local] = detail::shm::registry::make_local(mapped, where);
-    detail::shm::registry::region made{.id = id,
-                                       .bytes = mapped,
-                                       .address = std::vector<std::uint64_t>(size_t_size()),
-                                       .here = std::vector<std::byte*>(size_t_size())};
-    made.here[static_cast<std::size_t>(rank())] = local;
-    struct closer {  // this rank's descriptor, and the mappings until the registry owns them
-      int fd;
-      detail::shm::registry::region* region;
-      ~closer() {
-        close(fd);
-        if (region == nullptr) return;
-        for (std::byte* p : region->here)
-          if (p != nullptr) munmap(p, region->bytes);
-      }
-    } cleanup{fd, &made};
+    const auto ranks = static_cast<std::size_t>(size());
+    detail::shm::registry::draft next(id, mapped, ranks, rank(), where);
+    std::byte* const local = next.made.here[static_cast<std::size_t>(rank())];
     const detail::shm::registration_record mine{.id = id,
                                                 .bytes = bytes,
                                                 .address = reinterpret_cast<std::uint64_t>(local),
                                                 .pid = static_cast<std::int32_t>(getpid()),
-                                                .fd = fd};
-    std::vector<detail::shm::registration_record> all(size_t_size());
+                                                .fd = next.fd};
+    std::vector<detail::shm::registration_record> all(ranks);
     all[static_cast<std::size_t>(rank())] = mine;
     {
       std::vector<shm_completion> pending;
@@ -963,15 +950,14 @@ class shm_transport {
     // every rank has checked the same table: all open their peers' files, or none does
     for (int q = 0; q < size(); ++q) {
       const detail::shm::registration_record& theirs = all[static_cast<std::size_t>(q)];
-      made.address[static_cast<std::size_t>(q)] = theirs.address;
+      next.made.address[static_cast<std::size_t>(q)] = theirs.address;
       if (q != rank()) {
-        made.here[static_cast<std::size_t>(q)] =
+        next.made.here[static_cast<std::size_t>(q)] =
             detail::shm::registry::map_peer(theirs.pid, theirs.fd, mapped);
       }
     }
     barrier().wait();  // every peer has opened this rank's memory file: it may be closed
-    state_->registered->add(std::move(made));
-    cleanup.region = nullptr;
+    state_->registered->add(next);
     return {state_->registered, id, local, bytes};
   }
 
@@ -1037,8 +1023,6 @@ class shm_transport {
       done += state_->copy_with_peer(peer, where, local + done, remote + done, bytes - done, write);
     }
   }
-
-  std::size_t size_t_size() const { return static_cast<std::size_t>(size()); }
 
   void check_peer(const char* what, int peer) const {
     state_->check_healthy({.operation = what, .rank = rank(), .peer = peer});

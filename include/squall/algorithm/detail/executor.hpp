@@ -136,6 +136,7 @@ struct scratch_ref {
 template <class Transport>
 struct executor_buffers {
   std::vector<std::uint64_t> addresses;
+  std::vector<std::byte*> mapped;  ///< where each peer's shared buffers lie here (issue 22)
   std::vector<completion_of<Transport>> pending;  ///< a step's receives, or an exchange
   std::deque<completion_of<Transport>> sends;     ///< sends in flight
   traffic moved;  ///< bytes moved since the communicator's last reset (every collective)
@@ -155,6 +156,7 @@ class executor {
         wire_(transport, buffers.moved),
         scratch_(scratch),
         addresses_(buffers.addresses),
+        mapped_(buffers.mapped),
         pending_(buffers.pending),
         sends_(buffers.sends),
         tuning_(tuning) {}
@@ -201,7 +203,7 @@ class executor {
     for (std::size_t offset = 0; offset < count; offset += per_round, ++round) {
       const std::size_t m = std::min(per_round, count - offset);
       const std::size_t at = (round % 2) * half;
-      auto window = [&](int q) { return transport_.peer_view(q).data() + at; };
+      const auto window = [&](int q) { return window_of(q, at); };
       std::byte* chunk = data + offset * r.element_bytes;
       // step 0: publish this rank's data.
       r.copy(window(me), chunk, m * r.element_bytes);
@@ -251,10 +253,10 @@ class executor {
                          Check&& after_barrier) requires direct_transport<Transport> {
     const int size = transport_.size();
     const int me = transport_.rank();
-    std::byte* const* windows = publish(in, block_bytes, r, round, true, after_barrier);
+    const std::size_t half = publish(in, block_bytes, r, round, true, after_barrier);
     for (int k = 1; k < size; ++k) {
       const int q = wrap(me + k, size);
-      r.copy(out + static_cast<std::size_t>(q) * block_bytes, windows[q], block_bytes);
+      r.copy(out + static_cast<std::size_t>(q) * block_bytes, window_of(q, half), block_bytes);
     }
     std::byte* const mine = out + static_cast<std::size_t>(me) * block_bytes;
     if (in != mine) r.copy(mine, in, block_bytes);
@@ -273,12 +275,12 @@ class executor {
     const int size = transport_.size();
     const int me = transport_.rank();
     const std::size_t e = r.element_bytes;
-    std::byte* const* windows = publish(in, count * e, r, round, true, after_barrier);
+    const std::size_t half = publish(in, count * e, r, round, true, after_barrier);
     const index_range block =
         split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
     const std::size_t at = block.begin * e;
     for (int k = 1; k < size; ++k) {
-      const std::byte* theirs = windows[wrap(me + k, size)] + at;
+      const std::byte* theirs = window_of(wrap(me + k, size), half) + at;
       if (k == 1) {
         r.reduce(out, in + at, theirs, block.count);
       } else {
@@ -297,9 +299,9 @@ class executor {
                          std::size_t& round,
                          Check&& after_barrier) requires direct_transport<Transport> {
     const bool mine = transport_.rank() == root;
-    std::byte* const* windows = publish(data, bytes, r, round, mine, after_barrier);
+    const std::size_t half = publish(data, bytes, r, round, mine, after_barrier);
     if (!mine) {
-      r.copy(data, windows[root], bytes);
+      r.copy(data, window_of(root, half), bytes);
       r.settle();
       wire_.count(0, bytes);
     } else {
@@ -433,57 +435,62 @@ class executor {
                 ", this rank " + describe_shared(kind, bytes));
       }
     }
+    if constexpr (registered_memory_transport<Transport>) {
+      mapped_.assign(2 * static_cast<std::size_t>(size), nullptr);
+      for (int q = 0; q < size; ++q) {
+        const std::uint64_t* theirs = &addresses_[shared_words * static_cast<std::size_t>(q)];
+        for (std::size_t i = 0; i < 2; ++i) {
+          mapped_[2 * static_cast<std::size_t>(q) + i] =
+              transport_.mapped_peer(q, theirs[4 + i], theirs[2 + i], extent_[i]);
+        }
+      }
+    }
   }
   std::uint64_t buffer_of(int q, std::size_t i) const {
     return addresses_[shared_words * static_cast<std::size_t>(q) + 2 + i];
   }
-  // Where q's buffer i lies in this process when it is registered memory this rank maps
-  // (issue 22: plain loads and stores), else null (cross-memory copies).
-  std::byte* mapped_of(int q, std::size_t i) const {
+  // When q's buffer i is registered memory this rank maps (issue 22: plain loads and
+  // stores), runs `use(where it lies in this process)` under `with_peer`, counts `n` bytes
+  // this rank reads from it or writes into it (`reads`) and returns true; else false (the
+  // caller moves them by cross-memory copy).
+  template <class Use>
+  bool through_mapping(int q, std::size_t i, bool reads, std::size_t n, Use&& use) {
     if constexpr (registered_memory_transport<Transport>) {
-      return transport_.mapped_peer(q,
-                                    addresses_[shared_words * static_cast<std::size_t>(q) + 4 + i],
-                                    buffer_of(q, i), extent_[i]);
+      std::byte* const mapped = mapped_[2 * static_cast<std::size_t>(q) + i];
+      if (mapped == nullptr) return false;
+      transport_.with_peer(q, [&] { use(mapped); });
+      wire_.count(reads ? 0 : n, reads ? n : 0);
+      return true;
     } else {
-      return nullptr;
+      return false;
     }
   }
-  // Reads `n` bytes at offset `at` of q's buffer 0 into `into`: a copy out of its mapping
-  // when registered (under `with_peer`), else a cross-memory read.
+  // Reads `n` bytes at offset `at` of q's buffer 0 into `into`.
   void read_into(int q, std::size_t at, std::byte* into, std::size_t n, bool stream) {
-    if constexpr (registered_memory_transport<Transport>) {
-      if (std::byte* mapped = mapped_of(q, 0); mapped != nullptr) {
-        transport_.with_peer(q, [&] {
+    if (through_mapping(q, 0, true, n, [&](const std::byte* mapped) {
           if (stream) {
             kernels::stream_copy(into, mapped + at, n);  // host memory: a registered transport's
           } else {
             std::memcpy(into, mapped + at, n);
           }
-        });
-        wire_.count(0, n);
-        return;
-      }
+        })) {
+      return;
     }
     wire_.read_peer(q, buffer_of(q, 0) + at, {into, n});
   }
-  // Writes `n` bytes at `from` to offset `at` of q's buffer i: a copy into its mapping when
-  // registered (under `with_peer`; non-temporal stores where `stream`), else a cross-memory
-  // write.
+  // Writes `n` bytes at `from` to offset `at` of q's buffer i (non-temporal stores where
+  // `stream` and mapped).
   void write_to(int q, std::size_t i, std::size_t at, const std::byte* from, std::size_t n,
                 const reducer& r, bool stream) {
-    if constexpr (registered_memory_transport<Transport>) {
-      if (std::byte* mapped = mapped_of(q, i); mapped != nullptr) {
-        transport_.with_peer(q, [&] {
+    if (through_mapping(q, i, false, n, [&](std::byte* mapped) {
           if (stream) {
             r.stream(mapped + at, from, n);
           } else {
             r.copy(mapped + at, from, n);
           }
           r.settle();
-        });
-        wire_.count(n, 0);
-        return;
-      }
+        })) {
+      return;
     }
     wire_.write_peer(q, buffer_of(q, i) + at, {from, n});
   }
@@ -495,25 +502,25 @@ class executor {
     return text + " of " + std::to_string(bytes) + " bytes";
   }
 
-  // The first half of a one-barrier window round (`allgather_windows`): this round's half of
-  // every window (returned, rank q's at [q]), this rank's `bytes` from `from` published into
-  // its own when `mine`, a barrier, then `after_barrier()`.
+  // The first half of a one-barrier window round (`allgather_windows`): this rank's `bytes`
+  // from `from` published into this round's half of its window when `mine`, a barrier, then
+  // `after_barrier()`. Returns the half's offset in every window (`window_of`).
   template <class Check>
-  std::byte* const* publish(const std::byte* from, std::size_t bytes, const reducer& r,
-                            std::size_t& round, bool mine,
-                            Check&& after_barrier) requires direct_transport<Transport> {
-    const int size = transport_.size();
+  std::size_t publish(const std::byte* from, std::size_t bytes, const reducer& r,
+                      std::size_t& round, bool mine,
+                      Check&& after_barrier) requires direct_transport<Transport> {
     const std::size_t at = (round++ % 2) * (window_data_bytes(transport_) / 2);
-    windows_.resize(static_cast<std::size_t>(size));
-    for (int q = 0; q < size; ++q)
-      windows_[static_cast<std::size_t>(q)] = transport_.peer_view(q).data() + at;
     if (mine) {
-      r.copy(windows_[static_cast<std::size_t>(transport_.rank())], from, bytes);
+      r.copy(window_of(transport_.rank(), at), from, bytes);
       r.settle();
     }
     wire_.barrier();
     after_barrier();
-    return windows_.data();
+    return at;
+  }
+  // Rank q's window, from offset `at`.
+  std::byte* window_of(int q, std::size_t at) requires direct_transport<Transport> {
+    return transport_.peer_view(q).data() + at;
   }
 
   // Whether a peer-memory collective of `bytes` of output writes it with non-temporal stores.
@@ -553,12 +560,9 @@ class executor {
           }
           r.settle();  // the scratch is read again for the next peer; a mapping is let go
         };
-        if constexpr (registered_memory_transport<Transport>) {
-          if (std::byte* mapped = mapped_of(q, 0); mapped != nullptr) {
-            transport_.with_peer(q, [&] { reduce(mapped + at); });
-            wire_.count(0, n * e);
-            continue;
-          }
+        if (through_mapping(q, 0, true, n * e,
+                            [&](const std::byte* mapped) { reduce(mapped + at); })) {
+          continue;
         }
         wire_.read_peer(q, buffer_of(q, 0) + at, {scratch, n * e});
         reduce(scratch);
@@ -656,8 +660,8 @@ class executor {
   wire<Transport> wire_;
   scratch_ref scratch_;
   std::vector<std::uint64_t>& addresses_;
+  std::vector<std::byte*>& mapped_;             // where each peer's buffers lie here, if mapped
   std::array<std::size_t, 2> extent_ = {0, 0};  // the bytes at each shared address
-  std::vector<std::byte*> windows_;             // `publish`'s half of every window
   std::vector<completion_type>& pending_;
   std::deque<completion_type>& sends_;
   collective_tuning tuning_;

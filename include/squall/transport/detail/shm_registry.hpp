@@ -25,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <system_error>
+#include <tuple>
 #include <type_traits>
 #include <unistd.h>
 #include <utility>
@@ -51,6 +52,28 @@ class registry {
     std::size_t bytes = 0;               ///< mapped length (whole pages)
     std::vector<std::uint64_t> address;  ///< each rank's address of its own memory
     std::vector<std::byte*> here;        ///< where each rank's memory lies in this process, or null
+  };
+
+  /// A registration being made: this rank's memory file (`make_local`), its descriptor
+  /// (closed when the draft ends: by then every peer has opened it, or the registration
+  /// failed) and the region's mappings, unmapped at the end unless `add`ed.
+  struct draft {
+    region made;
+    int fd;
+    draft(std::uint64_t id, std::size_t bytes, std::size_t ranks, int rank,
+          const error_context& where)
+        : made{.id = id,
+               .bytes = bytes,
+               .address = std::vector<std::uint64_t>(ranks),
+               .here = std::vector<std::byte*>(ranks)} {
+      std::tie(fd, made.here[static_cast<std::size_t>(rank)]) = make_local(bytes, where);
+    }
+    draft(const draft&) = delete;
+    draft& operator=(const draft&) = delete;
+    ~draft() {
+      close(fd);
+      unmap(made);
+    }
   };
 
   explicit registry(int rank) : rank_(rank) {}
@@ -93,9 +116,11 @@ class registry {
     return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
   }
 
-  void add(region r) {
+  /// Keeps `d`'s region (its mappings now the registry's, unmapped by `remove`).
+  void add(draft& d) {
     const std::lock_guard lock(mutex_);
-    regions_.push_back(std::move(r));
+    regions_.push_back(d.made);
+    d.made.here.clear();
   }
 
   /// Unmaps registration `id` here (this rank's memory and its mappings of the peers').
