@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // squall-mpi-bench: a plain MPI program (no squall headers) that times MPI_Allreduce,
-// MPI_Allgather, MPI_Reduce_scatter_block or MPI_Bcast of float data against the MPI library's
-// own PMPI_* of the same call, interleaved in one run. Run it with libsquall_mpi.so preloaded
-// (scripts/bench.sh does: SQUALL_BENCH=interpose) and the "squall" column is the interposed
-// call; without it both columns are MPI's.
+// MPI_Iallreduce + MPI_Wait, MPI_Allgather, MPI_Reduce_scatter_block or MPI_Bcast of float data
+// against the MPI library's own PMPI_* of the same calls, interleaved in one run. Run it with
+// libsquall_mpi.so preloaded (scripts/bench.sh does: SQUALL_BENCH=interpose) and the "squall"
+// column is the interposed call; without it both columns are MPI's.
 //
-//   mpiexec -n P env LD_PRELOAD=libsquall_mpi.so squall-mpi-bench [--op allreduce|allgather|
-//       reduce_scatter|bcast|barrier] [-b 4K] [-e 256M] [-f 4] [--reps 5]
+//   mpiexec -n P env LD_PRELOAD=libsquall_mpi.so squall-mpi-bench [--op allreduce|iallreduce|
+//       allgather|reduce_scatter|bcast|barrier] [-b 4K] [-e 256M] [-f 4] [--reps 5]
 //
 // Sizes from -b to -e, each -f times the last. Per size (bytes of the whole result, as nccl-tests
 // counts): the time of one call (best of
@@ -62,6 +62,15 @@ int run_op(const std::string& op, const std::vector<float>& in, std::vector<floa
                : MPI_Reduce_scatter_block(in.data(), out.data(), block, MPI_FLOAT, MPI_SUM,
                                           MPI_COMM_WORLD);
   }
+  if (op == "iallreduce") {  // started and waited for at once: the non-blocking path's cost
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int code = mpi ? PMPI_Iallreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM,
+                                           MPI_COMM_WORLD, &request)
+                         : MPI_Iallreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM,
+                                          MPI_COMM_WORLD, &request);
+    if (code != MPI_SUCCESS) return code;
+    return mpi ? PMPI_Wait(&request, MPI_STATUS_IGNORE) : MPI_Wait(&request, MPI_STATUS_IGNORE);
+  }
   if (op == "barrier") return mpi ? PMPI_Barrier(MPI_COMM_WORLD) : MPI_Barrier(MPI_COMM_WORLD);
   return mpi ? PMPI_Bcast(out.data(), count, MPI_FLOAT, 0, MPI_COMM_WORLD)
              : MPI_Bcast(out.data(), count, MPI_FLOAT, 0, MPI_COMM_WORLD);
@@ -95,8 +104,8 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
   }
-  if (op != "allreduce" && op != "allgather" && op != "reduce_scatter" && op != "bcast" &&
-      op != "barrier") {
+  if (op != "allreduce" && op != "iallreduce" && op != "allgather" && op != "reduce_scatter" &&
+      op != "bcast" && op != "barrier") {
     if (rank == 0) std::fprintf(stderr, "squall-mpi-bench: unknown --op %s\n", op.c_str());
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
@@ -110,7 +119,8 @@ int main(int argc, char** argv) {
   // busbw factor, as nccl-tests: allreduce 2(P-1)/P, allgather and reduce-scatter (P-1)/P,
   // broadcast 1.
   const double p = size;
-  const double factor = op == "allreduce" ? 2 * (p - 1) / p : op == "bcast" ? 1.0 : (p - 1) / p;
+  const bool reduces_all = op == "allreduce" || op == "iallreduce";
+  const double factor = reduces_all ? 2 * (p - 1) / p : op == "bcast" ? 1.0 : (p - 1) / p;
   if (rank == 0) {
     char host[MPI_MAX_PROCESSOR_NAME] = {};
     int length = 0;

@@ -3,8 +3,10 @@
 // profiling interface. Preload it (LD_PRELOAD, `mpiexec -x LD_PRELOAD=...` with Open MPI,
 // `-genv LD_PRELOAD ...` with MPICH) or link it before the MPI library.
 //
-// It defines MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Bcast and
-// MPI_Barrier (and MPI_Init, MPI_Init_thread, MPI_Finalize to set up and tear down). A call it
+// It defines MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Bcast, MPI_Barrier
+// and MPI_Iallreduce (and MPI_Init, MPI_Init_thread, MPI_Finalize to set up and tear down; the
+// completion calls MPI_Wait, MPI_Test, their -all, -any and -some forms, MPI_Request_get_status,
+// MPI_Request_free and MPI_Cancel, which pass everything but squall's requests to MPI). A call it
 // can prove it handles identically on every rank runs squall's communicator on a private
 // duplicate of the caller's communicator: shared memory when every rank of the communicator is
 // on this host; across hosts, the allreduce in tiers (shared memory inside each host,
@@ -24,8 +26,10 @@
 // - allgather and bcast: any signature whose bytes per rank are a multiple of 4, at least
 //   SQUALL_MPI_MIN_BYTES bytes in all (the data moves as 32-bit words, no arithmetic);
 // - barrier: once squall holds state for the communicator (a handled call made it);
+// - iallreduce: as allreduce, on communicators within one host (shared memory) once squall
+//   holds the communicator (as barrier);
 // - never: intercommunicators, user-defined ops, MPI_PROD and the logical, bitwise and
-//   MAXLOC/MINLOC ops, mixed-type signatures, the non-blocking forms, MPI_Init not called
+//   MAXLOC/MINLOC ops, mixed-type signatures, the other non-blocking forms, MPI_Init not called
 //   through this library (then it stays off), and Fortran callers (Open MPI's Fortran
 //   bindings call PMPI_* directly, so the profiling interface never sees them).
 //
@@ -40,8 +44,8 @@
 //   SQUALL_RANKS_PER_NODE k: nodes of k consecutive ranks of each communicator instead of the
 //                         hosts (to run the tiers on one host).
 //   SQUALL_MPI_COLLECTIVES  which ones squall may take: a comma list of allreduce, allgather,
-//                         reduce_scatter_block, bcast, barrier, or all (default: the first
-//                         three; bcast and barrier were no faster than Open MPI's at P = 2).
+//                         reduce_scatter_block, bcast, barrier, iallreduce, or all (default:
+//                         all but bcast and barrier, no faster than Open MPI's at P = 2).
 //   SQUALL_MPI_COMPRESSOR cast[:fp16|bf16|e4m3|e5m2|e4m3_sr|e5m2_sr], int8 or hq[:BITS]: lossy
 //                         compression of float32 MPI_SUM allreduces (off by default).
 //   SQUALL_MPI_COMPRESSOR_COMMS  compress only on communicators of these names (comma list).
@@ -65,6 +69,7 @@
 #include <algorithm>  // find, min
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -77,6 +82,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <thread>       // this_thread
 #include <type_traits>  // is_same_v
 #include <unistd.h>     // getpid
 #include <utility>      // exchange
@@ -89,13 +95,22 @@ using squall::host_view;
 
 // ---- configuration ------------------------------------------------------------------------
 
-enum call_kind : int { allreduce, allgather, reduce_scatter_block, bcast, barrier, kinds };
+enum call_kind : int {
+  allreduce,
+  allgather,
+  reduce_scatter_block,
+  bcast,
+  barrier,
+  iallreduce,
+  kinds
+};
 constexpr std::array<const char*, kinds> call_names = {
-    "MPI_Allreduce", "MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Bcast", "MPI_Barrier"};
+    "MPI_Allreduce", "MPI_Allgather", "MPI_Reduce_scatter_block",
+    "MPI_Bcast",     "MPI_Barrier",   "MPI_Iallreduce"};
 
 /// The collectives' names in SQUALL_MPI_COLLECTIVES.
 constexpr std::array<std::string_view, kinds> collective_names = {
-    "allreduce", "allgather", "reduce_scatter_block", "bcast", "barrier"};
+    "allreduce", "allgather", "reduce_scatter_block", "bcast", "barrier", "iallreduce"};
 
 /// The non-empty items of a comma-separated list ("a,,b" -> a, b).
 std::vector<std::string_view> comma_list(std::string_view text) {
@@ -121,7 +136,7 @@ struct config {
   /// SQUALL_MPI_COLLECTIVES: which collectives squall may take. Broadcast and barrier are off
   /// by default: squall-mpi-bench found them at parity or behind Open MPI's at P = 2
   /// (docs/performance.md), and the library must not make a program slower.
-  std::array<bool, kinds> takes = {true, true, true, false, false};
+  std::array<bool, kinds> takes = {true, true, true, false, false, true};
   std::string compressor;                  ///< SQUALL_MPI_COMPRESSOR; empty: none
   std::vector<std::string> compress_only;  ///< SQUALL_MPI_COMPRESSOR_COMMS; empty: every one
   std::string problem;  ///< the first malformed variable, named; squall is then off
@@ -199,7 +214,8 @@ struct config {
           c.takes[static_cast<std::size_t>(which - collective_names.begin())] = true;
         } else if (c.problem.empty()) {
           c.problem = "SQUALL_MPI_COLLECTIVES: '" + std::string(name) +
-                      "' is not all, allreduce, allgather, reduce_scatter_block, bcast or barrier";
+                      "' is not all, allreduce, allgather, reduce_scatter_block, bcast, barrier "
+                      "or iallreduce";
         }
       }
     }
@@ -389,6 +405,7 @@ class staged {
 /// error feedback whose residual would need one).
 template <class Transport, class C>
 struct squall_communicator {
+  using transport_type = Transport;
   using type = squall::communicator<Transport, squall::automatic_topology, C>;
   static constexpr bool compresses = !std::is_same_v<C, squall::identity_compressor>;
   std::unique_ptr<type> comm;
@@ -451,10 +468,26 @@ struct comm_state {
   }
 };
 
+/// An MPI_Iallreduce squall runs: its request on the progress thread of the communicator's
+/// squall communicator, the buffers as squall sees them (a non-contiguous layout's packed copy,
+/// unpacked when it completes) and where a failure is reported.
+struct pending_call {
+  squall::request work;
+  std::optional<staged> out;
+  std::optional<staged> in;
+  const comm_state* state = nullptr;  ///< whose communicator runs it
+  MPI_Comm user = MPI_COMM_NULL;      ///< the caller's communicator (its error handler)
+  int* code = nullptr;                ///< the generalized request's outcome (`grequest_query`)
+};
+
 struct library {
-  std::mutex lock;      ///< guards `states` and the counters (MPI_THREAD_MULTIPLE)
-  bool agreed = false;  ///< every rank holds the same settings (MPI_Init said)
-  bool on = false;      ///< agreed and enabled
+  std::mutex lock;          ///< guards `states` and the counters (MPI_THREAD_MULTIPLE)
+  std::mutex pending_lock;  ///< guards `pending`
+  /// The MPI_Iallreduce calls squall runs, by the generalized request the program holds.
+  std::map<MPI_Request, std::unique_ptr<pending_call>> pending;
+  std::atomic<std::size_t> in_flight{0};  ///< `pending`'s size, read without the lock
+  bool agreed = false;                    ///< every rank holds the same settings (MPI_Init said)
+  bool on = false;                        ///< agreed and enabled
   config settings;
   int keyval = MPI_KEYVAL_INVALID;
   std::map<comm_state*, std::unique_ptr<comm_state>> states;
@@ -514,8 +547,11 @@ bool usable(call_kind kind, MPI_Comm comm, std::uint64_t bytes) {
   return PMPI_Comm_test_inter(comm, &inter) == MPI_SUCCESS && inter == 0;
 }
 
+void finish_pending_of(const comm_state* state);
+
 int delete_state(MPI_Comm, int, void* value, void*) {
   library& l = lib();
+  finish_pending_of(static_cast<const comm_state*>(value));  // its requests end first
   std::unique_ptr<comm_state> state;
   {
     const std::lock_guard guard(l.lock);
@@ -792,6 +828,7 @@ void stop() {
       }
     }
   }
+  finish_pending_of(nullptr);  // every MPI_Iallreduce still running (the program's error)
   std::vector<MPI_Comm> held;
   {
     const std::lock_guard guard(l.lock);
@@ -907,6 +944,226 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
     });
     out.unpack();
   });
+}
+
+// ---- the non-blocking allreduce ----------------------------------------------------------
+//
+// An MPI_Iallreduce squall handles starts squall's iallreduce (its progress thread moves it)
+// and gives the program a generalized request (MPI_Grequest_start), which MPI completes only
+// when told to (MPI_Grequest_complete). squall tells it from the program's own thread, inside
+// the completion calls it intercepts (MPI_Wait, MPI_Test and their -all, -any and -some forms,
+// MPI_Request_get_status): those look the program's requests up in `library::pending`,
+// complete the ones squall has finished, then call PMPI_* on the whole array. A blocking one
+// polls (squall's requests and PMPI_Test* of the whole array, which also moves MPI's own
+// requests on) until done, so that a program waiting on squall's request while a peer waits on
+// one of its MPI sends still progresses. No MPI call is made from squall's thread: any thread
+// level works. Only communicators on one host (shared memory) take it: across hosts squall's
+// thread would call MPI. Only once squall holds the communicator, as MPI_Barrier: making its
+// state is a blocking collective (MPI_Comm_dup, the shared-memory job), which MPI_Iallreduce
+// must not be (a peer may first wait for a message this rank sends after it). Freeing or
+// cancelling a pending one is erroneous in MPI (3.1, section 5.12) and is refused with
+// MPI_ERR_REQUEST.
+
+int grequest_query(void* code, MPI_Status* status) {
+  PMPI_Status_set_elements(status, MPI_BYTE, 0);
+  PMPI_Status_set_cancelled(status, 0);
+  status->MPI_SOURCE = MPI_UNDEFINED;
+  status->MPI_TAG = MPI_UNDEFINED;
+  status->MPI_ERROR = *static_cast<int*>(code);
+  return *static_cast<int*>(code);
+}
+int grequest_free(void* code) {
+  delete static_cast<int*>(code);
+  return MPI_SUCCESS;
+}
+int grequest_cancel(void*, int) { return MPI_SUCCESS; }  // a collective is never cancelled
+
+/// Ends `call` (done, or failed with `failure`'s message): its packed output unpacked, its
+/// outcome recorded, its generalized request completed. Returns whether it failed (printed; the
+/// caller hands it to the communicator's error handler, as the blocking calls do).
+bool complete(MPI_Request request, pending_call& call, const std::exception* failure) {
+  std::string why;
+  if (failure != nullptr) {
+    why = failure->what();
+  } else {
+    try {
+      call.out->unpack();
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  *call.code = why.empty() ? MPI_SUCCESS : MPI_ERR_OTHER;
+  PMPI_Grequest_complete(request);
+  if (!why.empty()) std::fprintf(stderr, "squall_mpi: MPI_Iallreduce: %s\n", why.c_str());
+  return !why.empty();
+}
+
+/// Completes those of `requests` (`n` handles) that are squall's and done; with `wait`,
+/// waits for every one squall runs on `of` instead (every one, if null: MPI_Finalize, or a
+/// communicator freed). Returns how many of `requests` are squall's and still running.
+std::size_t settle(int n, const MPI_Request* requests, bool wait = false,
+                   const comm_state* of = nullptr) {
+  library& l = lib();
+  if (l.in_flight.load(std::memory_order_acquire) == 0) return 0;
+  std::size_t running = 0;
+  std::vector<MPI_Comm> failed;
+  {
+    const std::lock_guard guard(l.pending_lock);
+    // Whether the call `it` names is over (then completed and dropped).
+    const auto over = [&](std::map<MPI_Request, std::unique_ptr<pending_call>>::iterator it) {
+      pending_call& call = *it->second;
+      bool failure = false;
+      try {
+        if (wait) {
+          call.work.wait();
+        } else if (!call.work.test()) {
+          return false;
+        }
+        failure = complete(it->first, call, nullptr);
+      } catch (const std::exception& e) {
+        failure = complete(it->first, call, &e);
+      }
+      if (failure) failed.push_back(call.user);
+      l.pending.erase(it);
+      l.in_flight.fetch_sub(1, std::memory_order_release);
+      return true;
+    };
+    if (wait) {
+      for (auto it = l.pending.begin(); it != l.pending.end();) {
+        const auto next = std::next(it);
+        if (of == nullptr || it->second->state == of) over(it);
+        it = next;
+      }
+    } else {
+      for (int i = 0; i < n; ++i) {
+        const auto it = l.pending.find(requests[i]);
+        if (it != l.pending.end() && !over(it)) ++running;
+      }
+    }
+  }
+  for (MPI_Comm user : failed) PMPI_Comm_call_errhandler(user, MPI_ERR_OTHER);
+  return running;
+}
+
+void finish_pending_of(const comm_state* state) { settle(0, nullptr, true, state); }
+
+/// A blocking completion call on `requests`: straight to MPI (`test(nullptr)`: the PMPI_Wait*
+/// form) when none is squall's, else polls squall's and `test(&flag)` (the PMPI_Test* form of
+/// the same call, which moves MPI's requests on) until `flag`. squall's requests end by their
+/// own deadlines, so this ends too.
+template <class Test>
+int wait_polling(int n, const MPI_Request* requests, Test&& test) {
+  if (settle(n, requests) == 0) return test(nullptr);  // none of them is squall's
+  for (int round = 0;; ++round) {
+    settle(n, requests);
+    int flag = 0;
+    const int code = test(&flag);
+    if (code != MPI_SUCCESS || flag != 0) return code;
+    if (round < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+/// Whether `request` is an MPI_Iallreduce squall still runs (MPI_Request_free, MPI_Cancel).
+bool squall_runs(MPI_Request request, MPI_Comm* user) {
+  library& l = lib();
+  if (l.in_flight.load(std::memory_order_acquire) == 0) return false;
+  const std::lock_guard guard(l.pending_lock);
+  const auto it = l.pending.find(request);
+  if (it == l.pending.end()) return false;
+  *user = it->second->user;
+  return true;
+}
+
+/// MPI_Request_free or MPI_Cancel of a pending MPI_Iallreduce squall runs: erroneous in MPI.
+int refuse(const char* what, MPI_Comm user) {
+  std::fprintf(stderr,
+               "squall_mpi: %s of a pending MPI_Iallreduce: erroneous for a non-blocking "
+               "collective (MPI 3.1, section 5.12); wait for it instead\n",
+               what);
+  PMPI_Comm_call_errhandler(user, MPI_ERR_REQUEST);
+  return MPI_ERR_REQUEST;
+}
+
+template <class Fallback>
+int iallreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Datatype datatype,
+                    MPI_Op op, MPI_Comm comm, MPI_Request* request, Fallback fallback) {
+  const std::uint64_t bytes = bytes_of(count, datatype);
+  const base b =
+      usable(iallreduce, comm, bytes) && reducible(op) ? signature_base(datatype) : base::none;
+  bool started = false;
+  // Only once squall holds the communicator (a handled blocking call made its state, on every
+  // rank alike): making it is a blocking collective, which a non-blocking call must not be.
+  if (b != base::none && existing_state(comm) != nullptr) {
+    const int code = run_state(comm, [&](comm_state& state) {
+      if (state.hierarchy) return;  // across hosts: squall's thread would call MPI
+      std::visit(
+          [&](auto& holder) {
+            using holder_type = std::remove_reference_t<decltype(holder)>;
+            if constexpr (std::is_same_v<typename holder_type::transport_type,
+                                         squall::shm_transport>) {
+              auto call = std::make_unique<pending_call>();
+              call->state = &state;
+              call->user = comm;
+              const bool in_place = sendbuf == MPI_IN_PLACE;
+              call->out.emplace(recvbuf, count, datatype, comm);
+              if (!in_place) call->in.emplace(const_cast<void*>(sendbuf), count, datatype, comm);
+              if (in_place) call->out->pack();
+              if (call->in) call->in->pack();
+              with_type(b, [&]<class T>(T) {
+                with_op(op, [&](auto squall_op) {
+                  T* result = reinterpret_cast<T*>(call->out->bytes());
+                  const std::size_t n = elements<T>(bytes);
+                  constexpr bool float_sum = std::is_same_v<T, float> &&
+                                             std::is_same_v<decltype(squall_op), squall::sum_op>;
+                  auto& squall_comm = *holder.comm;
+                  if constexpr (holder_type::compresses && float_sum) {
+                    // in place, as the blocking call; the state of this count, which the
+                    // progress thread uses for one call at a time, in their order
+                    if (!in_place) std::memcpy(result, call->in->bytes(), bytes);
+                    auto state_of = holder.states.find(n);
+                    if (state_of == holder.states.end()) {
+                      state_of =
+                          holder.states.emplace(n, squall_comm.template make_state<float>(n)).first;
+                    }
+                    call->work = squall_comm.iallreduce(host_view<T>(result, n), state_of->second,
+                                                        squall_op);
+                    const std::lock_guard guard(lib().lock);
+                    ++lib().compressed;
+                  } else if (in_place) {
+                    call->work = squall_comm.iallreduce(host_view<T>(result, n), squall_op);
+                  } else {
+                    call->work = squall_comm.iallreduce(
+                        host_view<const T>(reinterpret_cast<const T*>(call->in->bytes()), n),
+                        host_view<T>(result, n), squall_op);
+                  }
+                });
+              });
+              call->code = new int(MPI_SUCCESS);
+              const int made = PMPI_Grequest_start(grequest_query, grequest_free, grequest_cancel,
+                                                   call->code, request);
+              if (made != MPI_SUCCESS) {
+                delete call->code;
+                call->work.wait();  // nothing may still write into the buffers
+                squall::detail::mpi_check(made, {.operation = "MPI_Iallreduce"},
+                                          "MPI_Grequest_start");
+              }
+              library& l = lib();
+              const std::lock_guard guard(l.pending_lock);
+              l.pending.emplace(*request, std::move(call));
+              l.in_flight.fetch_add(1, std::memory_order_release);
+              started = true;
+            }
+          },
+          state.impl);
+    });
+    if (code != MPI_SUCCESS) return code;
+  }
+  note(iallreduce, started, bytes);
+  return started ? MPI_SUCCESS : fallback();
 }
 
 template <class Fallback>
@@ -1042,6 +1299,86 @@ SQUALL_MPI_EXPORT int MPI_Allreduce(const void* sendbuf, void* recvbuf, int coun
   });
 }
 
+SQUALL_MPI_EXPORT int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count,
+                                     MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                                     MPI_Request* request) {
+  return iallreduce_call(sendbuf, recvbuf, count, datatype, op, comm, request, [&] {
+    return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
+  });
+}
+
+// The completion calls, for the MPI_Iallreduce requests squall runs (`wait_polling`).
+SQUALL_MPI_EXPORT int MPI_Wait(MPI_Request* request, MPI_Status* status) {
+  return wait_polling(1, request, [&](int* flag) {
+    return flag == nullptr ? PMPI_Wait(request, status) : PMPI_Test(request, flag, status);
+  });
+}
+
+SQUALL_MPI_EXPORT int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[]) {
+  return wait_polling(count, requests, [&](int* flag) {
+    return flag == nullptr ? PMPI_Waitall(count, requests, statuses)
+                           : PMPI_Testall(count, requests, flag, statuses);
+  });
+}
+
+SQUALL_MPI_EXPORT int MPI_Waitany(int count, MPI_Request requests[], int* index,
+                                  MPI_Status* status) {
+  return wait_polling(count, requests, [&](int* flag) {
+    return flag == nullptr ? PMPI_Waitany(count, requests, index, status)
+                           : PMPI_Testany(count, requests, index, flag, status);
+  });
+}
+
+SQUALL_MPI_EXPORT int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount,
+                                   int indices[], MPI_Status statuses[]) {
+  return wait_polling(incount, requests, [&](int* flag) {
+    if (flag == nullptr) return PMPI_Waitsome(incount, requests, outcount, indices, statuses);
+    const int code = PMPI_Testsome(incount, requests, outcount, indices, statuses);
+    *flag = *outcount != 0 ? 1 : 0;  // some completed, or none was active (MPI_UNDEFINED)
+    return code;
+  });
+}
+
+SQUALL_MPI_EXPORT int MPI_Test(MPI_Request* request, int* flag, MPI_Status* status) {
+  settle(1, request);
+  return PMPI_Test(request, flag, status);
+}
+
+SQUALL_MPI_EXPORT int MPI_Testall(int count, MPI_Request requests[], int* flag,
+                                  MPI_Status statuses[]) {
+  settle(count, requests);
+  return PMPI_Testall(count, requests, flag, statuses);
+}
+
+SQUALL_MPI_EXPORT int MPI_Testany(int count, MPI_Request requests[], int* index, int* flag,
+                                  MPI_Status* status) {
+  settle(count, requests);
+  return PMPI_Testany(count, requests, index, flag, status);
+}
+
+SQUALL_MPI_EXPORT int MPI_Testsome(int incount, MPI_Request requests[], int* outcount,
+                                   int indices[], MPI_Status statuses[]) {
+  settle(incount, requests);
+  return PMPI_Testsome(incount, requests, outcount, indices, statuses);
+}
+
+SQUALL_MPI_EXPORT int MPI_Request_get_status(MPI_Request request, int* flag, MPI_Status* status) {
+  settle(1, &request);
+  return PMPI_Request_get_status(request, flag, status);
+}
+
+SQUALL_MPI_EXPORT int MPI_Request_free(MPI_Request* request) {
+  MPI_Comm user = MPI_COMM_NULL;
+  if (squall_runs(*request, &user)) return refuse("MPI_Request_free", user);
+  return PMPI_Request_free(request);
+}
+
+SQUALL_MPI_EXPORT int MPI_Cancel(MPI_Request* request) {
+  MPI_Comm user = MPI_COMM_NULL;
+  if (squall_runs(*request, &user)) return refuse("MPI_Cancel", user);
+  return PMPI_Cancel(request);
+}
+
 SQUALL_MPI_EXPORT int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
                                                MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
   return reduce_scatter_block_call(sendbuf, recvbuf, recvcount, datatype, op, comm, [&] {
@@ -1069,6 +1406,14 @@ SQUALL_MPI_EXPORT int MPI_Allreduce_c(const void* sendbuf, void* recvbuf, MPI_Co
                                       MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
   return allreduce_call(sendbuf, recvbuf, count, datatype, op, comm, [&] {
     return PMPI_Allreduce_c(sendbuf, recvbuf, count, datatype, op, comm);
+  });
+}
+
+SQUALL_MPI_EXPORT int MPI_Iallreduce_c(const void* sendbuf, void* recvbuf, MPI_Count count,
+                                       MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                                       MPI_Request* request) {
+  return iallreduce_call(sendbuf, recvbuf, count, datatype, op, comm, request, [&] {
+    return PMPI_Iallreduce_c(sendbuf, recvbuf, count, datatype, op, comm, request);
   });
 }
 

@@ -14,11 +14,13 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 extern "C" int squall_mpi_counts(unsigned long long* handled, unsigned long long* passed,
@@ -47,8 +49,9 @@ bool expect_off() {
 /// library reads it; unset: allreduce, allgather and reduce_scatter_block).
 bool takes(const std::string& name) {
   const char* list = std::getenv("SQUALL_MPI_COLLECTIVES");
-  const std::string text = list != nullptr ? "," + std::string(list) + ","
-                                           : ",allreduce,allgather,reduce_scatter_block,";
+  const std::string text = list != nullptr
+                               ? "," + std::string(list) + ","
+                               : ",allreduce,allgather,reduce_scatter_block,iallreduce,";
   return text.find(",all,") != std::string::npos ||
          text.find("," + name + ",") != std::string::npos;
 }
@@ -424,6 +427,219 @@ TEST_CASE("split and duplicated communicators get their own state, freed with th
     MPI_Comm_free(&copy);
     MPI_Comm_free(&half);
   }
+}
+
+/// Whether squall takes an MPI_Iallreduce of `bytes` on `comm`: on one host only (shared
+/// memory: across hosts squall's progress thread would call MPI), once squall holds `comm`
+/// (`hold`).
+bool takes_iallreduce(MPI_Comm comm, std::size_t bytes) {
+  const char* transport = std::getenv("SQUALL_MPI_TRANSPORT");
+  return takes("iallreduce") && !expect_off() && bytes >= 4096 && !spans_nodes(comm) &&
+         (transport == nullptr || std::string(transport) != "mpi");
+}
+
+/// A blocking allreduce squall takes, so that it holds `comm` (as MPI_Barrier, MPI_Iallreduce
+/// goes to squall only then: making the state is a blocking collective).
+void hold(MPI_Comm comm) {
+  std::vector<float> data(4096, 1.0f);
+  MPI_Allreduce(MPI_IN_PLACE, data.data(), 4096, MPI_FLOAT, MPI_SUM, comm);
+  CHECK(data.front() == static_cast<float>(size_of(comm)));
+}
+
+/// The calls squall and MPI have taken so far.
+std::pair<unsigned long long, unsigned long long> routes() {
+  unsigned long long handled = 0, passed = 0;
+  squall_mpi_counts(&handled, &passed, nullptr);
+  return {handled, passed};
+}
+
+TEST_CASE("iallreduce: many in flight with MPI's own requests, completed every way, against PMPI") {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  {  // before squall holds the communicator, MPI takes it
+    std::vector<float> data(8192, 1.0f);
+    MPI_Request request = MPI_REQUEST_NULL;
+    expect_route(false, [&] {
+      return MPI_Iallreduce(MPI_IN_PLACE, data.data(), 8192, MPI_FLOAT, MPI_SUM, comm, &request);
+    });
+    REQUIRE(MPI_Wait(&request, MPI_STATUS_IGNORE) == MPI_SUCCESS);
+    CHECK(data.back() == static_cast<float>(size_of(comm)));
+  }
+  hold(comm);
+  const int rank = rank_of(comm);
+  const int size = size_of(comm);
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  // float, double and int64 sums, MIN and MAX, in and out of place, above and below the
+  // smallest size squall takes; each against PMPI_Allreduce of the same input
+  struct one {
+    std::vector<double> input, result, reference;
+    MPI_Op op;
+    bool in_place;
+  };
+  std::vector<one> calls;
+  for (const std::size_t count : {100ul, 5000ul, 70001ul, 300000ul}) {
+    for (MPI_Op op : {MPI_SUM, MPI_MAX}) {
+      const std::vector<double> input = data_of<double>(count, rank, static_cast<int>(count % 13));
+      calls.push_back({input, {}, std::vector<double>(count), op, calls.size() % 2 == 1});
+      calls.back().result = calls.back().in_place ? input : std::vector<double>(count);
+      REQUIRE(PMPI_Allreduce(input.data(), calls.back().reference.data(), static_cast<int>(count),
+                             MPI_DOUBLE, op, comm) == MPI_SUCCESS);
+    }
+  }
+  std::vector<float> floats = data_of<float>(40000, rank, 3), float_sum(40000);
+  PMPI_Allreduce(floats.data(), float_sum.data(), 40000, MPI_FLOAT, MPI_SUM, comm);
+  std::vector<std::int64_t> longs = data_of<std::int64_t>(9000, rank, 5), long_min(9000);
+  PMPI_Allreduce(longs.data(), long_min.data(), 9000, MPI_INT64_T, MPI_MIN, comm);
+
+  for (int how = 0; how < 5; ++how) {  // Waitall reversed, Wait, Test, Waitany, Waitsome
+    CAPTURE(how);
+    for (one& c : calls) {
+      if (!c.in_place) std::fill(c.result.begin(), c.result.end(), 0.0);
+      if (c.in_place) c.result = c.input;
+    }
+    std::vector<float> f_result(floats.size());
+    std::vector<std::int64_t> l_result = longs;
+    const auto [h0, p0] = routes();
+    std::vector<MPI_Request> requests;
+    std::size_t squall_takes = 0;
+    for (one& c : calls) {
+      const int n = static_cast<int>(c.input.size());
+      requests.emplace_back();
+      REQUIRE((c.in_place ? MPI_Iallreduce(MPI_IN_PLACE, c.result.data(), n, MPI_DOUBLE, c.op, comm,
+                                           &requests.back())
+                          : MPI_Iallreduce(c.input.data(), c.result.data(), n, MPI_DOUBLE, c.op,
+                                           comm, &requests.back())) == MPI_SUCCESS);
+      squall_takes += takes_iallreduce(comm, c.input.size() * sizeof(double)) ? 1 : 0;
+    }
+    // MPI's own requests in the same arrays: a ring of point-to-point messages (rendezvous
+    // size, so they need MPI's progress while squall's requests are waited for)
+    std::vector<double> to_next(100000, rank), from_prev(100000);
+    requests.emplace_back();
+    MPI_Irecv(from_prev.data(), 100000, MPI_DOUBLE, prev, 7, comm, &requests.back());
+    requests.emplace_back();
+    MPI_Isend(to_next.data(), 100000, MPI_DOUBLE, next, 7, comm, &requests.back());
+    requests.emplace_back();
+    REQUIRE(MPI_Iallreduce(floats.data(), f_result.data(), 40000, MPI_FLOAT, MPI_SUM, comm,
+                           &requests.back()) == MPI_SUCCESS);
+    requests.emplace_back();
+    REQUIRE(MPI_Iallreduce(MPI_IN_PLACE, l_result.data(), 9000, MPI_INT64_T, MPI_MIN, comm,
+                           &requests.back()) == MPI_SUCCESS);
+    squall_takes += (takes_iallreduce(comm, 40000 * sizeof(float)) ? 1 : 0) +
+                    (takes_iallreduce(comm, 9000 * sizeof(std::int64_t)) ? 1 : 0);
+    const auto [h1, p1] = routes();
+    CHECK(h1 - h0 == squall_takes);
+    CHECK(p1 - p0 == calls.size() + 2 - squall_takes);
+    const int n = static_cast<int>(requests.size());
+    if (how == 0) {
+      std::reverse(requests.begin(), requests.end());
+      REQUIRE(MPI_Waitall(n, requests.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS);
+    } else if (how == 1) {
+      for (int i = n - 1; i >= 0; --i) REQUIRE(MPI_Wait(&requests[i], MPI_STATUS_IGNORE) == 0);
+    } else if (how == 2) {
+      for (int flag = 0; flag == 0;) {
+        REQUIRE(MPI_Testall(n, requests.data(), &flag, MPI_STATUSES_IGNORE) == MPI_SUCCESS);
+        for (MPI_Request& r : requests) {  // and one by one
+          int one_flag = 0;
+          if (r != MPI_REQUEST_NULL) MPI_Test(&r, &one_flag, MPI_STATUS_IGNORE);
+        }
+        if (std::all_of(requests.begin(), requests.end(),
+                        [](MPI_Request r) { return r == MPI_REQUEST_NULL; })) {
+          flag = 1;
+        }
+      }
+    } else if (how == 3) {
+      for (int done = 0; done < n; ++done) {
+        int index = -1;
+        REQUIRE(MPI_Waitany(n, requests.data(), &index, MPI_STATUS_IGNORE) == MPI_SUCCESS);
+        REQUIRE(index != MPI_UNDEFINED);
+      }
+    } else {
+      int done = 0;
+      std::vector<int> indices(requests.size());
+      while (done < n) {
+        int got = 0;
+        REQUIRE(MPI_Waitsome(n, requests.data(), &got, indices.data(), MPI_STATUSES_IGNORE) ==
+                MPI_SUCCESS);
+        REQUIRE(got != MPI_UNDEFINED);
+        done += got;
+      }
+    }
+    for (MPI_Request r : requests) CHECK(r == MPI_REQUEST_NULL);
+    for (const one& c : calls) {
+      CAPTURE(c.input.size());
+      CHECK(std::memcmp(c.result.data(), c.reference.data(), c.input.size() * sizeof(double)) == 0);
+    }
+    CHECK(std::memcmp(f_result.data(), float_sum.data(), 40000 * sizeof(float)) == 0);
+    CHECK(std::memcmp(l_result.data(), long_min.data(), 9000 * sizeof(std::int64_t)) == 0);
+    CHECK(std::all_of(from_prev.begin(), from_prev.end(), [&](double v) { return v == prev; }));
+  }
+  MPI_Comm_free(&comm);
+}
+
+TEST_CASE("iallreduce: one waited while a peer waits on this rank's send, and a freed comm") {
+  // Rank 0 starts the allreduce and a large send to rank 1, then waits for the allreduce;
+  // rank 1 first receives that message, only then starts the allreduce. Valid MPI: rank 0's
+  // MPI_Wait must keep MPI's progress going for the send while squall's request is pending.
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  hold(comm);
+  const int rank = rank_of(comm);
+  const int size = size_of(comm);
+  std::vector<float> data = data_of<float>(100000, rank, 1), reference(100000);
+  PMPI_Allreduce(data.data(), reference.data(), 100000, MPI_FLOAT, MPI_SUM, comm);
+  std::vector<double> message(1 << 20, 1.5);
+  MPI_Request reduce = MPI_REQUEST_NULL, send = MPI_REQUEST_NULL;
+  if (rank == 0) {
+    MPI_Iallreduce(MPI_IN_PLACE, data.data(), 100000, MPI_FLOAT, MPI_SUM, comm, &reduce);
+    if (size > 1) MPI_Isend(message.data(), 1 << 20, MPI_DOUBLE, 1, 3, comm, &send);
+    REQUIRE(MPI_Wait(&reduce, MPI_STATUS_IGNORE) == MPI_SUCCESS);
+    REQUIRE(MPI_Wait(&send, MPI_STATUS_IGNORE) == MPI_SUCCESS);
+  } else {
+    if (rank == 1) {
+      std::vector<double> got(1 << 20);
+      MPI_Recv(got.data(), 1 << 20, MPI_DOUBLE, 0, 3, comm, MPI_STATUS_IGNORE);
+      CHECK(got == message);
+    }
+    MPI_Iallreduce(MPI_IN_PLACE, data.data(), 100000, MPI_FLOAT, MPI_SUM, comm, &reduce);
+    REQUIRE(MPI_Wait(&reduce, MPI_STATUS_IGNORE) == MPI_SUCCESS);
+  }
+  CHECK(std::memcmp(data.data(), reference.data(), 100000 * sizeof(float)) == 0);
+  // A communicator freed while an allreduce on it runs (MPI lets the operation finish): the
+  // request still completes with the right answer. Only where squall takes it: Open MPI 4.1's
+  // own MPI_Iallreduce crashes in MPI_Wait after the free.
+  if (!takes_iallreduce(comm, 50000 * sizeof(float))) {
+    MPI_Comm_free(&comm);
+    return;
+  }
+  std::vector<float> more = data_of<float>(50000, rank, 2), more_sum(50000);
+  PMPI_Allreduce(more.data(), more_sum.data(), 50000, MPI_FLOAT, MPI_SUM, comm);
+  MPI_Iallreduce(MPI_IN_PLACE, more.data(), 50000, MPI_FLOAT, MPI_SUM, comm, &reduce);
+  MPI_Comm_free(&comm);
+  REQUIRE(MPI_Wait(&reduce, MPI_STATUS_IGNORE) == MPI_SUCCESS);
+  CHECK(std::memcmp(more.data(), more_sum.data(), 50000 * sizeof(float)) == 0);
+}
+
+TEST_CASE("iallreduce: freeing or cancelling a pending one is refused, naming why") {
+  if (!takes_iallreduce(MPI_COMM_WORLD, 4096)) return;
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  hold(comm);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  std::vector<float> data(1 << 20, 1.0f);
+  MPI_Request request = MPI_REQUEST_NULL;
+  REQUIRE(MPI_Iallreduce(MPI_IN_PLACE, data.data(), 1 << 20, MPI_FLOAT, MPI_SUM, comm, &request) ==
+          MPI_SUCCESS);
+  // (it may already be done: then freeing it is legal and MPI's)
+  int flag = 0;
+  MPI_Request_get_status(request, &flag, MPI_STATUS_IGNORE);
+  if (flag == 0) {
+    CHECK(MPI_Cancel(&request) == MPI_ERR_REQUEST);
+    CHECK(MPI_Request_free(&request) == MPI_ERR_REQUEST);
+  }
+  REQUIRE(MPI_Wait(&request, MPI_STATUS_IGNORE) == MPI_SUCCESS);
+  CHECK(std::all_of(data.begin(), data.end(),
+                    [&](float v) { return v == static_cast<float>(size_of(comm)); }));
+  MPI_Comm_free(&comm);
 }
 
 TEST_CASE("a squall error reaches the communicator's error handler and returns") {
