@@ -27,7 +27,7 @@
 //   SQUALL_MPI_MIN_BYTES bytes in all (the data moves as 32-bit words, no arithmetic);
 // - barrier: once squall holds state for the communicator (a handled call made it);
 // - iallreduce: as allreduce, on communicators within one host (shared memory) once squall
-//   holds the communicator (as barrier);
+//   holds the communicator (as barrier; MPI_COMM_WORLD from MPI_Init);
 // - never: intercommunicators, user-defined ops, MPI_PROD and the logical, bitwise and
 //   MAXLOC/MINLOC ops, mixed-type signatures, the other non-blocking forms, MPI_Init not called
 //   through this library (then it stays off), and Fortran callers (Open MPI's Fortran
@@ -37,6 +37,8 @@
 //   SQUALL_MPI_ENABLE     1 (default) or 0: everything falls through.
 //   SQUALL_MPI_MIN_BYTES  smallest call handled, in bytes (default 8192, where squall-mpi-bench
 //                         found squall ahead at P = 2; suffix K, M, G).
+//   SQUALL_MPI_IALLREDUCE_MIN_BYTES  smallest MPI_Iallreduce handled (default 256K: below it
+//                         the progress thread's hand-off made it slower than Open MPI's).
 //   SQUALL_MPI_TOPOLOGY   automatic (default), ring, tree, direct or halving_doubling.
 //   SQUALL_MPI_TRANSPORT  auto (default: shared memory on one host; across hosts the allreduce
 //                         in tiers, the rest on MPI), shm or mpi (mpi_transport alone, even on
@@ -126,6 +128,11 @@ std::vector<std::string_view> comma_list(std::string_view text) {
 struct config {
   bool enable = true;
   std::uint64_t min_bytes = 8192;
+  /// SQUALL_MPI_IALLREDUCE_MIN_BYTES: the smallest MPI_Iallreduce squall takes (and at least
+  /// `min_bytes`): below 256 KiB the hand-off to squall's progress thread and the polling wait
+  /// cost more than squall saves (squall-mpi-bench --op iallreduce: 0.45-0.86x of Open MPI's
+  /// time at 16-64 KiB, P = 2).
+  std::uint64_t iallreduce_min_bytes = std::uint64_t{256} << 10;
   std::string topology = "automatic";
   std::string transport = "auto";
   /// SQUALL_RANKS_PER_NODE: that many consecutive ranks of a communicator form one node (to
@@ -157,9 +164,11 @@ struct config {
     flag("SQUALL_MPI_ENABLE", c.enable);
     flag("SQUALL_MPI_VERBOSE", c.verbose);
     flag("SQUALL_MPI_STATS", c.stats);
-    if (const char* text = std::getenv("SQUALL_MPI_MIN_BYTES")) {
+    const auto bytes = [&](const char* name, std::uint64_t& value) {
+      const char* text = std::getenv(name);
+      if (text == nullptr) return;
       char* end = nullptr;
-      const unsigned long long value = std::strtoull(text, &end, 10);
+      const unsigned long long digits = std::strtoull(text, &end, 10);
       const std::string_view suffix = end;
       const int shift = suffix.empty()  ? 0
                         : suffix == "K" ? 10
@@ -168,13 +177,15 @@ struct config {
                                         : -1;
       if (end == text || *text == '-' || shift < 0) {
         if (c.problem.empty()) {
-          c.problem = std::string("SQUALL_MPI_MIN_BYTES='") + text +
+          c.problem = std::string(name) + "='" + text +
                       "' is not a byte count (digits, optionally K, M or G)";
         }
       } else {
-        c.min_bytes = static_cast<std::uint64_t>(value) << shift;
+        value = static_cast<std::uint64_t>(digits) << shift;
       }
-    }
+    };
+    bytes("SQUALL_MPI_MIN_BYTES", c.min_bytes);
+    bytes("SQUALL_MPI_IALLREDUCE_MIN_BYTES", c.iallreduce_min_bytes);
     if (const char* text = std::getenv("SQUALL_MPI_TOPOLOGY")) {
       c.topology = text;
       try {
@@ -245,9 +256,10 @@ struct config {
   /// What every rank must hold alike: every setting, since each changes a route or, with
   /// `stats`, a collective at MPI_Finalize.
   std::uint64_t hash() const {
-    std::string text = std::to_string(enable) + "/" + std::to_string(min_bytes) + "/" + topology +
-                       "/" + transport + "/" + std::to_string(ranks_per_node) + "/" + compressor +
-                       "/" + std::to_string(verbose) + std::to_string(stats) + "/";
+    std::string text = std::to_string(enable) + "/" + std::to_string(min_bytes) + "/" +
+                       std::to_string(iallreduce_min_bytes) + "/" + topology + "/" + transport +
+                       "/" + std::to_string(ranks_per_node) + "/" + compressor + "/" +
+                       std::to_string(verbose) + std::to_string(stats) + "/";
     for (const bool take : takes) text += take ? '1' : '0';
     for (const std::string& name : compress_only) text += "/" + name;
     return squall::detail::fnv1a64(text.data(), text.size());
@@ -767,6 +779,26 @@ std::size_t elements(std::uint64_t bytes) {
 /// After PMPI_Init(_thread): reads the settings and agrees them across MPI_COMM_WORLD. Every
 /// rank takes part, whatever its settings: the hashes' max equals a rank's own hash, and the
 /// complements' max its complement, only when all hashes are equal.
+/// MPI_COMM_WORLD's state made at MPI_Init, on every rank or on none, so that MPI_Iallreduce
+/// (which takes only communicators squall already holds) reaches squall in a program whose
+/// first collective on the world is non-blocking. A rank that fails says why; then every rank
+/// drops its state and the world's calls make it lazily, as any communicator's.
+void hold_world() {
+  const bool was_inside = std::exchange(inside, true);
+  int made = 1;
+  try {
+    make_state(MPI_COMM_WORLD);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "squall_mpi: MPI_COMM_WORLD's state at MPI_Init: %s\n", e.what());
+    made = 0;
+  }
+  PMPI_Allreduce(MPI_IN_PLACE, &made, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (made == 0 && existing_state(MPI_COMM_WORLD) != nullptr) {
+    PMPI_Comm_delete_attr(MPI_COMM_WORLD, lib().keyval);
+  }
+  inside = was_inside;
+}
+
 void start() {
   library& l = lib();
   l.settings = config::from_environment();
@@ -789,6 +821,7 @@ void start() {
   PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_state, &l.keyval, nullptr);
   l.agreed = agreed == 1;
   l.on = l.agreed && l.settings.enable;
+  if (l.on && l.settings.takes[iallreduce]) hold_world();
 }
 
 /// Before PMPI_Finalize: the job's counts (SQUALL_MPI_STATS), then every communicator squall
@@ -960,7 +993,9 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
 // level works. Only communicators on one host (shared memory) take it: across hosts squall's
 // thread would call MPI. Only once squall holds the communicator, as MPI_Barrier: making its
 // state is a blocking collective (MPI_Comm_dup, the shared-memory job), which MPI_Iallreduce
-// must not be (a peer may first wait for a message this rank sends after it). Freeing or
+// must not be (a peer may first wait for a message this rank sends after it); MPI_COMM_WORLD's
+// is made at MPI_Init (`hold_world`), others' by the first blocking call squall takes on them.
+// Freeing or
 // cancelling a pending one is erroneous in MPI (3.1, section 5.12) and is refused with
 // MPI_ERR_REQUEST.
 
@@ -1092,8 +1127,10 @@ template <class Fallback>
 int iallreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Datatype datatype,
                     MPI_Op op, MPI_Comm comm, MPI_Request* request, Fallback fallback) {
   const std::uint64_t bytes = bytes_of(count, datatype);
-  const base b =
-      usable(iallreduce, comm, bytes) && reducible(op) ? signature_base(datatype) : base::none;
+  const base b = usable(iallreduce, comm, bytes) && bytes >= lib().settings.iallreduce_min_bytes &&
+                         reducible(op)
+                     ? signature_base(datatype)
+                     : base::none;
   bool started = false;
   // Only once squall holds the communicator (a handled blocking call made its state, on every
   // rank alike): making it is a blocking collective, which a non-blocking call must not be.

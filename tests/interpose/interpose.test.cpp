@@ -434,8 +434,14 @@ TEST_CASE("split and duplicated communicators get their own state, freed with th
 /// (`hold`).
 bool takes_iallreduce(MPI_Comm comm, std::size_t bytes) {
   const char* transport = std::getenv("SQUALL_MPI_TRANSPORT");
-  return takes("iallreduce") && !expect_off() && bytes >= 4096 && !spans_nodes(comm) &&
-         (transport == nullptr || std::string(transport) != "mpi");
+  const char* floor = std::getenv("SQUALL_MPI_IALLREDUCE_MIN_BYTES");  // digits, K or none
+  std::size_t least = std::size_t{256} << 10;
+  if (floor != nullptr) {
+    char* end = nullptr;
+    least = std::strtoull(floor, &end, 10) << (*end == 'K' ? 10 : 0);
+  }
+  return takes("iallreduce") && !expect_off() && bytes >= std::max<std::size_t>(least, 4096) &&
+         !spans_nodes(comm) && (transport == nullptr || std::string(transport) != "mpi");
 }
 
 /// A blocking allreduce squall takes, so that it holds `comm` (as MPI_Barrier, MPI_Iallreduce
@@ -620,7 +626,7 @@ TEST_CASE("iallreduce: one waited while a peer waits on this rank's send, and a 
 }
 
 TEST_CASE("iallreduce: freeing or cancelling a pending one is refused, naming why") {
-  if (!takes_iallreduce(MPI_COMM_WORLD, 4096)) return;
+  if (!takes_iallreduce(MPI_COMM_WORLD, 4 << 20)) return;
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   hold(comm);
