@@ -409,6 +409,28 @@ class staged {
   std::vector<std::byte> copy_;
 };
 
+/// An allreduce's buffers as squall sees them, packed: `out` (the input too, in place:
+/// MPI_IN_PLACE) and `in` (otherwise).
+struct allreduce_buffers {
+  staged out;
+  std::optional<staged> in;
+  allreduce_buffers(const void* sendbuf, void* recvbuf, count_type count, MPI_Datatype type,
+                    MPI_Comm comm)
+      : out(recvbuf, count, type, comm) {
+    if (sendbuf == MPI_IN_PLACE) {
+      out.pack();
+    } else {
+      in.emplace(const_cast<void*>(sendbuf), count, type, comm);
+      in->pack();
+    }
+  }
+  bool in_place() const { return !in; }
+  /// The input copied into `out`, for the paths that reduce in place.
+  void input_to_output() {
+    if (in) std::memcpy(out.bytes(), in->bytes(), out.size());
+  }
+};
+
 // ---- per-communicator state ---------------------------------------------------------------
 
 /// squall's communicator for one MPI communicator, with compressor `C` for float sums
@@ -485,8 +507,7 @@ struct comm_state {
 /// unpacked when it completes) and where a failure is reported.
 struct pending_call {
   squall::request work;
-  std::optional<staged> out;
-  std::optional<staged> in;
+  std::optional<allreduce_buffers> buffers;
   const comm_state* state = nullptr;  ///< whose communicator runs it
   MPI_Comm user = MPI_COMM_NULL;      ///< the caller's communicator (its error handler)
   int* code = nullptr;                ///< the generalized request's outcome (`grequest_query`)
@@ -776,9 +797,6 @@ std::size_t elements(std::uint64_t bytes) {
   return static_cast<std::size_t>(bytes / sizeof(T));
 }
 
-/// After PMPI_Init(_thread): reads the settings and agrees them across MPI_COMM_WORLD. Every
-/// rank takes part, whatever its settings: the hashes' max equals a rank's own hash, and the
-/// complements' max its complement, only when all hashes are equal.
 /// MPI_COMM_WORLD's state made at MPI_Init, on every rank or on none, so that MPI_Iallreduce
 /// (which takes only communicators squall already holds) reaches squall in a program whose
 /// first collective on the world is non-blocking. A rank that fails says why; then every rank
@@ -799,6 +817,9 @@ void hold_world() {
   inside = was_inside;
 }
 
+/// After PMPI_Init(_thread): reads the settings and agrees them across MPI_COMM_WORLD. Every
+/// rank takes part, whatever its settings: the hashes' max equals a rank's own hash, and the
+/// complements' max its complement, only when all hashes are equal.
 void start() {
   library& l = lib();
   l.settings = config::from_environment();
@@ -874,6 +895,16 @@ void stop() {
 
 // ---- the collectives, for any count type ------------------------------------------------
 
+/// `holder`'s compression state for float sums of `count` elements, made on first use.
+template <class Holder>
+auto& state_of_count(Holder& holder, std::size_t count) {
+  auto state = holder.states.find(count);
+  if (state == holder.states.end()) {
+    state = holder.states.emplace(count, holder.comm->template make_state<float>(count)).first;
+  }
+  return state->second;
+}
+
 /// `data` (`count` elements) reduced in place over `holder`'s ranks: compressed where the
 /// holder has a compressor and the call is a float sum, else exact.
 template <class Holder, class T, class Op>
@@ -881,11 +912,7 @@ void allreduce_in_place(Holder& holder, T* data, std::size_t count, Op op) {
   auto& squall_comm = *holder.comm;
   if constexpr (Holder::compresses && std::is_same_v<T, float> &&
                 std::is_same_v<Op, squall::sum_op>) {
-    auto state = holder.states.find(count);
-    if (state == holder.states.end()) {
-      state = holder.states.emplace(count, squall_comm.template make_state<float>(count)).first;
-    }
-    squall_comm.allreduce(host_view<float>(data, count), state->second, op);
+    squall_comm.allreduce(host_view<float>(data, count), state_of_count(holder, count), op);
   } else {
     squall_comm.allreduce(host_view<T>(data, count), op);
   }
@@ -934,12 +961,9 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
   }
   note(allreduce, true, bytes);
   return run_state(comm, [&](comm_state& state) {
-    staged out(recvbuf, count, datatype, comm);
-    const bool in_place = sendbuf == MPI_IN_PLACE;
-    std::optional<staged> in;
-    if (!in_place) in.emplace(const_cast<void*>(sendbuf), count, datatype, comm);
-    if (in_place) out.pack();
-    if (in) in->pack();
+    allreduce_buffers buffers(sendbuf, recvbuf, count, datatype, comm);
+    staged& out = buffers.out;
+    const bool in_place = buffers.in_place();
     with_type(b, [&]<class T>(T) {
       with_op(op, [&](auto squall_op) {
         T* result = reinterpret_cast<T*>(out.bytes());
@@ -947,7 +971,7 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
         constexpr bool float_sum =
             std::is_same_v<T, float> && std::is_same_v<decltype(squall_op), squall::sum_op>;
         if (state.hierarchy) {
-          if (!in_place) std::memcpy(result, in->bytes(), bytes);
+          buffers.input_to_output();
           tiered_allreduce(*state.hierarchy, result, n, squall_op);
           const std::lock_guard guard(lib().lock);
           ++lib().tiered;
@@ -960,7 +984,7 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
               // The compressed allreduce works in place: the input goes to the output first.
               constexpr bool one_buffer = holder_type::compresses && float_sum;
               if (in_place || one_buffer) {
-                if (!in_place) std::memcpy(result, in->bytes(), bytes);
+                buffers.input_to_output();
                 allreduce_in_place(holder, result, n, squall_op);
                 if (one_buffer) {
                   const std::lock_guard guard(lib().lock);
@@ -968,7 +992,7 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
                 }
               } else {
                 holder.comm->allreduce(
-                    host_view<const T>(reinterpret_cast<const T*>(in->bytes()), n),
+                    host_view<const T>(reinterpret_cast<const T*>(buffers.in->bytes()), n),
                     host_view<T>(result, n), squall_op);
               }
             },
@@ -995,9 +1019,8 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
 // state is a blocking collective (MPI_Comm_dup, the shared-memory job), which MPI_Iallreduce
 // must not be (a peer may first wait for a message this rank sends after it); MPI_COMM_WORLD's
 // is made at MPI_Init (`hold_world`), others' by the first blocking call squall takes on them.
-// Freeing or
-// cancelling a pending one is erroneous in MPI (3.1, section 5.12) and is refused with
-// MPI_ERR_REQUEST.
+// Freeing or cancelling a pending one is erroneous in MPI (3.1, section 5.12) and is refused
+// with MPI_ERR_REQUEST.
 
 int grequest_query(void* code, MPI_Status* status) {
   PMPI_Status_set_elements(status, MPI_BYTE, 0);
@@ -1022,7 +1045,7 @@ bool complete(MPI_Request request, pending_call& call, const std::exception* fai
     why = failure->what();
   } else {
     try {
-      call.out->unpack();
+      call.buffers->out.unpack();
     } catch (const std::exception& e) {
       why = e.what();
     }
@@ -1145,14 +1168,11 @@ int iallreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Da
               auto call = std::make_unique<pending_call>();
               call->state = &state;
               call->user = comm;
-              const bool in_place = sendbuf == MPI_IN_PLACE;
-              call->out.emplace(recvbuf, count, datatype, comm);
-              if (!in_place) call->in.emplace(const_cast<void*>(sendbuf), count, datatype, comm);
-              if (in_place) call->out->pack();
-              if (call->in) call->in->pack();
+              allreduce_buffers& buffers =
+                  call->buffers.emplace(sendbuf, recvbuf, count, datatype, comm);
               with_type(b, [&]<class T>(T) {
                 with_op(op, [&](auto squall_op) {
-                  T* result = reinterpret_cast<T*>(call->out->bytes());
+                  T* result = reinterpret_cast<T*>(buffers.out.bytes());
                   const std::size_t n = elements<T>(bytes);
                   constexpr bool float_sum = std::is_same_v<T, float> &&
                                              std::is_same_v<decltype(squall_op), squall::sum_op>;
@@ -1160,21 +1180,16 @@ int iallreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Da
                   if constexpr (holder_type::compresses && float_sum) {
                     // in place, as the blocking call; the state of this count, which the
                     // progress thread uses for one call at a time, in their order
-                    if (!in_place) std::memcpy(result, call->in->bytes(), bytes);
-                    auto state_of = holder.states.find(n);
-                    if (state_of == holder.states.end()) {
-                      state_of =
-                          holder.states.emplace(n, squall_comm.template make_state<float>(n)).first;
-                    }
-                    call->work = squall_comm.iallreduce(host_view<T>(result, n), state_of->second,
-                                                        squall_op);
+                    buffers.input_to_output();
+                    call->work = squall_comm.iallreduce(host_view<T>(result, n),
+                                                        state_of_count(holder, n), squall_op);
                     const std::lock_guard guard(lib().lock);
                     ++lib().compressed;
-                  } else if (in_place) {
+                  } else if (buffers.in_place()) {
                     call->work = squall_comm.iallreduce(host_view<T>(result, n), squall_op);
                   } else {
                     call->work = squall_comm.iallreduce(
-                        host_view<const T>(reinterpret_cast<const T*>(call->in->bytes()), n),
+                        host_view<const T>(reinterpret_cast<const T*>(buffers.in->bytes()), n),
                         host_view<T>(result, n), squall_op);
                   }
                 });
