@@ -3,7 +3,9 @@
 # (their process cases start ranks with DIR/squall-run), the same tests under compute-sanitizer
 # memcheck and racecheck (the process cases: the message test at 2 ranks under memcheck), the
 # CUDA kernel benchmark and the CUDA IPC allreduce benchmark at 2 and 4 processes, also under
-# MPS where nvidia-cuda-mps-control is installed (SQUALL_GPU_MPS=0: not).
+# MPS where nvidia-cuda-mps-control is installed (SQUALL_GPU_MPS=0: not), and where DIR holds
+# mpi.tar.gz (SQUALL_GPU_MPI_BUILD), the tests of device buffers over MPI at 1 to 3 ranks under
+# the MPICH packed there.
 # Usage: scripts/gpu-check.sh DIR [LOG_DIR]: DIR holds what scripts/gpu-build.sh gathers
 # (squall_cuda_tests, squall_cuda_bench, the shared libraries), and may hold another build's
 # as squall_cuda_tests-NAME / squall_cuda_bench-NAME, run beside them; logs go to LOG_DIR
@@ -50,6 +52,15 @@ if [[ -x $tests && -n $sanitizer ]]; then
   # racecheck is slow: the kernels that share memory within a block (CUB, the reductions)
   step racecheck 50 "$sanitizer" --tool racecheck --error-exitcode 9 "$tests" \
     "${SQUALL_RACECHECK_CASES:--tc=*random-k*,*PowerSGD*,*write_selected*}"
+fi
+# device buffers over MPI, under the carried MPICH (UCX's modules beside it)
+[[ -f $dir/mpi.tar.gz ]] && tar -C "$dir" -xzf "$dir/mpi.tar.gz"
+if [[ -x $dir/mpi/squall_cuda_mpi_tests ]]; then
+  for ranks in 1 2 3; do
+    PATH="$dir/mpi:$PATH" LD_LIBRARY_PATH="$dir/mpi:$LD_LIBRARY_PATH" \
+      UCX_MODULE_DIR="$dir/mpi/ucx" step "mpi-$ranks" 90 "$dir/mpi/mpiexec.hydra" -n "$ranks" \
+      "$dir/mpi/squall_cuda_mpi_tests" --duration=true
+  done
 fi
 # squall_cuda_bench (and squall_cuda_bench-NAME: another build's, in the same run)
 for bench in "$dir"/squall_cuda_bench*; do

@@ -199,61 +199,6 @@ void rank_messages() {
   }
 }
 
-template <class Topology, class Transport>
-void dense_over(Transport transport) {
-  CAPTURE(Topology::name);
-  const int p = transport.size();
-  squall::communicator<Transport, Topology, squall::identity_compressor, cuda_backend> comm(
-      std::move(transport), test::make_topology<Topology>(p), {}, {}, cuda_backend(0, nullptr));
-  test::findings f;
-  test::check_device_collectives(comm, f);
-  INFO(f.text());
-  CHECK(f.ok());
-}
-
-// The compressed allreduce on the device over `Transport` against host_backend over shm, in
-// this process, step by step: results and saved state bitwise.
-template <class Make, class C>
-void compressed_over(Make make, const std::string& name, const C& c, squall::aggregation how) {
-  CAPTURE(squall::compressor_label<C>());
-  CAPTURE(std::string(squall::to_string(how)));
-  squall::collective_tuning tuning;
-  tuning.aggregation = how;
-  using Transport = decltype(make(name));
-  squall::communicator<Transport, squall::ring_topology, C, cuda_backend> device(
-      make(name), {}, c, {}, tuning, cuda_backend(0, nullptr));
-  squall::communicator<shm_transport, squall::ring_topology, C, squall::host_backend> host(
-      shm_transport(job(name + "-host")), {}, c, {}, tuning, squall::host_backend{});
-  const int r = host.rank();
-  for (const std::size_t count : {std::size_t{1}, std::size_t{1009}, std::size_t{1} << 18}) {
-    CAPTURE(count);
-    auto on_device = device.template make_state<float>(count);
-    auto on_host = host.template make_state<float>(count);
-    for (int step = 0; step < 3; ++step) {
-      CAPTURE(step);
-      std::vector<float> values = test::exact_input<float>(r + step, count);
-      for (float& v : values) v /= 7;
-      test::device_vector<float> data(values);
-      device.allreduce(data.view(), on_device);
-      host.allreduce(squall::host_view<float>(values), on_host);
-      const std::vector<float> got = data.to_host();
-      CHECK(std::memcmp(got.data(), values.data(), count * sizeof(float)) == 0);
-    }
-    CHECK(on_device.save() == on_host.save());
-  }
-}
-
-// `make(name)` makes the device communicator's transport, a shm job named after `name`.
-template <class Make>
-void compressed_suite(Make make) {
-  compressed_over(make, std::string("-cast"),
-                  squall::error_feedback<squall::cast_compressor<squall::bfloat16>>{},
-                  squall::aggregation::linear);
-  compressed_over(make, "-int8", squall::int8_compressor{}, squall::aggregation::gather);
-  compressed_over(make, "-topk", squall::error_feedback<squall::topk_compressor>{{.ratio = 0.01}},
-                  squall::aggregation::gather);
-}
-
 #define SQUALL_PROCESS_CASE(name, body)                    \
   TEST_CASE(name* doctest::skip(test::no_cuda_device())) { \
     if (in_rank()) {                                       \
@@ -282,16 +227,18 @@ TEST_SUITE("cuda") {
   }
 
   SQUALL_PROCESS_CASE("dense collectives on device buffers between processes", [] {
-    dense_over<squall::ring_topology>(ipc("-ring"));
-    dense_over<squall::direct_topology>(ipc("-direct"));
-    dense_over<squall::tree_topology>(ipc("-tree"));
-    dense_over<squall::halving_doubling_topology>(ipc("-hd"));
-    dense_over<squall::ring_topology>(shm_transport(job("-staged-ring")));
-    dense_over<squall::direct_topology>(shm_transport(job("-staged-direct")));
+    test::dense_over<squall::ring_topology>(ipc("-ring"));
+    test::dense_over<squall::direct_topology>(ipc("-direct"));
+    test::dense_over<squall::tree_topology>(ipc("-tree"));
+    test::dense_over<squall::halving_doubling_topology>(ipc("-hd"));
+    test::dense_over<squall::ring_topology>(shm_transport(job("-staged-ring")));
+    test::dense_over<squall::direct_topology>(shm_transport(job("-staged-direct")));
   })
 
   SQUALL_PROCESS_CASE("compressed allreduce on device buffers between processes", [] {
-    compressed_suite([](const std::string& name) { return ipc(name); });
-    compressed_suite([](const std::string& name) { return shm_transport(job(name + "-staged")); });
+    const auto host = [](const std::string& name) { return shm_transport(job(name + "-host")); };
+    test::compressed_suite([](const std::string& name) { return ipc(name); }, host);
+    test::compressed_suite(
+        [](const std::string& name) { return shm_transport(job(name + "-staged")); }, host);
   })
 }

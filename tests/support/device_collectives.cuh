@@ -3,16 +3,32 @@
 // The dense collectives on device buffers, checked on one rank against the serial double
 // reference of the exact inputs (collective_checks.hpp), bitwise: written once for every
 // communicator on cuda_backend, whatever its transport (threads staged, processes staged over
-// shm, processes over CUDA IPC). Records what is wrong in `findings`, never asserts.
+// shm or MPI, processes over CUDA IPC). Records what is wrong in `findings`, never asserts.
+// And, for processes, the same collectives built over a transport and checked (`dense_over`),
+// and the compressed allreduce on the device against host_backend in the same processes
+// (`compressed_over`, `compressed_suite`).
 
+#include <squall/algorithm/communicator.hpp>
+#include <squall/compress/cast.hpp>
+#include <squall/compress/error_feedback.hpp>
+#include <squall/compress/quantize.hpp>
+#include <squall/compress/sparsify.hpp>
 #include <squall/core/ops.hpp>
+#include <squall/cuda.cuh>
+#include <squall/topology/ring.hpp>
+
+#include <doctest/doctest.h>
 
 #include <cstddef>
+#include <cstring>
 #include <initializer_list>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "collective_checks.hpp"
 #include "cuda_device.cuh"
+#include "topologies.hpp"
 
 namespace squall::test {
 
@@ -56,6 +72,65 @@ void check_device_collectives(Comm& comm, findings& f,
              [root](std::size_t i) { return exact_value<float>(root, i); });
     }
   }
+}
+
+/// The dense collectives on cuda_backend over `transport` (a process's end of it), checked.
+template <class Topology, class Transport>
+void dense_over(Transport transport) {
+  CAPTURE(Topology::name);
+  const int p = transport.size();
+  communicator<Transport, Topology, identity_compressor, cuda_backend> comm(
+      std::move(transport), make_topology<Topology>(p), {}, {}, cuda_backend(0, nullptr));
+  findings f;
+  check_device_collectives(comm, f);
+  INFO(f.text());
+  CHECK(f.ok());
+}
+
+/// The compressed allreduce on the device over `make_device(name)`'s transport against
+/// host_backend over `make_host(name)`'s, in this process, step by step: results and saved
+/// state bitwise.
+template <class MakeDevice, class MakeHost, class C>
+void compressed_over(MakeDevice make_device, MakeHost make_host, const std::string& name,
+                     const C& c, aggregation how) {
+  CAPTURE(compressor_label<C>());
+  CAPTURE(std::string(to_string(how)));
+  collective_tuning tuning;
+  tuning.aggregation = how;
+  using device_transport = decltype(make_device(name));
+  using host_transport = decltype(make_host(name));
+  communicator<device_transport, ring_topology, C, cuda_backend> device(
+      make_device(name), {}, c, {}, tuning, cuda_backend(0, nullptr));
+  communicator<host_transport, ring_topology, C, host_backend> host(make_host(name), {}, c, {},
+                                                                    tuning, host_backend{});
+  const int r = host.rank();
+  for (const std::size_t count : {std::size_t{1}, std::size_t{1009}, std::size_t{1} << 18}) {
+    CAPTURE(count);
+    auto on_device = device.template make_state<float>(count);
+    auto on_host = host.template make_state<float>(count);
+    for (int step = 0; step < 3; ++step) {
+      CAPTURE(step);
+      std::vector<float> values = exact_input<float>(r + step, count);
+      for (float& v : values) v /= 7;
+      device_vector<float> data(values);
+      device.allreduce(data.view(), on_device);
+      host.allreduce(host_view<float>(values), on_host);
+      const std::vector<float> got = data.to_host();
+      CHECK(std::memcmp(got.data(), values.data(), count * sizeof(float)) == 0);
+    }
+    CHECK(on_device.save() == on_host.save());
+  }
+}
+
+/// compressed_over for cast<bfloat16> with error feedback (linear), int8 (gather) and top-k 1%
+/// with error feedback (gather; per_hop does not stage).
+template <class MakeDevice, class MakeHost>
+void compressed_suite(MakeDevice make_device, MakeHost make_host) {
+  compressed_over(make_device, make_host, "-cast", error_feedback<cast_compressor<bfloat16>>{},
+                  aggregation::linear);
+  compressed_over(make_device, make_host, "-int8", int8_compressor{}, aggregation::gather);
+  compressed_over(make_device, make_host, "-topk", error_feedback<topk_compressor>{{.ratio = 0.01}},
+                  aggregation::gather);
 }
 
 }  // namespace squall::test
