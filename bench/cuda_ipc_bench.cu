@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The dense allreduce of float device buffers between the processes of one host (issue 21's
 // figure): cuda_ipc_transport (ring in pieces of 4, 16 and 64 MiB (its default); direct)
-// beside the same collective staged through host memory over shm_transport, and beside the
+// beside the same collective staged through host memory over shm_transport (ring in one piece,
+// ring and direct in 4 MiB pieces whose copies overlap the allreduce), and beside the
 // device-to-device copy bandwidth of the GPU (a cudaMemcpy of the same bytes, timed on rank 0 alone
 // before the collectives). Run under squall-run:
 //
@@ -178,9 +179,11 @@ double allreduce_seconds(Comm& comm, std::size_t bytes) {
 
 template <class Transport, class Topology>
 void run(const char* label, Transport transport, std::size_t chunk, std::size_t max_bytes,
-         const std::vector<double>& copy) {
+         const std::vector<double>& copy,
+         std::size_t staging = squall::collective_tuning{}.staging_chunk_bytes) {
   squall::collective_tuning tuning;
   tuning.chunk_bytes = chunk;
+  tuning.staging_chunk_bytes = staging;
   squall::communicator<Transport, Topology, squall::identity_compressor, cuda_backend> comm(
       std::move(transport), {}, {}, tuning, cuda_backend(0, nullptr));
   const int p = comm.size();
@@ -275,8 +278,16 @@ int main(int argc, char** argv) {
                                                            64 * mib, max_bytes, copy);
     run<squall::cuda_ipc_transport, squall::direct_topology>("cuda_ipc direct 16 MiB", ipc("-d16"),
                                                              16 * mib, max_bytes, copy);
+    // staged through page-locked host memory: the whole buffer each way, then in 4 MiB pieces
+    // whose copies overlap the allreduce of the others (collective_tuning::staging_chunk_bytes)
     run<squall::shm_transport, squall::ring_topology>(
-        "shm staged ring 256 KiB", squall::shm_transport(job("-s")), mib / 4, max_bytes, copy);
+        "shm staged ring, 1 piece", squall::shm_transport(job("-s1")), mib / 4, max_bytes, copy, 0);
+    run<squall::shm_transport, squall::ring_topology>("shm staged ring, 4 MiB pieces",
+                                                      squall::shm_transport(job("-s")), mib / 4,
+                                                      max_bytes, copy);
+    run<squall::shm_transport, squall::direct_topology>("shm staged direct, 4 MiB pieces",
+                                                        squall::shm_transport(job("-sd")), mib / 4,
+                                                        max_bytes, copy);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "squall_cuda_ipc_bench: %s\n", e.what());
     return 1;

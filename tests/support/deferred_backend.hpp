@@ -9,10 +9,11 @@
 // them), `deferred_device_backend` claims device memory (see below).
 //
 // Deferred: the kernels the algorithms call between their ordering points (reduce, copy,
-// finalize, fill, the error-feedback subtraction, the vote). Eager: the compressors' kernels
-// (encode and decode steps, selection, the sketch, PowerSGD's algebra) and gTop-k's set
-// kernels, which run the queue first and then at once, as on CUDA, where each of them reads a
-// size or a check back to the host and so waits for the stream; their results are complete
+// finalize, fill, the error-feedback subtraction, the vote); `wait_mark` (an ordering point
+// for part of the queue, as a CUDA event) runs those queued before its mark. Eager: the
+// compressors' kernels (encode and decode steps, selection, the sketch, PowerSGD's algebra) and
+// gTop-k's set kernels, which run the queue first and then at once, as on CUDA, where each of them
+// reads a size or a check back to the host and so waits for the stream; their results are complete
 // when they return. Scratch from `allocate_scratch` starts poisoned.
 
 #include <squall/backend/host.hpp>
@@ -32,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -77,11 +79,25 @@ class basic_deferred_backend {
 
   /// Runs every queued kernel, in order.
   void synchronize() const {
-    std::vector<std::function<void()>> work;
+    std::deque<std::function<void()>> work;
     work.swap(state_->queue);
     state_->reads.clear();
+    state_->ran += work.size();
     for (auto& kernel : work) kernel();
     ++state_->synchronized;
+  }
+  /// A mark after the kernels queued so far (a CUDA event recorded on the stream).
+  std::size_t record_mark() const { return state_->ran + state_->queue.size(); }
+  /// Runs the queued kernels up to `mark` and leaves the later ones queued (a wait for the
+  /// event). What they read stays counted as read until `synchronize()`: fewer outputs
+  /// poisoned, never a wrong one.
+  void wait_mark(std::size_t mark) const {
+    while (state_->ran < mark) {
+      const std::function<void()> kernel = std::move(state_->queue.front());
+      state_->queue.pop_front();
+      ++state_->ran;
+      kernel();
+    }
   }
   /// Queues `kernel`, which reads `reads` and overwrites `writes` without reading them, until
   /// the next `synchronize()`. Each of `writes` is poisoned now unless a queued kernel (this
@@ -107,7 +123,8 @@ class basic_deferred_backend {
 
  private:
   struct state {
-    std::vector<std::function<void()>> queue;
+    std::deque<std::function<void()>> queue;
+    std::size_t ran = 0;            // kernels run, ever
     std::vector<byte_range> reads;  // what the queued kernels read
     std::size_t synchronized = 0;
   };
@@ -120,6 +137,16 @@ using deferred_device_backend = basic_deferred_backend<device_memory>;
 
 // The kernels, found by argument-dependent lookup on the backend (backend/dispatch.hpp); each
 // queues the host kernel (on the "device" variant's views as well: its memory is the host's).
+
+/// Marks in the queue (the staged allreduce's pieces wait for their copies).
+template <class M>
+std::size_t record_mark(const basic_deferred_backend<M>& b) {
+  return b.record_mark();
+}
+template <class M>
+void wait_mark(const basic_deferred_backend<M>& b, std::size_t mark) {
+  b.wait_mark(mark);
+}
 
 /// `v` as a host view (the same bytes).
 template <class T, class M>

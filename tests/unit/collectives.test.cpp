@@ -47,8 +47,11 @@ using squall::test::make_topology;
 static_assert(squall::check_backend_kernels<squall::test::deferred_backend>());
 static_assert(squall::check_backend_kernels<squall::test::deferred_device_backend>());
 static_assert(squall::detail::dispatch::has_staging_copies<squall::test::deferred_device_backend>);
+static_assert(squall::detail::dispatch::has_marks<squall::test::deferred_device_backend>);
 
-constexpr squall::collective_tuning tiny_pieces{.chunk_bytes = 64, .pipeline_depth = 3};
+// (and the staged allreduce in pieces of 256 bytes: many marks waited for one by one)
+constexpr squall::collective_tuning tiny_pieces{
+    .chunk_bytes = 64, .pipeline_depth = 3, .staging_chunk_bytes = 256};
 // The one-shot schedule reads the peers' buffers from the first byte (read_peer).
 constexpr squall::collective_tuning peer_memory{
     .chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1};

@@ -32,7 +32,8 @@
 #include <squall/topology/tree.hpp>
 #include <squall/tuning/tuning.hpp>
 
-#include <cstddef>  // byte, size_t
+#include <algorithm>  // min
+#include <cstddef>    // byte, size_t
 #include <cstdint>
 #include <memory>  // unique_ptr
 #include <optional>
@@ -585,8 +586,12 @@ class dense_core {
 /// into host staging memory with the backend's cross-space copy, waits for it (the ordering
 /// point before the transport reads it), runs on the host core (host_backend's kernels over
 /// the transport), and copies the result back; it returns once that copy is done, as every
-/// collective does. Whole buffers, one copy each way per call: the copies do not overlap
-/// the transfer (a pipelined staging is left for later). The compressed algorithms that sum
+/// collective does. The staging memory is page-locked where the backend offers it
+/// (`allocate_pinned_host`: CUDA), so its copies run at the bus's speed and asynchronously. An
+/// allreduce above `collective_tuning::staging_chunk_bytes` runs in pieces where the backend
+/// can wait for part of its work (`record_mark`/`wait_mark`: CUDA events): the copies of
+/// later pieces and the copy back of earlier ones overlap each piece's allreduce. The other
+/// collectives copy whole buffers. The compressed algorithms that sum
 /// or gather payloads through the core (linear, low_rank, gather) stage those payloads the
 /// same way, so only compressed bytes cross; per_hop and gtopk, which move payloads over
 /// the transport themselves, do not run here (`choose_aggregation` says so).
@@ -629,6 +634,13 @@ requires(!std::same_as<typename Backend::memory_space,
   void allreduce(view<const T> in, view<T> out, Op op) {
     require_count("allreduce", "out", out.count(), in.count());
     this->place_check(in, out);
+    const std::size_t piece = this->tuning().staging_chunk_bytes / sizeof(T);
+    if constexpr (dispatch::has_marks<Backend>) {
+      if (piece != 0 && in.count() > piece) {
+        allreduce_in_pieces(in, out, op, piece);
+        return;
+      }
+    }
     const host_view<T> h = stage_in<T>(in);
     host_core::allreduce(h, op);
     stage(out, host_view<const T>(h));
@@ -692,9 +704,54 @@ requires(!std::same_as<typename Backend::memory_space,
   }
 
  private:
+  // Every piece's copy to the host enqueued at once, each followed by a mark; piece k is
+  // allreduced once its mark is reached, then copied back (enqueued), while the backend copies
+  // on. Returns when the last copy back is done; on an error, once the copies already
+  // enqueued are (they write the staging memory and `out`).
+  template <class T, class Op>
+  void allreduce_in_pieces(view<const T> in, view<T> out, Op op, std::size_t piece) {
+    const host_view<T> h = staging<T>(in.count());
+    const std::size_t pieces = div_up(in.count(), piece);
+    const auto at = [&](auto v, std::size_t k) {
+      const std::size_t begin = k * piece;
+      return decltype(v)(v.data() + begin, std::min(piece, v.count() - begin));
+    };
+    std::vector<decltype(record_mark(backend_))> copied;
+    copied.reserve(pieces);
+    try {
+      for (std::size_t k = 0; k < pieces; ++k) {
+        dispatch::copy_across_on(backend_, at(h, k), at(in, k));
+        copied.push_back(record_mark(backend_));
+      }
+      for (std::size_t k = 0; k < pieces; ++k) {
+        wait_mark(backend_, copied[k]);
+        host_core::allreduce(at(h, k), op);
+        dispatch::copy_across_on(backend_, at(out, k), host_view<const T>(at(h, k)));
+      }
+      backend_.synchronize();
+    } catch (...) {
+      try {
+        backend_.synchronize();
+      } catch (...) {  // the first error is the one to report
+      }
+      throw;
+    }
+  }
+
+  // Host staging memory for `count` elements: page-locked where the backend offers it (kept,
+  // grown to the largest call), the host's otherwise.
   template <class T>
   host_view<T> staging(std::size_t count) {
-    return staging_.template elements<T>(host_backend{}, count);
+    if constexpr (dispatch::has_pinned_host<Backend>) {
+      const std::size_t bytes = count * sizeof(T);
+      if (!pinned_ || pinned_->size() < bytes) {
+        pinned_.reset();  // freed before the larger one is taken
+        pinned_.emplace(allocate_pinned_host(backend_, bytes));
+      }
+      return {reinterpret_cast<T*>(pinned_->data()), count};
+    } else {
+      return staging_.template elements<T>(host_backend{}, count);
+    }
   }
   // `dst` = `src` between the backend's memory and the host's, complete when it returns
   template <class T, class To, class From>
@@ -709,8 +766,18 @@ requires(!std::same_as<typename Backend::memory_space,
     return h;
   }
 
+  template <class B>
+  struct pinned_type {
+    using type = int;  // unused: the backend has no page-locked memory
+  };
+  template <dispatch::has_pinned_host B>
+  struct pinned_type<B> {
+    using type = decltype(allocate_pinned_host(std::declval<const B&>(), std::size_t{}));
+  };
+
   Backend backend_;
   scratch_bytes<host_backend> staging_;
+  std::optional<typename pinned_type<Backend>::type> pinned_;
 };
 
 /// `dense_core` over `Topology`'s schedules, plus what is the topology's own: node discovery

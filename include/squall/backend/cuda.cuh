@@ -8,12 +8,14 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 
 namespace squall {
 namespace detail {
@@ -123,5 +125,67 @@ struct cuda_backend : kernels::kernel_dispatch {
   cudaStream_t stream;
 };
 static_assert(backend<cuda_backend>);
+
+/// Page-locked host memory (`cudaHostAlloc`, portable to every device), freed with the object:
+/// the staging buffer of a host transport (algorithm/dense.hpp), from which copies to and from
+/// the device run at the bus's speed and asynchronously (from pageable memory they go through
+/// the driver's own buffer and return only when done).
+class pinned_host_bytes {
+ public:
+  explicit pinned_host_bytes(std::size_t bytes) : size_(bytes) {
+    SQUALL_CUDA_CHECK(cudaHostAlloc(&data_, bytes == 0 ? 1 : bytes, cudaHostAllocPortable));
+  }
+  ~pinned_host_bytes() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  pinned_host_bytes(pinned_host_bytes&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  pinned_host_bytes& operator=(pinned_host_bytes&&) = delete;
+  pinned_host_bytes(const pinned_host_bytes&) = delete;
+
+  std::byte* data() const { return static_cast<std::byte*>(data_); }
+  std::size_t size() const { return size_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_;
+};
+
+/// The staging buffer of `bytes` for `backend` (see `pinned_host_bytes`).
+inline pinned_host_bytes allocate_pinned_host(const cuda_backend&, std::size_t bytes) {
+  return pinned_host_bytes(bytes);
+}
+
+/// A point in a stream's work (an event recorded on it, destroyed with the object): the staged
+/// allreduce waits for the copy of one piece to the host, not for the whole stream.
+class cuda_mark {
+ public:
+  explicit cuda_mark(const cuda_backend& backend) {
+    detail::device_guard guard(backend.device);
+    SQUALL_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    const cudaError_t recorded = cudaEventRecord(event_, backend.stream);
+    if (recorded != cudaSuccess) {
+      cudaEventDestroy(event_);
+      SQUALL_CUDA_CHECK(recorded);
+    }
+  }
+  ~cuda_mark() {
+    if (event_ != nullptr) cudaEventDestroy(event_);  // released once the stream reaches it
+  }
+  cuda_mark(cuda_mark&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+  cuda_mark& operator=(cuda_mark&&) = delete;
+  cuda_mark(const cuda_mark&) = delete;
+
+  /// Blocks until the work enqueued before the mark has finished; throws on a CUDA error.
+  void wait() const { SQUALL_CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+/// A mark after the work enqueued on `backend`'s stream so far.
+inline cuda_mark record_mark(const cuda_backend& backend) { return cuda_mark(backend); }
+/// Blocks until the work before `mark` has finished.
+inline void wait_mark(const cuda_backend&, const cuda_mark& mark) { mark.wait(); }
 
 }  // namespace squall

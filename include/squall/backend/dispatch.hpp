@@ -77,6 +77,20 @@ concept has_staging_copies =
   copy(b, host, mine_const);
   copy(b, mine, host_const);
 };
+/// Optional, for the staging step: page-locked host memory (`allocate_pinned_host(b, bytes)`,
+/// an owning buffer with `data()` and `size()`), which the backend's copies read and write
+/// fastest and without blocking.
+template <class B>
+concept has_pinned_host = requires(const B& b) {
+  { allocate_pinned_host(b, std::size_t{1}).data() } -> std::convertible_to<std::byte*>;
+};
+/// Optional, for the staging step: a mark after the work enqueued so far (`record_mark(b)`)
+/// and a wait for the work before it alone (`wait_mark(b, mark)`), so that the staged
+/// allreduce reduces one piece while the backend still copies the next.
+template <class B>
+concept has_marks = requires(const B& b) {
+  wait_mark(b, record_mark(b));
+};
 template <class B>
 concept has_allocate_scratch = requires(const B& b) {
   { allocate_scratch<std::byte>(b, std::size_t{1}).data() } -> std::convertible_to<std::byte*>;

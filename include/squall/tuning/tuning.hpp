@@ -59,6 +59,14 @@ struct collective_tuning {
   /// compares the chunks). The other aggregations (per_hop, gtopk, low_rank), the compressed
   /// allgather and other backends do not overlap.
   std::size_t overlap_chunks = 0;
+  /// A staged allreduce (a backend whose memory the transport cannot carry: CUDA buffers over
+  /// shm or MPI) of more than this many bytes runs in pieces of this size where the backend can
+  /// wait for part of its work (CUDA: events): every piece's copy to host memory is enqueued
+  /// at once, and piece k is allreduced as soon as its copy is done, while the later pieces
+  /// are still being copied and piece k - 1 is copied back. Each piece is its own allreduce,
+  /// so a float sum's order of additions follows the pieces. 0: one piece. Every rank must
+  /// give the same (as with every setting here).
+  std::size_t staging_chunk_bytes = std::size_t{4} << 20;
   friend constexpr bool operator==(const collective_tuning&, const collective_tuning&) = default;
 };
 
