@@ -2,7 +2,8 @@
 // The dense allreduce of float device buffers between the processes of one host (issue 21's
 // figure): cuda_ipc_transport (ring in pieces of 4, 16 and 64 MiB (its default); direct)
 // beside the same collective staged through host memory over shm_transport (ring in one piece,
-// ring and direct in 4 MiB pieces whose copies overlap the allreduce), and beside the
+// ring and direct in 4 MiB pieces whose copies overlap the allreduce; and, the bound of those,
+// the allreduce of host buffers over shm on the host), and beside the
 // device-to-device copy bandwidth of the GPU (a cudaMemcpy of the same bytes, timed on rank 0 alone
 // before the collectives). Run under squall-run:
 //
@@ -23,11 +24,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -158,34 +161,39 @@ squall::shm_job job(const std::string& suffix) {
   return j;
 }
 
-// Rank 0's median seconds of one allreduce of `bytes` on `comm`.
+// Rank 0's median seconds of one allreduce of `bytes` on `comm` (device buffers; host
+// buffers where the communicator's backend is the host's).
 template <class Comm>
 double allreduce_seconds(Comm& comm, std::size_t bytes) {
+  constexpr bool on_host =
+      std::same_as<std::decay_t<decltype(comm.backend())>, squall::host_backend>;
   const std::size_t count = bytes / sizeof(float);
-  float* data = nullptr;
-  SQUALL_CUDA_CHECK(cudaMalloc(&data, bytes));
   std::vector<float> init(count, 1.0f / static_cast<float>(comm.size()));
-  SQUALL_CUDA_CHECK(cudaMemcpy(data, init.data(), bytes, cudaMemcpyHostToDevice));
+  float* data = init.data();
+  if constexpr (!on_host) {
+    SQUALL_CUDA_CHECK(cudaMalloc(&data, bytes));
+    SQUALL_CUDA_CHECK(cudaMemcpy(data, init.data(), bytes, cudaMemcpyHostToDevice));
+  }
   std::vector<double> t;
   for (int i = 0; i < iterations_for(bytes) + 2; ++i) {
     comm.barrier();
     const auto start = clock_type::now();
-    comm.allreduce(squall::device_view<float>(data, count));
+    comm.allreduce(typename Comm::template view<float>(data, count));
     if (i >= 2) t.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
   }
-  cudaFree(data);
+  if constexpr (!on_host) cudaFree(data);
   return median(t);
 }
 
-template <class Transport, class Topology>
+template <class Transport, class Topology, class Backend = cuda_backend>
 void run(const char* label, Transport transport, std::size_t chunk, std::size_t max_bytes,
          const std::vector<double>& copy,
          std::size_t staging = squall::collective_tuning{}.staging_chunk_bytes) {
   squall::collective_tuning tuning;
   tuning.chunk_bytes = chunk;
   tuning.staging_chunk_bytes = staging;
-  squall::communicator<Transport, Topology, squall::identity_compressor, cuda_backend> comm(
-      std::move(transport), {}, {}, tuning, cuda_backend(0, nullptr));
+  squall::communicator<Transport, Topology, squall::identity_compressor, Backend> comm(
+      std::move(transport), {}, {}, tuning, Backend{});  // cuda_backend{}: device 0, stream 0
   const int p = comm.size();
   std::size_t k = 0;
   for (std::size_t bytes = std::size_t{1} << 20; bytes <= max_bytes; bytes *= 4, ++k) {
@@ -288,6 +296,11 @@ int main(int argc, char** argv) {
     run<squall::shm_transport, squall::direct_topology>("shm staged direct, 4 MiB pieces",
                                                         squall::shm_transport(job("-sd")), mib / 4,
                                                         max_bytes, copy);
+    // what the staged ones are bound by: the same allreduce of host buffers on the host
+    run<squall::shm_transport, squall::ring_topology, squall::host_backend>(
+        "shm host buffers, ring", squall::shm_transport(job("-hr")), mib / 4, max_bytes, copy);
+    run<squall::shm_transport, squall::direct_topology, squall::host_backend>(
+        "shm host buffers, direct", squall::shm_transport(job("-hd")), mib / 4, max_bytes, copy);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "squall_cuda_ipc_bench: %s\n", e.what());
     return 1;
