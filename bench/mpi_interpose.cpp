@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // squall-mpi-bench: a plain MPI program (no squall headers) that times MPI_Allreduce,
-// MPI_Iallreduce + MPI_Wait, MPI_Allgather, MPI_Reduce_scatter_block or MPI_Bcast of float data
+// MPI_Allgather, MPI_Reduce_scatter_block or MPI_Bcast of float data, or their non-blocking
+// forms started and waited for at once (MPI_Iallreduce + MPI_Wait, ...),
 // against the MPI library's own PMPI_* of the same calls, interleaved in one run. Run it with
 // libsquall_mpi.so preloaded (scripts/bench.sh does: SQUALL_BENCH=interpose) and the "squall"
 // column is the interposed call; without it both columns are MPI's.
 //
 //   mpiexec -n P env LD_PRELOAD=libsquall_mpi.so squall-mpi-bench [--op allreduce|iallreduce|
-//       allgather|reduce_scatter|bcast|barrier] [-b 4K] [-e 256M] [-f 4] [--reps 5]
+//       allgather|iallgather|reduce_scatter|ireduce_scatter|bcast|ibcast|barrier] [-b 4K]
+//       [-e 256M] [-f 4] [--reps 5]
 //
 // Sizes from -b to -e, each -f times the last. Per size (bytes of the whole result, as nccl-tests
 // counts): the time of one call (best of
@@ -46,6 +48,28 @@ std::size_t parse_bytes(const char* text) {
 int run_op(const std::string& op, const std::vector<float>& in, std::vector<float>& out, int count,
            bool mpi, int size) {
   const int block = count / size;
+  MPI_Request request = MPI_REQUEST_NULL;
+  const auto wait = [&](int code) {  // the non-blocking forms: started and waited for at once
+    if (code != MPI_SUCCESS) return code;
+    return mpi ? PMPI_Wait(&request, MPI_STATUS_IGNORE) : MPI_Wait(&request, MPI_STATUS_IGNORE);
+  };
+  MPI_Comm world = MPI_COMM_WORLD;
+  if (op == "iallgather") {
+    return wait(mpi ? PMPI_Iallgather(in.data(), block, MPI_FLOAT, out.data(), block, MPI_FLOAT,
+                                      world, &request)
+                    : MPI_Iallgather(in.data(), block, MPI_FLOAT, out.data(), block, MPI_FLOAT,
+                                     world, &request));
+  }
+  if (op == "ireduce_scatter") {
+    return wait(mpi ? PMPI_Ireduce_scatter_block(in.data(), out.data(), block, MPI_FLOAT, MPI_SUM,
+                                                 world, &request)
+                    : MPI_Ireduce_scatter_block(in.data(), out.data(), block, MPI_FLOAT, MPI_SUM,
+                                                world, &request));
+  }
+  if (op == "ibcast") {
+    return wait(mpi ? PMPI_Ibcast(out.data(), count, MPI_FLOAT, 0, world, &request)
+                    : MPI_Ibcast(out.data(), count, MPI_FLOAT, 0, world, &request));
+  }
   if (op == "allreduce") {
     return mpi ? PMPI_Allreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)
                : MPI_Allreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -62,14 +86,10 @@ int run_op(const std::string& op, const std::vector<float>& in, std::vector<floa
                : MPI_Reduce_scatter_block(in.data(), out.data(), block, MPI_FLOAT, MPI_SUM,
                                           MPI_COMM_WORLD);
   }
-  if (op == "iallreduce") {  // started and waited for at once: the non-blocking path's cost
-    MPI_Request request = MPI_REQUEST_NULL;
-    const int code = mpi ? PMPI_Iallreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM,
-                                           MPI_COMM_WORLD, &request)
-                         : MPI_Iallreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM,
-                                          MPI_COMM_WORLD, &request);
-    if (code != MPI_SUCCESS) return code;
-    return mpi ? PMPI_Wait(&request, MPI_STATUS_IGNORE) : MPI_Wait(&request, MPI_STATUS_IGNORE);
+  if (op == "iallreduce") {
+    return wait(
+        mpi ? PMPI_Iallreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, world, &request)
+            : MPI_Iallreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, world, &request));
   }
   if (op == "barrier") return mpi ? PMPI_Barrier(MPI_COMM_WORLD) : MPI_Barrier(MPI_COMM_WORLD);
   return mpi ? PMPI_Bcast(out.data(), count, MPI_FLOAT, 0, MPI_COMM_WORLD)
@@ -104,8 +124,9 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
   }
-  if (op != "allreduce" && op != "iallreduce" && op != "allgather" && op != "reduce_scatter" &&
-      op != "bcast" && op != "barrier") {
+  const std::string base = op.size() > 1 && op[0] == 'i' ? op.substr(1) : op;  // blocking form
+  if (base != "allreduce" && base != "allgather" && base != "reduce_scatter" && base != "bcast" &&
+      op != "barrier") {
     if (rank == 0) std::fprintf(stderr, "squall-mpi-bench: unknown --op %s\n", op.c_str());
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
@@ -119,8 +140,7 @@ int main(int argc, char** argv) {
   // busbw factor, as nccl-tests: allreduce 2(P-1)/P, allgather and reduce-scatter (P-1)/P,
   // broadcast 1.
   const double p = size;
-  const bool reduces_all = op == "allreduce" || op == "iallreduce";
-  const double factor = reduces_all ? 2 * (p - 1) / p : op == "bcast" ? 1.0 : (p - 1) / p;
+  const double factor = base == "allreduce" ? 2 * (p - 1) / p : base == "bcast" ? 1.0 : (p - 1) / p;
   if (rank == 0) {
     char host[MPI_MAX_PROCESSOR_NAME] = {};
     int length = 0;
@@ -133,19 +153,19 @@ int main(int argc, char** argv) {
   }
   for (std::size_t bytes = first; bytes <= last; bytes *= factor_step) {
     // Allgather and reduce-scatter need a whole block per rank; the others take any count.
-    const bool blocks = op == "allgather" || op == "reduce_scatter";
+    const bool blocks = base == "allgather" || base == "reduce_scatter";
     const std::size_t per = blocks ? static_cast<std::size_t>(size) : 1;
     const int count = static_cast<int>(bytes / sizeof(float) / per * per);
     if (count == 0) continue;
-    const std::size_t input_count = op == "allgather" ? static_cast<std::size_t>(count / size)
-                                                      : static_cast<std::size_t>(count);
+    const std::size_t input_count = base == "allgather" ? static_cast<std::size_t>(count / size)
+                                                        : static_cast<std::size_t>(count);
     std::vector<float> in(input_count), out(static_cast<std::size_t>(count)),
         reference(static_cast<std::size_t>(count));
     for (std::size_t i = 0; i < in.size(); ++i) {
       in[i] = static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank)) % 201) -
                                  100);
     }
-    if (op == "bcast") {
+    if (base == "bcast") {
       std::copy(in.begin(), in.end(), reference.begin());
       std::copy(in.begin(), in.end(), out.begin());
     }

@@ -3,8 +3,9 @@
 // profiling interface. Preload it (LD_PRELOAD, `mpiexec -x LD_PRELOAD=...` with Open MPI,
 // `-genv LD_PRELOAD ...` with MPICH) or link it before the MPI library.
 //
-// It defines MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Bcast, MPI_Barrier
-// and MPI_Iallreduce (and MPI_Init, MPI_Init_thread, MPI_Finalize to set up and tear down; the
+// It defines MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Bcast, MPI_Barrier,
+// their non-blocking forms MPI_Iallreduce, MPI_Iallgather, MPI_Ireduce_scatter_block and
+// MPI_Ibcast (and MPI_Init, MPI_Init_thread, MPI_Finalize to set up and tear down; the
 // completion calls MPI_Wait, MPI_Test, their -all, -any and -some forms, MPI_Request_get_status,
 // MPI_Request_free and MPI_Cancel, which pass everything but squall's requests to MPI). A call it
 // can prove it handles identically on every rank runs squall's communicator on a private
@@ -26,10 +27,12 @@
 // - allgather and bcast: any signature whose bytes per rank are a multiple of 4, at least
 //   SQUALL_MPI_MIN_BYTES bytes in all (the data moves as 32-bit words, no arithmetic);
 // - barrier: once squall holds state for the communicator (a handled call made it);
-// - iallreduce: as allreduce, on communicators within one host (shared memory) once squall
-//   holds the communicator (as barrier; MPI_COMM_WORLD from MPI_Init);
+// - iallreduce, iallgather, ireduce_scatter_block, ibcast: as their blocking forms, from
+//   SQUALL_MPI_IALLREDUCE_MIN_BYTES, on communicators within one host (shared memory) once
+//   squall holds the communicator (as barrier; MPI_COMM_WORLD from MPI_Init);
 // - never: intercommunicators, user-defined ops, MPI_PROD and the logical, bitwise and
-//   MAXLOC/MINLOC ops, mixed-type signatures, the other non-blocking forms, MPI_Init not called
+//   MAXLOC/MINLOC ops, mixed-type signatures, the other non-blocking forms (MPI_Ibarrier,
+//   the -v forms, MPI_Ireduce and friends), MPI_Init not called
 //   through this library (then it stays off), and Fortran callers (Open MPI's Fortran
 //   bindings call PMPI_* directly, so the profiling interface never sees them).
 //
@@ -37,8 +40,10 @@
 //   SQUALL_MPI_ENABLE     1 (default) or 0: everything falls through.
 //   SQUALL_MPI_MIN_BYTES  smallest call handled, in bytes (default 8192, where squall-mpi-bench
 //                         found squall ahead at P = 2; suffix K, M, G).
-//   SQUALL_MPI_IALLREDUCE_MIN_BYTES  smallest MPI_Iallreduce handled (default 256K: below it
-//                         the progress thread's hand-off made it slower than Open MPI's).
+//   SQUALL_MPI_IALLREDUCE_MIN_BYTES  smallest MPI_Iallreduce, MPI_Iallgather,
+//                         MPI_Ireduce_scatter_block and MPI_Ibcast handled (default 256K: below
+//                         it the progress thread's hand-off made MPI_Iallreduce slower than
+//                         Open MPI's).
 //   SQUALL_MPI_TOPOLOGY   automatic (default), ring, tree, direct or halving_doubling.
 //   SQUALL_MPI_TRANSPORT  auto (default: shared memory on one host; across hosts the allreduce
 //                         in tiers, the rest on MPI), shm or mpi (mpi_transport alone, even on
@@ -46,8 +51,9 @@
 //   SQUALL_RANKS_PER_NODE k: nodes of k consecutive ranks of each communicator instead of the
 //                         hosts (to run the tiers on one host).
 //   SQUALL_MPI_COLLECTIVES  which ones squall may take: a comma list of allreduce, allgather,
-//                         reduce_scatter_block, bcast, barrier, iallreduce, or all (default:
-//                         all but bcast and barrier, no faster than Open MPI's at P = 2).
+//                         reduce_scatter_block, bcast, barrier, iallreduce, iallgather,
+//                         ireduce_scatter_block, ibcast, or all (default: all but bcast, ibcast
+//                         and barrier, no faster than Open MPI's at P = 2).
 //   SQUALL_MPI_COMPRESSOR cast[:fp16|bf16|e4m3|e5m2|e4m3_sr|e5m2_sr], int8 or hq[:BITS]: lossy
 //                         compression of float32 MPI_SUM allreduces (off by default).
 //   SQUALL_MPI_COMPRESSOR_COMMS  compress only on communicators of these names (comma list).
@@ -77,6 +83,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -104,15 +111,19 @@ enum call_kind : int {
   bcast,
   barrier,
   iallreduce,
+  iallgather,
+  ireduce_scatter_block,
+  ibcast,
   kinds
 };
 constexpr std::array<const char*, kinds> call_names = {
-    "MPI_Allreduce", "MPI_Allgather", "MPI_Reduce_scatter_block",
-    "MPI_Bcast",     "MPI_Barrier",   "MPI_Iallreduce"};
+    "MPI_Allreduce",  "MPI_Allgather",  "MPI_Reduce_scatter_block",  "MPI_Bcast", "MPI_Barrier",
+    "MPI_Iallreduce", "MPI_Iallgather", "MPI_Ireduce_scatter_block", "MPI_Ibcast"};
 
 /// The collectives' names in SQUALL_MPI_COLLECTIVES.
 constexpr std::array<std::string_view, kinds> collective_names = {
-    "allreduce", "allgather", "reduce_scatter_block", "bcast", "barrier", "iallreduce"};
+    "allreduce",  "allgather",  "reduce_scatter_block",  "bcast", "barrier",
+    "iallreduce", "iallgather", "ireduce_scatter_block", "ibcast"};
 
 /// The non-empty items of a comma-separated list ("a,,b" -> a, b).
 std::vector<std::string_view> comma_list(std::string_view text) {
@@ -129,9 +140,9 @@ struct config {
   bool enable = true;
   std::uint64_t min_bytes = 8192;
   /// SQUALL_MPI_IALLREDUCE_MIN_BYTES: the smallest MPI_Iallreduce squall takes (and at least
-  /// `min_bytes`): below 256 KiB the hand-off to squall's progress thread and the polling wait
-  /// cost more than squall saves (squall-mpi-bench --op iallreduce: 0.45-0.86x of Open MPI's
-  /// time at 16-64 KiB, P = 2).
+  /// `min_bytes`), and the smallest of the other non-blocking collectives: below 256 KiB the
+  /// hand-off to squall's progress thread and the polling wait cost more than squall saves
+  /// (squall-mpi-bench --op iallreduce: 0.45-0.86x of Open MPI's time at 16-64 KiB, P = 2).
   std::uint64_t iallreduce_min_bytes = std::uint64_t{256} << 10;
   std::string topology = "automatic";
   std::string transport = "auto";
@@ -140,10 +151,10 @@ struct config {
   int ranks_per_node = 0;
   bool verbose = false;
   bool stats = false;
-  /// SQUALL_MPI_COLLECTIVES: which collectives squall may take. Broadcast and barrier are off
-  /// by default: squall-mpi-bench found them at parity or behind Open MPI's at P = 2
-  /// (docs/performance.md), and the library must not make a program slower.
-  std::array<bool, kinds> takes = {true, true, true, false, false, true};
+  /// SQUALL_MPI_COLLECTIVES: which collectives squall may take. Broadcast (both forms) and
+  /// barrier are off by default: squall-mpi-bench found them at parity or behind Open MPI's at
+  /// P = 2 (docs/performance.md), and the library must not make a program slower.
+  std::array<bool, kinds> takes = {true, true, true, false, false, true, true, true, false};
   std::string compressor;                  ///< SQUALL_MPI_COMPRESSOR; empty: none
   std::vector<std::string> compress_only;  ///< SQUALL_MPI_COMPRESSOR_COMMS; empty: every one
   std::string problem;  ///< the first malformed variable, named; squall is then off
@@ -225,8 +236,8 @@ struct config {
           c.takes[static_cast<std::size_t>(which - collective_names.begin())] = true;
         } else if (c.problem.empty()) {
           c.problem = "SQUALL_MPI_COLLECTIVES: '" + std::string(name) +
-                      "' is not all, allreduce, allgather, reduce_scatter_block, bcast, barrier "
-                      "or iallreduce";
+                      "' is not all, allreduce, allgather, reduce_scatter_block, bcast, barrier, "
+                      "iallreduce, iallgather, ireduce_scatter_block or ibcast";
         }
       }
     }
@@ -502,12 +513,14 @@ struct comm_state {
   }
 };
 
-/// An MPI_Iallreduce squall runs: its request on the progress thread of the communicator's
-/// squall communicator, the buffers as squall sees them (a non-contiguous layout's packed copy,
-/// unpacked when it completes) and where a failure is reported.
+/// A non-blocking collective squall runs: its request on the progress thread of the
+/// communicator's squall communicator, what ends it on the program's thread once done (`finish`:
+/// a non-contiguous layout's packed copy unpacked; it holds the buffers as squall sees them) and
+/// where a failure is reported.
 struct pending_call {
+  call_kind kind = iallreduce;
   squall::request work;
-  std::optional<allreduce_buffers> buffers;
+  std::function<void()> finish;
   const comm_state* state = nullptr;  ///< whose communicator runs it
   MPI_Comm user = MPI_COMM_NULL;      ///< the caller's communicator (its error handler)
   int* code = nullptr;                ///< the generalized request's outcome (`grequest_query`)
@@ -516,7 +529,7 @@ struct pending_call {
 struct library {
   std::mutex lock;          ///< guards `states` and the counters (MPI_THREAD_MULTIPLE)
   std::mutex pending_lock;  ///< guards `pending`
-  /// The MPI_Iallreduce calls squall runs, by the generalized request the program holds.
+  /// The non-blocking calls squall runs, by the generalized request the program holds.
   std::map<MPI_Request, std::unique_ptr<pending_call>> pending;
   std::atomic<std::size_t> in_flight{0};  ///< `pending`'s size, read without the lock
   bool agreed = false;                    ///< every rank holds the same settings (MPI_Init said)
@@ -798,7 +811,8 @@ std::size_t elements(std::uint64_t bytes) {
 }
 
 /// MPI_COMM_WORLD's state made at MPI_Init, on every rank or on none, so that MPI_Iallreduce
-/// (which takes only communicators squall already holds) reaches squall in a program whose
+/// and the other non-blocking calls (which take only communicators squall already holds) reach
+/// squall in a program whose
 /// first collective on the world is non-blocking. A rank that fails says why; then every rank
 /// drops its state and the world's calls make it lazily, as any communicator's.
 void hold_world() {
@@ -842,7 +856,11 @@ void start() {
   PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_state, &l.keyval, nullptr);
   l.agreed = agreed == 1;
   l.on = l.agreed && l.settings.enable;
-  if (l.on && l.settings.takes[iallreduce]) hold_world();
+  const auto& takes = l.settings.takes;
+  if (l.on &&
+      (takes[iallreduce] || takes[iallgather] || takes[ireduce_scatter_block] || takes[ibcast])) {
+    hold_world();
+  }
 }
 
 /// Before PMPI_Finalize: the job's counts (SQUALL_MPI_STATS), then every communicator squall
@@ -882,7 +900,7 @@ void stop() {
       }
     }
   }
-  finish_pending_of(nullptr);  // every MPI_Iallreduce still running (the program's error)
+  finish_pending_of(nullptr);  // every non-blocking call still running (the program's error)
   std::vector<MPI_Comm> held;
   {
     const std::lock_guard guard(l.lock);
@@ -1003,11 +1021,12 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
   });
 }
 
-// ---- the non-blocking allreduce ----------------------------------------------------------
+// ---- the non-blocking collectives ---------------------------------------------------------
 //
-// An MPI_Iallreduce squall handles starts squall's iallreduce (its progress thread moves it)
-// and gives the program a generalized request (MPI_Grequest_start), which MPI completes only
-// when told to (MPI_Grequest_complete). squall tells it from the program's own thread, inside
+// An MPI_Iallreduce (MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ibcast) squall handles
+// starts squall's iallreduce (iallgather, ireduce_scatter, ibroadcast; its progress thread
+// moves it) and gives the program a generalized request (MPI_Grequest_start), which MPI completes
+// only when told to (MPI_Grequest_complete). squall tells it from the program's own thread, inside
 // the completion calls it intercepts (MPI_Wait, MPI_Test and their -all, -any and -some forms,
 // MPI_Request_get_status): those look the program's requests up in `library::pending`,
 // complete the ones squall has finished, then call PMPI_* on the whole array. A blocking one
@@ -1016,8 +1035,8 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
 // one of its MPI sends still progresses. No MPI call is made from squall's thread: any thread
 // level works. Only communicators on one host (shared memory) take it: across hosts squall's
 // thread would call MPI. Only once squall holds the communicator, as MPI_Barrier: making its
-// state is a blocking collective (MPI_Comm_dup, the shared-memory job), which MPI_Iallreduce
-// must not be (a peer may first wait for a message this rank sends after it); MPI_COMM_WORLD's
+// state is a blocking collective (MPI_Comm_dup, the shared-memory job), which a non-blocking
+// call must not be (a peer may first wait for a message this rank sends after it); MPI_COMM_WORLD's
 // is made at MPI_Init (`hold_world`), others' by the first blocking call squall takes on them.
 // Freeing or cancelling a pending one is erroneous in MPI (3.1, section 5.12) and is refused
 // with MPI_ERR_REQUEST.
@@ -1045,14 +1064,15 @@ bool complete(MPI_Request request, pending_call& call, const std::exception* fai
     why = failure->what();
   } else {
     try {
-      call.buffers->out.unpack();
+      call.finish();
     } catch (const std::exception& e) {
       why = e.what();
     }
   }
   *call.code = why.empty() ? MPI_SUCCESS : MPI_ERR_OTHER;
   PMPI_Grequest_complete(request);
-  if (!why.empty()) std::fprintf(stderr, "squall_mpi: MPI_Iallreduce: %s\n", why.c_str());
+  if (!why.empty())
+    std::fprintf(stderr, "squall_mpi: %s: %s\n", call_names[call.kind], why.c_str());
   return !why.empty();
 }
 
@@ -1125,7 +1145,7 @@ int wait_polling(int n, const MPI_Request* requests, Test&& test) {
   }
 }
 
-/// Whether `request` is an MPI_Iallreduce squall still runs (MPI_Request_free, MPI_Cancel).
+/// Whether `request` is a non-blocking call squall still runs (MPI_Request_free, MPI_Cancel).
 bool squall_runs(MPI_Request request, MPI_Comm* user) {
   library& l = lib();
   if (l.in_flight.load(std::memory_order_acquire) == 0) return false;
@@ -1136,85 +1156,221 @@ bool squall_runs(MPI_Request request, MPI_Comm* user) {
   return true;
 }
 
-/// MPI_Request_free or MPI_Cancel of a pending MPI_Iallreduce squall runs: erroneous in MPI.
+/// MPI_Request_free or MPI_Cancel of a pending non-blocking call squall runs: erroneous in MPI.
 int refuse(const char* what, MPI_Comm user) {
   std::fprintf(stderr,
-               "squall_mpi: %s of a pending MPI_Iallreduce: erroneous for a non-blocking "
-               "collective (MPI 3.1, section 5.12); wait for it instead\n",
+               "squall_mpi: %s of a pending non-blocking collective: erroneous (MPI 3.1, "
+               "section 5.12); wait for it instead\n",
                what);
   PMPI_Comm_call_errhandler(user, MPI_ERR_REQUEST);
   return MPI_ERR_REQUEST;
+}
+
+/// Starts the non-blocking call `kind` on `comm` in squall where it may: squall holds the
+/// communicator (a handled blocking call, or MPI_Init for MPI_COMM_WORLD, made its state) and
+/// it lies on one host (shared memory). `start(holder, call)` sets `call.work` and
+/// `call.finish`; the program gets a generalized request in `request`. Returns whether squall
+/// took it; `code` is the error a failed start handed to the communicator's error handler.
+template <class Start>
+bool start_pending(call_kind kind, MPI_Comm comm, MPI_Request* request, int& code, Start&& start) {
+  code = MPI_SUCCESS;
+  // Only once squall holds the communicator (a handled blocking call made its state, on every
+  // rank alike): making it is a blocking collective, which a non-blocking call must not be.
+  if (existing_state(comm) == nullptr) return false;
+  bool started = false;
+  code = run_state(comm, [&](comm_state& state) {
+    if (state.hierarchy) return;  // across hosts: squall's thread would call MPI
+    std::visit(
+        [&](auto& holder) {
+          using holder_type = std::remove_reference_t<decltype(holder)>;
+          if constexpr (std::is_same_v<typename holder_type::transport_type,
+                                       squall::shm_transport>) {
+            auto call = std::make_unique<pending_call>();
+            call->kind = kind;
+            call->state = &state;
+            call->user = comm;
+            start(holder, *call);
+            call->code = new int(MPI_SUCCESS);
+            const int made = PMPI_Grequest_start(grequest_query, grequest_free, grequest_cancel,
+                                                 call->code, request);
+            if (made != MPI_SUCCESS) {
+              delete call->code;
+              call->work.wait();  // nothing may still write into the buffers
+              squall::detail::mpi_check(made, {.operation = call_names[kind]},
+                                        "MPI_Grequest_start");
+            }
+            library& l = lib();
+            const std::lock_guard guard(l.pending_lock);
+            l.pending.emplace(*request, std::move(call));
+            l.in_flight.fetch_add(1, std::memory_order_release);
+            started = true;
+          }
+        },
+        state.impl);
+  });
+  return started;
+}
+
+/// Whether a non-blocking call `kind` of `bytes` on `comm` may go to squall at all.
+bool usable_nonblocking(call_kind kind, MPI_Comm comm, std::uint64_t bytes) {
+  return usable(kind, comm, bytes) && bytes >= lib().settings.iallreduce_min_bytes;
 }
 
 template <class Fallback>
 int iallreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Datatype datatype,
                     MPI_Op op, MPI_Comm comm, MPI_Request* request, Fallback fallback) {
   const std::uint64_t bytes = bytes_of(count, datatype);
-  const base b = usable(iallreduce, comm, bytes) && bytes >= lib().settings.iallreduce_min_bytes &&
-                         reducible(op)
+  const base b = usable_nonblocking(iallreduce, comm, bytes) && reducible(op)
                      ? signature_base(datatype)
                      : base::none;
   bool started = false;
-  // Only once squall holds the communicator (a handled blocking call made its state, on every
-  // rank alike): making it is a blocking collective, which a non-blocking call must not be.
-  if (b != base::none && existing_state(comm) != nullptr) {
-    const int code = run_state(comm, [&](comm_state& state) {
-      if (state.hierarchy) return;  // across hosts: squall's thread would call MPI
-      std::visit(
-          [&](auto& holder) {
-            using holder_type = std::remove_reference_t<decltype(holder)>;
-            if constexpr (std::is_same_v<typename holder_type::transport_type,
-                                         squall::shm_transport>) {
-              auto call = std::make_unique<pending_call>();
-              call->state = &state;
-              call->user = comm;
-              allreduce_buffers& buffers =
-                  call->buffers.emplace(sendbuf, recvbuf, count, datatype, comm);
-              with_type(b, [&]<class T>(T) {
-                with_op(op, [&](auto squall_op) {
-                  T* result = reinterpret_cast<T*>(buffers.out.bytes());
-                  const std::size_t n = elements<T>(bytes);
-                  constexpr bool float_sum = std::is_same_v<T, float> &&
-                                             std::is_same_v<decltype(squall_op), squall::sum_op>;
-                  auto& squall_comm = *holder.comm;
-                  if constexpr (holder_type::compresses && float_sum) {
-                    // in place, as the blocking call; the state of this count, which the
-                    // progress thread uses for one call at a time, in their order
-                    buffers.input_to_output();
-                    call->work = squall_comm.iallreduce(host_view<T>(result, n),
-                                                        state_of_count(holder, n), squall_op);
-                    const std::lock_guard guard(lib().lock);
-                    ++lib().compressed;
-                  } else if (buffers.in_place()) {
-                    call->work = squall_comm.iallreduce(host_view<T>(result, n), squall_op);
-                  } else {
-                    call->work = squall_comm.iallreduce(
-                        host_view<const T>(reinterpret_cast<const T*>(buffers.in->bytes()), n),
-                        host_view<T>(result, n), squall_op);
-                  }
-                });
-              });
-              call->code = new int(MPI_SUCCESS);
-              const int made = PMPI_Grequest_start(grequest_query, grequest_free, grequest_cancel,
-                                                   call->code, request);
-              if (made != MPI_SUCCESS) {
-                delete call->code;
-                call->work.wait();  // nothing may still write into the buffers
-                squall::detail::mpi_check(made, {.operation = "MPI_Iallreduce"},
-                                          "MPI_Grequest_start");
-              }
-              library& l = lib();
-              const std::lock_guard guard(l.pending_lock);
-              l.pending.emplace(*request, std::move(call));
-              l.in_flight.fetch_add(1, std::memory_order_release);
-              started = true;
-            }
-          },
-          state.impl);
+  if (b != base::none) {
+    int code = MPI_SUCCESS;
+    started = start_pending(iallreduce, comm, request, code, [&](auto& holder, pending_call& call) {
+      using holder_type = std::remove_reference_t<decltype(holder)>;
+      auto buffers = std::make_shared<allreduce_buffers>(sendbuf, recvbuf, count, datatype, comm);
+      call.finish = [buffers] { buffers->out.unpack(); };
+      with_type(b, [&]<class T>(T) {
+        with_op(op, [&](auto squall_op) {
+          T* result = reinterpret_cast<T*>(buffers->out.bytes());
+          const std::size_t n = elements<T>(bytes);
+          constexpr bool float_sum =
+              std::is_same_v<T, float> && std::is_same_v<decltype(squall_op), squall::sum_op>;
+          auto& squall_comm = *holder.comm;
+          if constexpr (holder_type::compresses && float_sum) {
+            // in place, as the blocking call; the state of this count, which the progress
+            // thread uses for one call at a time, in their order
+            buffers->input_to_output();
+            call.work = squall_comm.iallreduce(host_view<T>(result, n), state_of_count(holder, n),
+                                               squall_op);
+            const std::lock_guard guard(lib().lock);
+            ++lib().compressed;
+          } else if (buffers->in_place()) {
+            call.work = squall_comm.iallreduce(host_view<T>(result, n), squall_op);
+          } else {
+            call.work = squall_comm.iallreduce(
+                host_view<const T>(reinterpret_cast<const T*>(buffers->in->bytes()), n),
+                host_view<T>(result, n), squall_op);
+          }
+        });
+      });
     });
     if (code != MPI_SUCCESS) return code;
   }
   note(iallreduce, started, bytes);
+  return started ? MPI_SUCCESS : fallback();
+}
+
+template <class Fallback>
+int ireduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type recvcount,
+                               MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                               MPI_Request* request, Fallback fallback) {
+  int size = 1;
+  if (comm != MPI_COMM_NULL) PMPI_Comm_size(comm, &size);
+  const std::uint64_t block = bytes_of(recvcount, datatype);
+  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
+  const base b = usable_nonblocking(ireduce_scatter_block, comm, bytes) && reducible(op)
+                     ? signature_base(datatype)
+                     : base::none;
+  bool started = false;
+  if (b != base::none) {
+    int code = MPI_SUCCESS;
+    started = start_pending(
+        ireduce_scatter_block, comm, request, code, [&](auto& holder, pending_call& call) {
+          auto& squall_comm = *holder.comm;
+          const bool in_place = sendbuf == MPI_IN_PLACE;
+          auto in = std::make_shared<staged>(in_place ? recvbuf : const_cast<void*>(sendbuf),
+                                             recvcount * size, datatype, comm);
+          auto out = std::make_shared<staged>(recvbuf, recvcount, datatype, comm);
+          in->pack();
+          with_type(b, [&]<class T>(T) {
+            with_op(op, [&](auto squall_op) {
+              const std::size_t n = elements<T>(bytes);
+              T* whole = reinterpret_cast<T*>(in->bytes());
+              if (in_place) {
+                // squall leaves this rank's block in place; MPI wants it at the front
+                call.work = squall_comm.ireduce_scatter(host_view<T>(whole, n), squall_op);
+                const std::size_t offset = squall_comm.block_offset(n) * sizeof(T);
+                call.finish = [in, out, offset, block] {
+                  if (offset != 0) std::memmove(out->bytes(), in->bytes() + offset, block);
+                  out->unpack();
+                };
+              } else {
+                call.work = squall_comm.ireduce_scatter(
+                    host_view<const T>(whole, n),
+                    host_view<T>(reinterpret_cast<T*>(out->bytes()), elements<T>(block)),
+                    squall_op);
+                call.finish = [in, out] { out->unpack(); };
+              }
+            });
+          });
+        });
+    if (code != MPI_SUCCESS) return code;
+  }
+  note(ireduce_scatter_block, started, bytes);
+  return started ? MPI_SUCCESS : fallback();
+}
+
+template <class Fallback>
+int iallgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
+                    count_type recvcount, MPI_Datatype recvtype, MPI_Comm comm,
+                    MPI_Request* request, Fallback fallback) {
+  int size = 1, rank = 0;
+  if (comm != MPI_COMM_NULL) {
+    PMPI_Comm_size(comm, &size);
+    PMPI_Comm_rank(comm, &rank);
+  }
+  const std::uint64_t block = bytes_of(recvcount, recvtype);
+  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
+  bool started = false;
+  if (usable_nonblocking(iallgather, comm, bytes) && block % 4 == 0) {
+    int code = MPI_SUCCESS;
+    started = start_pending(iallgather, comm, request, code, [&](auto& holder, pending_call& call) {
+      auto out = std::make_shared<staged>(recvbuf, recvcount * size, recvtype, comm);
+      const std::size_t words = static_cast<std::size_t>(block / 4);
+      auto* whole = reinterpret_cast<std::int32_t*>(out->bytes());
+      std::int32_t* mine = whole + static_cast<std::size_t>(rank) * words;
+      if (sendbuf == MPI_IN_PLACE) {
+        out->pack();  // this rank's block is its input
+      } else {
+        staged in(const_cast<void*>(sendbuf), sendcount, sendtype, comm);
+        if (in.size() != block) {
+          throw squall::mismatch_error({.operation = "squall_mpi iallgather"},
+                                       "the send and receive signatures differ in size");
+        }
+        in.pack();
+        std::memcpy(mine, in.bytes(), block);
+      }
+      call.work = holder.comm->iallgather(
+          host_view<const std::int32_t>(mine, words),
+          host_view<std::int32_t>(whole, words * static_cast<std::size_t>(size)));
+      call.finish = [out] { out->unpack(); };
+    });
+    if (code != MPI_SUCCESS) return code;
+  }
+  note(iallgather, started, bytes);
+  return started ? MPI_SUCCESS : fallback();
+}
+
+template <class Fallback>
+int ibcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root, MPI_Comm comm,
+                MPI_Request* request, Fallback fallback) {
+  const std::uint64_t bytes = bytes_of(count, datatype);
+  bool started = false;
+  if (usable_nonblocking(ibcast, comm, bytes) && bytes % 4 == 0) {
+    int code = MPI_SUCCESS;
+    started = start_pending(ibcast, comm, request, code, [&](auto& holder, pending_call& call) {
+      auto data = std::make_shared<staged>(buffer, count, datatype, comm);
+      if (holder.comm->rank() == root) data->pack();
+      call.work = holder.comm->ibroadcast(
+          host_view<std::int32_t>(reinterpret_cast<std::int32_t*>(data->bytes()),
+                                  static_cast<std::size_t>(bytes / 4)),
+          root);
+      call.finish = [data] { data->unpack(); };
+    });
+    if (code != MPI_SUCCESS) return code;
+  }
+  note(ibcast, started, bytes);
   return started ? MPI_SUCCESS : fallback();
 }
 
@@ -1359,7 +1515,31 @@ SQUALL_MPI_EXPORT int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int cou
   });
 }
 
-// The completion calls, for the MPI_Iallreduce requests squall runs (`wait_polling`).
+SQUALL_MPI_EXPORT int MPI_Ireduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
+                                                MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                                                MPI_Request* request) {
+  return ireduce_scatter_block_call(sendbuf, recvbuf, recvcount, datatype, op, comm, request, [&] {
+    return PMPI_Ireduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, request);
+  });
+}
+
+SQUALL_MPI_EXPORT int MPI_Iallgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
+                                     void* recvbuf, int recvcount, MPI_Datatype recvtype,
+                                     MPI_Comm comm, MPI_Request* request) {
+  return iallgather_call(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request,
+                         [&] {
+                           return PMPI_Iallgather(sendbuf, sendcount, sendtype, recvbuf, recvcount,
+                                                  recvtype, comm, request);
+                         });
+}
+
+SQUALL_MPI_EXPORT int MPI_Ibcast(void* buffer, int count, MPI_Datatype datatype, int root,
+                                 MPI_Comm comm, MPI_Request* request) {
+  return ibcast_call(buffer, count, datatype, root, comm, request,
+                     [&] { return PMPI_Ibcast(buffer, count, datatype, root, comm, request); });
+}
+
+// The completion calls, for the non-blocking requests squall runs (`wait_polling`).
 SQUALL_MPI_EXPORT int MPI_Wait(MPI_Request* request, MPI_Status* status) {
   return wait_polling(1, request, [&](int* flag) {
     return flag == nullptr ? PMPI_Wait(request, status) : PMPI_Test(request, flag, status);
@@ -1489,6 +1669,30 @@ SQUALL_MPI_EXPORT int MPI_Bcast_c(void* buffer, MPI_Count count, MPI_Datatype da
                                   MPI_Comm comm) {
   return bcast_call(buffer, count, datatype, root, comm,
                     [&] { return PMPI_Bcast_c(buffer, count, datatype, root, comm); });
+}
+
+SQUALL_MPI_EXPORT int MPI_Ireduce_scatter_block_c(const void* sendbuf, void* recvbuf,
+                                                  MPI_Count recvcount, MPI_Datatype datatype,
+                                                  MPI_Op op, MPI_Comm comm, MPI_Request* request) {
+  return ireduce_scatter_block_call(sendbuf, recvbuf, recvcount, datatype, op, comm, request, [&] {
+    return PMPI_Ireduce_scatter_block_c(sendbuf, recvbuf, recvcount, datatype, op, comm, request);
+  });
+}
+
+SQUALL_MPI_EXPORT int MPI_Iallgather_c(const void* sendbuf, MPI_Count sendcount,
+                                       MPI_Datatype sendtype, void* recvbuf, MPI_Count recvcount,
+                                       MPI_Datatype recvtype, MPI_Comm comm, MPI_Request* request) {
+  return iallgather_call(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request,
+                         [&] {
+                           return PMPI_Iallgather_c(sendbuf, sendcount, sendtype, recvbuf,
+                                                    recvcount, recvtype, comm, request);
+                         });
+}
+
+SQUALL_MPI_EXPORT int MPI_Ibcast_c(void* buffer, MPI_Count count, MPI_Datatype datatype, int root,
+                                   MPI_Comm comm, MPI_Request* request) {
+  return ibcast_call(buffer, count, datatype, root, comm, request,
+                     [&] { return PMPI_Ibcast_c(buffer, count, datatype, root, comm, request); });
 }
 #endif
 

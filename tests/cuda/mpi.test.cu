@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // Device buffers over mpi_transport (issue 21, item 3), ranks as processes under mpiexec: the
 // dense collectives on cuda_backend over MPI (ring, direct, tree, halving-doubling), staged
-// through host memory, against the serial double reference (bitwise), and the compressed
-// allreduce on the device over MPI against the same run on host_backend over MPI in the same
-// processes (results and saved state bitwise). The MPI is not assumed CUDA-aware: device
-// buffers are staged, whatever the MPI. Every rank uses device 0 (one GPU is what the device
-// runs have). A failed check is reported, never REQUIREd, so all ranks keep making the same
-// calls. Its own executable (squall_cuda_mpi_tests, main from tests/mpi/main.cpp).
+// through host memory (the allreduce in pieces too), against the serial double reference
+// (bitwise), and the compressed allreduce on the device over MPI against the same run on
+// host_backend over MPI in the same processes (results and saved state bitwise). The MPI is not
+// assumed CUDA-aware: device buffers are staged, whatever the MPI. Every rank uses device 0 (one
+// GPU is what the device runs have). A failed check is reported, never REQUIREd, so all ranks keep
+// making the same calls. Its own executable (squall_cuda_mpi_tests, main from tests/mpi/main.cpp).
 
 #include <squall/topology/direct.hpp>
 #include <squall/topology/halving_doubling.hpp>
@@ -41,6 +41,8 @@ TEST_SUITE("cuda_mpi") {
     test::dense_over<squall::direct_topology>(world());
     test::dense_over<squall::tree_topology>(world());
     test::dense_over<squall::halving_doubling_topology>(world());
+    // the staged allreduce in 1,025 pieces of 4 KiB, each copy waited for by its own event
+    test::dense_over<squall::ring_topology>(world(), {.staging_chunk_bytes = 4096});
   }
 
   TEST_CASE("compressed allreduce on device buffers over MPI, staged, is the host's" *

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The dense collectives on the CUDA backend over a host transport (threads over
 // inproc_transport, one device): device buffers staged through host memory (dense.hpp's staged
-// core), each result copied back and compared with the serial double reference, bitwise. The
+// core; the allreduce in 4 KiB pieces too), each result copied back and compared with the
+// serial double reference, bitwise. The
 // compressed allreduce staged the same way (encode and decode on the device, payloads through
 // host memory; state in device memory) against the same run on host_backend, bitwise: the
 // compressors used are the device kernels' deterministic twins (error_feedback.test.cu), and
@@ -37,10 +38,10 @@ using squall::inproc_transport;
 namespace {
 
 template <class Topology>
-void staged_collectives(int p) {
-  test::run_ranks(p, [p](inproc_transport& t) {
+void staged_collectives(int p, const squall::collective_tuning& tuning = {}) {
+  test::run_ranks(p, [p, &tuning](inproc_transport& t) {
     squall::communicator<inproc_transport, Topology, squall::identity_compressor, cuda_backend>
-        comm(std::move(t), test::make_topology<Topology>(p), {}, {}, cuda_backend(0, nullptr));
+        comm(std::move(t), test::make_topology<Topology>(p), {}, tuning, cuda_backend(0, nullptr));
     test::findings f;
     test::check_device_collectives(comm, f);
     INFO(f.text());
@@ -127,6 +128,8 @@ TEST_SUITE("cuda") {
       CAPTURE(p);
       staged_collectives<squall::ring_topology>(p);
       staged_collectives<squall::direct_topology>(p);
+      // the allreduce in 1,025 pieces of 4 KiB, each copy waited for by its own event
+      staged_collectives<squall::direct_topology>(p, {.staging_chunk_bytes = 4096});
     }
   }
 }

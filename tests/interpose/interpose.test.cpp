@@ -46,12 +46,12 @@ bool expect_off() {
 }
 
 /// Whether the settings let squall take collective `name` (SQUALL_MPI_COLLECTIVES, as the
-/// library reads it; unset: allreduce, allgather and reduce_scatter_block).
+/// library reads it; unset: all but bcast, ibcast and barrier).
 bool takes(const std::string& name) {
   const char* list = std::getenv("SQUALL_MPI_COLLECTIVES");
-  const std::string text = list != nullptr
-                               ? "," + std::string(list) + ","
-                               : ",allreduce,allgather,reduce_scatter_block,iallreduce,";
+  const std::string text = list != nullptr ? "," + std::string(list) + ","
+                                           : ",allreduce,allgather,reduce_scatter_block,"
+                                             "iallreduce,iallgather,ireduce_scatter_block,";
   return text.find(",all,") != std::string::npos ||
          text.find("," + name + ",") != std::string::npos;
 }
@@ -429,10 +429,10 @@ TEST_CASE("split and duplicated communicators get their own state, freed with th
   }
 }
 
-/// Whether squall takes an MPI_Iallreduce of `bytes` on `comm`: on one host only (shared
-/// memory: across hosts squall's progress thread would call MPI), once squall holds `comm`
-/// (`hold`).
-bool takes_iallreduce(MPI_Comm comm, std::size_t bytes) {
+/// Whether squall takes a non-blocking call `name` (iallreduce, iallgather,
+/// ireduce_scatter_block, ibcast) of `bytes` on `comm`: on one host only (shared memory: across
+/// hosts squall's progress thread would call MPI), once squall holds `comm` (`hold`).
+bool takes_nonblocking(const std::string& name, MPI_Comm comm, std::size_t bytes) {
   const char* transport = std::getenv("SQUALL_MPI_TRANSPORT");
   const char* floor = std::getenv("SQUALL_MPI_IALLREDUCE_MIN_BYTES");  // digits, K or none
   std::size_t least = std::size_t{256} << 10;
@@ -440,7 +440,7 @@ bool takes_iallreduce(MPI_Comm comm, std::size_t bytes) {
     char* end = nullptr;
     least = std::strtoull(floor, &end, 10) << (*end == 'K' ? 10 : 0);
   }
-  return takes("iallreduce") && !expect_off() && bytes >= std::max<std::size_t>(least, 4096) &&
+  return takes(name) && !expect_off() && bytes >= std::max<std::size_t>(least, 4096) &&
          !spans_nodes(comm) && (transport == nullptr || std::string(transport) != "mpi");
 }
 
@@ -515,7 +515,8 @@ TEST_CASE("iallreduce: many in flight with MPI's own requests, completed every w
                                            &requests.back())
                           : MPI_Iallreduce(c.input.data(), c.result.data(), n, MPI_DOUBLE, c.op,
                                            comm, &requests.back())) == MPI_SUCCESS);
-      squall_takes += takes_iallreduce(comm, c.input.size() * sizeof(double)) ? 1 : 0;
+      squall_takes +=
+          takes_nonblocking("iallreduce", comm, c.input.size() * sizeof(double)) ? 1 : 0;
     }
     // MPI's own requests in the same arrays: a ring of point-to-point messages (rendezvous
     // size, so they need MPI's progress while squall's requests are waited for)
@@ -530,8 +531,8 @@ TEST_CASE("iallreduce: many in flight with MPI's own requests, completed every w
     requests.emplace_back();
     REQUIRE(MPI_Iallreduce(MPI_IN_PLACE, l_result.data(), 9000, MPI_INT64_T, MPI_MIN, comm,
                            &requests.back()) == MPI_SUCCESS);
-    squall_takes += (takes_iallreduce(comm, 40000 * sizeof(float)) ? 1 : 0) +
-                    (takes_iallreduce(comm, 9000 * sizeof(std::int64_t)) ? 1 : 0);
+    squall_takes += (takes_nonblocking("iallreduce", comm, 40000 * sizeof(float)) ? 1 : 0) +
+                    (takes_nonblocking("iallreduce", comm, 9000 * sizeof(std::int64_t)) ? 1 : 0);
     const auto [h1, p1] = routes();
     CHECK(h1 - h0 == squall_takes);
     CHECK(p1 - p0 == calls.size() + 2 - squall_takes);
@@ -582,6 +583,74 @@ TEST_CASE("iallreduce: many in flight with MPI's own requests, completed every w
   MPI_Comm_free(&comm);
 }
 
+TEST_CASE("iallgather, ireduce_scatter_block and ibcast in flight together, against PMPI") {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  hold(comm);
+  const int rank = rank_of(comm);
+  const int size = size_of(comm);
+  const std::size_t p = static_cast<std::size_t>(size);
+  for (const std::size_t block : {3000ul, 70001ul}) {  // below and above the smallest taken
+    CAPTURE(block);
+    // the inputs and MPI's own answers
+    const std::vector<float> input = data_of<float>(block * p, rank, 4);
+    std::vector<float> scattered_ref(block);
+    PMPI_Reduce_scatter_block(input.data(), scattered_ref.data(), static_cast<int>(block),
+                              MPI_FLOAT, MPI_SUM, comm);
+    const std::vector<std::int32_t> mine = data_of<std::int32_t>(block, rank, 6);
+    std::vector<std::int32_t> gathered_ref(block * p);
+    PMPI_Allgather(mine.data(), static_cast<int>(block), MPI_INT, gathered_ref.data(),
+                   static_cast<int>(block), MPI_INT, comm);
+    const int root = size - 1;
+    const std::vector<double> broadcast_ref = data_of<double>(block, root, 8);
+
+    // every form at once, with an iallreduce among them, waited for together
+    std::vector<float> scattered(block), scattered_in_place = input;
+    std::vector<std::int32_t> gathered(block * p), gathered_in_place(block * p);
+    std::copy(mine.begin(), mine.end(),
+              gathered_in_place.begin() + static_cast<long>(block) * rank);
+    std::vector<double> broadcast = data_of<double>(block, rank, 8);
+    std::vector<float> summed = input;
+    std::vector<float> summed_ref(input.size());
+    PMPI_Allreduce(input.data(), summed_ref.data(), static_cast<int>(input.size()), MPI_FLOAT,
+                   MPI_SUM, comm);
+    const int n = static_cast<int>(block);
+    std::vector<MPI_Request> requests(6, MPI_REQUEST_NULL);
+    const auto [h0, p0] = routes();
+    REQUIRE(MPI_Ireduce_scatter_block(input.data(), scattered.data(), n, MPI_FLOAT, MPI_SUM, comm,
+                                      &requests[0]) == MPI_SUCCESS);
+    REQUIRE(MPI_Iallgather(mine.data(), n, MPI_INT, gathered.data(), n, MPI_INT, comm,
+                           &requests[1]) == MPI_SUCCESS);
+    REQUIRE(MPI_Ibcast(broadcast.data(), n, MPI_DOUBLE, root, comm, &requests[2]) == MPI_SUCCESS);
+    REQUIRE(MPI_Ireduce_scatter_block(MPI_IN_PLACE, scattered_in_place.data(), n, MPI_FLOAT,
+                                      MPI_SUM, comm, &requests[3]) == MPI_SUCCESS);
+    REQUIRE(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, gathered_in_place.data(), n, MPI_INT,
+                           comm, &requests[4]) == MPI_SUCCESS);
+    REQUIRE(MPI_Iallreduce(MPI_IN_PLACE, summed.data(), static_cast<int>(summed.size()), MPI_FLOAT,
+                           MPI_SUM, comm, &requests[5]) == MPI_SUCCESS);
+    const auto [h1, p1] = routes();
+    const std::size_t all_bytes = block * p * 4;
+    const std::size_t taken =
+        2 * (takes_nonblocking("ireduce_scatter_block", comm, all_bytes) ? 1 : 0) +
+        2 * (takes_nonblocking("iallgather", comm, all_bytes) ? 1 : 0) +
+        (takes_nonblocking("ibcast", comm, block * 8) ? 1 : 0) +
+        (takes_nonblocking("iallreduce", comm, all_bytes) ? 1 : 0);
+    CHECK(h1 - h0 == taken);
+    CHECK(p1 - p0 == 6 - taken);
+    std::reverse(requests.begin(), requests.end());
+    REQUIRE(MPI_Waitall(6, requests.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS);
+    CHECK(scattered == scattered_ref);
+    CHECK(std::vector<float>(scattered_in_place.begin(),
+                             scattered_in_place.begin() + static_cast<long>(block)) ==
+          scattered_ref);
+    CHECK(gathered == gathered_ref);
+    CHECK(gathered_in_place == gathered_ref);
+    CHECK(broadcast == broadcast_ref);
+    CHECK(summed == summed_ref);
+  }
+  MPI_Comm_free(&comm);
+}
+
 TEST_CASE("iallreduce: one waited while a peer waits on this rank's send, and a freed comm") {
   // Rank 0 starts the allreduce and a large send to rank 1, then waits for the allreduce;
   // rank 1 first receives that message, only then starts the allreduce. Valid MPI: rank 0's
@@ -613,7 +682,7 @@ TEST_CASE("iallreduce: one waited while a peer waits on this rank's send, and a 
   // A communicator freed while an allreduce on it runs (MPI lets the operation finish): the
   // request still completes with the right answer. Only where squall takes it: Open MPI 4.1's
   // own MPI_Iallreduce crashes in MPI_Wait after the free.
-  if (!takes_iallreduce(comm, 50000 * sizeof(float))) {
+  if (!takes_nonblocking("iallreduce", comm, 50000 * sizeof(float))) {
     MPI_Comm_free(&comm);
     return;
   }
@@ -626,7 +695,7 @@ TEST_CASE("iallreduce: one waited while a peer waits on this rank's send, and a 
 }
 
 TEST_CASE("iallreduce: freeing or cancelling a pending one is refused, naming why") {
-  if (!takes_iallreduce(MPI_COMM_WORLD, 4 << 20)) return;
+  if (!takes_nonblocking("iallreduce", MPI_COMM_WORLD, 4 << 20)) return;
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   hold(comm);

@@ -76,11 +76,12 @@ void check_device_collectives(Comm& comm, findings& f,
 
 /// The dense collectives on cuda_backend over `transport` (a process's end of it), checked.
 template <class Topology, class Transport>
-void dense_over(Transport transport) {
+void dense_over(Transport transport, const collective_tuning& tuning = {}) {
   CAPTURE(Topology::name);
+  CAPTURE(tuning.staging_chunk_bytes);
   const int p = transport.size();
   communicator<Transport, Topology, identity_compressor, cuda_backend> comm(
-      std::move(transport), make_topology<Topology>(p), {}, {}, cuda_backend(0, nullptr));
+      std::move(transport), make_topology<Topology>(p), {}, tuning, cuda_backend(0, nullptr));
   findings f;
   check_device_collectives(comm, f);
   INFO(f.text());
