@@ -46,12 +46,12 @@ bool expect_off() {
 }
 
 /// Whether the settings let squall take collective `name` (SQUALL_MPI_COLLECTIVES, as the
-/// library reads it; unset: all but bcast, ibcast and barrier).
+/// library reads it; unset: all but bcast, ibcast, barrier and iallgather).
 bool takes(const std::string& name) {
   const char* list = std::getenv("SQUALL_MPI_COLLECTIVES");
   const std::string text = list != nullptr ? "," + std::string(list) + ","
                                            : ",allreduce,allgather,reduce_scatter_block,"
-                                             "iallreduce,iallgather,ireduce_scatter_block,";
+                                             "iallreduce,ireduce_scatter_block,";
   return text.find(",all,") != std::string::npos ||
          text.find("," + name + ",") != std::string::npos;
 }
