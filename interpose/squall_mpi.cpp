@@ -422,6 +422,27 @@ class staged {
   std::vector<std::byte> copy_;
 };
 
+/// An allgather's packed result `out` with this rank's `block` bytes in place, as 32-bit words:
+/// packed from the receive buffer (MPI_IN_PLACE) or the send buffer's packed bytes copied in.
+/// Returns where that block starts.
+std::int32_t* own_block(staged& out, const void* sendbuf, count_type sendcount,
+                        MPI_Datatype sendtype, std::uint64_t block, int rank, MPI_Comm comm) {
+  std::int32_t* mine = reinterpret_cast<std::int32_t*>(out.bytes()) +
+                       static_cast<std::size_t>(rank) * static_cast<std::size_t>(block / 4);
+  if (sendbuf == MPI_IN_PLACE) {
+    out.pack();  // this rank's block is its input
+    return mine;
+  }
+  staged in(const_cast<void*>(sendbuf), sendcount, sendtype, comm);
+  if (in.size() != block) {
+    throw squall::mismatch_error({.operation = "squall_mpi allgather"},
+                                 "the send and receive signatures differ in size");
+  }
+  in.pack();
+  std::memcpy(mine, in.bytes(), block);
+  return mine;
+}
+
 /// An allreduce's buffers as squall sees them, packed: `out` (the input too, in place:
 /// MPI_IN_PLACE) and `in` (otherwise).
 struct allreduce_buffers {
@@ -1331,18 +1352,7 @@ int iallgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype send
       auto out = std::make_shared<staged>(recvbuf, recvcount * size, recvtype, comm);
       const std::size_t words = static_cast<std::size_t>(block / 4);
       auto* whole = reinterpret_cast<std::int32_t*>(out->bytes());
-      std::int32_t* mine = whole + static_cast<std::size_t>(rank) * words;
-      if (sendbuf == MPI_IN_PLACE) {
-        out->pack();  // this rank's block is its input
-      } else {
-        staged in(const_cast<void*>(sendbuf), sendcount, sendtype, comm);
-        if (in.size() != block) {
-          throw squall::mismatch_error({.operation = "squall_mpi iallgather"},
-                                       "the send and receive signatures differ in size");
-        }
-        in.pack();
-        std::memcpy(mine, in.bytes(), block);
-      }
+      const std::int32_t* mine = own_block(*out, sendbuf, sendcount, sendtype, block, rank, comm);
       call.work = holder.comm->iallgather(
           host_view<const std::int32_t>(mine, words),
           host_view<std::int32_t>(whole, words * static_cast<std::size_t>(size)));
@@ -1438,18 +1448,7 @@ int allgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendt
     staged out(recvbuf, recvcount * size, recvtype, comm);
     const std::size_t words = static_cast<std::size_t>(block / 4);
     auto* whole = reinterpret_cast<std::int32_t*>(out.bytes());
-    std::int32_t* mine = whole + static_cast<std::size_t>(rank) * words;
-    if (sendbuf == MPI_IN_PLACE) {
-      out.pack();  // this rank's block is its input
-    } else {
-      staged in(const_cast<void*>(sendbuf), sendcount, sendtype, comm);
-      if (in.size() != block) {
-        throw squall::mismatch_error({.operation = "squall_mpi allgather"},
-                                     "the send and receive signatures differ in size");
-      }
-      in.pack();
-      std::memcpy(mine, in.bytes(), block);
-    }
+    const std::int32_t* mine = own_block(out, sendbuf, sendcount, sendtype, block, rank, comm);
     squall_comm.allgather(host_view<const std::int32_t>(mine, words),
                           host_view<std::int32_t>(whole, words * static_cast<std::size_t>(size)));
     out.unpack();
