@@ -1284,53 +1284,86 @@ int iallreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Da
   return started ? MPI_SUCCESS : fallback();
 }
 
+/// A reduce_scatter_block's route: the bytes of one block and of all, and the element type
+/// squall reduces them as (none: MPI takes the call). `nonblocking`: the floor of the
+/// non-blocking forms applies too.
+struct scatter_route {
+  std::uint64_t block = 0;
+  std::uint64_t bytes = 0;
+  base b = base::none;
+};
+scatter_route reduce_scatter_route(call_kind kind, bool nonblocking, count_type recvcount,
+                                   MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
+  int size = 1;
+  if (comm != MPI_COMM_NULL) PMPI_Comm_size(comm, &size);
+  scatter_route r;
+  r.block = bytes_of(recvcount, datatype);
+  r.bytes = r.block * static_cast<std::uint64_t>(size);
+  const bool may =
+      nonblocking ? usable_nonblocking(kind, comm, r.bytes) : usable(kind, comm, r.bytes);
+  if (may && reducible(op)) r.b = signature_base(datatype);
+  return r;
+}
+
+/// A reduce_scatter_block's buffers as squall sees them, packed: `in` (every rank's input; the
+/// receive buffer, in place) and `out` (this rank's block).
+struct scatter_buffers {
+  bool in_place;
+  std::uint64_t block;
+  staged in;
+  staged out;
+  scatter_buffers(const void* sendbuf, void* recvbuf, count_type recvcount, int size,
+                  MPI_Datatype type, MPI_Comm comm)
+      : in_place(sendbuf == MPI_IN_PLACE),
+        block(bytes_of(recvcount, type)),
+        in(in_place ? recvbuf : const_cast<void*>(sendbuf), recvcount * size, type, comm),
+        out(recvbuf, recvcount, type, comm) {
+    in.pack();
+  }
+  /// The result into the receive buffer. In place squall leaves this rank's block at `offset`
+  /// bytes of `in`; MPI wants it at the front.
+  void finish(std::size_t offset) {
+    if (in_place && offset != 0) std::memmove(out.bytes(), in.bytes() + offset, block);
+    out.unpack();
+  }
+};
+
 template <class Fallback>
 int ireduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type recvcount,
                                MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
                                MPI_Request* request, Fallback fallback) {
-  int size = 1;
-  if (comm != MPI_COMM_NULL) PMPI_Comm_size(comm, &size);
-  const std::uint64_t block = bytes_of(recvcount, datatype);
-  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
-  const base b = usable_nonblocking(ireduce_scatter_block, comm, bytes) && reducible(op)
-                     ? signature_base(datatype)
-                     : base::none;
+  const scatter_route route =
+      reduce_scatter_route(ireduce_scatter_block, true, recvcount, datatype, op, comm);
   bool started = false;
-  if (b != base::none) {
+  if (route.b != base::none) {
     int code = MPI_SUCCESS;
     started = start_pending(
         ireduce_scatter_block, comm, request, code, [&](auto& holder, pending_call& call) {
           auto& squall_comm = *holder.comm;
-          const bool in_place = sendbuf == MPI_IN_PLACE;
-          auto in = std::make_shared<staged>(in_place ? recvbuf : const_cast<void*>(sendbuf),
-                                             recvcount * size, datatype, comm);
-          auto out = std::make_shared<staged>(recvbuf, recvcount, datatype, comm);
-          in->pack();
-          with_type(b, [&]<class T>(T) {
+          auto buffers = std::make_shared<scatter_buffers>(sendbuf, recvbuf, recvcount,
+                                                           squall_comm.size(), datatype, comm);
+          with_type(route.b, [&]<class T>(T) {
             with_op(op, [&](auto squall_op) {
-              const std::size_t n = elements<T>(bytes);
-              T* whole = reinterpret_cast<T*>(in->bytes());
-              if (in_place) {
-                // squall leaves this rank's block in place; MPI wants it at the front
+              const std::size_t n = elements<T>(route.bytes);
+              T* whole = reinterpret_cast<T*>(buffers->in.bytes());
+              std::size_t offset = 0;
+              if (buffers->in_place) {
                 call.work = squall_comm.ireduce_scatter(host_view<T>(whole, n), squall_op);
-                const std::size_t offset = squall_comm.block_offset(n) * sizeof(T);
-                call.finish = [in, out, offset, block] {
-                  if (offset != 0) std::memmove(out->bytes(), in->bytes() + offset, block);
-                  out->unpack();
-                };
+                offset = squall_comm.block_offset(n) * sizeof(T);
               } else {
                 call.work = squall_comm.ireduce_scatter(
                     host_view<const T>(whole, n),
-                    host_view<T>(reinterpret_cast<T*>(out->bytes()), elements<T>(block)),
+                    host_view<T>(reinterpret_cast<T*>(buffers->out.bytes()),
+                                 elements<T>(route.block)),
                     squall_op);
-                call.finish = [in, out] { out->unpack(); };
               }
+              call.finish = [buffers, offset] { buffers->finish(offset); };
             });
           });
         });
     if (code != MPI_SUCCESS) return code;
   }
-  note(ireduce_scatter_block, started, bytes);
+  note(ireduce_scatter_block, started, route.bytes);
   return started ? MPI_SUCCESS : fallback();
 }
 
@@ -1389,42 +1422,30 @@ int ibcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root,
 template <class Fallback>
 int reduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type recvcount,
                               MPI_Datatype datatype, MPI_Op op, MPI_Comm comm, Fallback fallback) {
-  int size = 1;
-  if (comm != MPI_COMM_NULL) PMPI_Comm_size(comm, &size);
-  const std::uint64_t block = bytes_of(recvcount, datatype);
-  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
-  const base b = usable(reduce_scatter_block, comm, bytes) && reducible(op)
-                     ? signature_base(datatype)
-                     : base::none;
-  if (b == base::none) {
-    note(reduce_scatter_block, false, bytes);
-    return fallback();
-  }
-  note(reduce_scatter_block, true, bytes);
+  const scatter_route route =
+      reduce_scatter_route(reduce_scatter_block, false, recvcount, datatype, op, comm);
+  note(reduce_scatter_block, route.b != base::none, route.bytes);
+  if (route.b == base::none) return fallback();
   return run(comm, [&](auto& holder) {
     auto& squall_comm = *holder.comm;
-    const bool in_place = sendbuf == MPI_IN_PLACE;
-    const count_type total = recvcount * size;
-    staged in(in_place ? recvbuf : const_cast<void*>(sendbuf), total, datatype, comm);
-    staged out(recvbuf, recvcount, datatype, comm);
-    in.pack();
-    with_type(b, [&]<class T>(T) {
+    scatter_buffers buffers(sendbuf, recvbuf, recvcount, squall_comm.size(), datatype, comm);
+    with_type(route.b, [&]<class T>(T) {
       with_op(op, [&](auto squall_op) {
-        const std::size_t n = elements<T>(bytes);
-        T* whole = reinterpret_cast<T*>(in.bytes());
-        T* result = reinterpret_cast<T*>(out.bytes());
-        if (in_place) {
-          // squall leaves this rank's block in place; MPI wants it at the front.
+        const std::size_t n = elements<T>(route.bytes);
+        T* whole = reinterpret_cast<T*>(buffers.in.bytes());
+        std::size_t offset = 0;
+        if (buffers.in_place) {
           squall_comm.reduce_scatter(host_view<T>(whole, n), squall_op);
-          const std::size_t offset = squall_comm.block_offset(n);
-          if (offset != 0) std::memmove(result, whole + offset, block);
+          offset = squall_comm.block_offset(n) * sizeof(T);
         } else {
-          squall_comm.reduce_scatter(host_view<const T>(whole, n),
-                                     host_view<T>(result, elements<T>(block)), squall_op);
+          squall_comm.reduce_scatter(
+              host_view<const T>(whole, n),
+              host_view<T>(reinterpret_cast<T*>(buffers.out.bytes()), elements<T>(route.block)),
+              squall_op);
         }
+        buffers.finish(offset);
       });
     });
-    out.unpack();
   });
 }
 
