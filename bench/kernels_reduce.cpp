@@ -3,6 +3,9 @@
 // bytes_per_second counts the bytes each loop moves: reduce_into reads dst and src and writes
 // dst (3 x count x sizeof(T)); memcpy reads and writes (2 x bytes), so the two are comparable
 // as memory traffic. Sizes are element counts.
+// copy/apart:N: memcpy and kernels::copy_bytes of a page-aligned source to a destination N
+// bytes into its page (16: a heap buffer filled from a window or registered segment), the
+// case copy_bytes takes backwards; apart:0 is the plain case. Sizes there are bytes.
 
 #include <squall/kernels/host/reduce.hpp>
 
@@ -39,8 +42,43 @@ void reduce_into(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 3 * count * sizeof(T)));
 }
 
+/// `bytes` from a page-aligned source to a destination `apart` bytes into its page, by
+/// memcpy or by `copy_bytes`.
+template <bool Squall>
+void copy_apart(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const auto apart = static_cast<std::size_t>(state.range(1));
+  constexpr std::size_t page = squall::kernels::aliased_copy::page;
+  std::vector<std::byte> src_memory(bytes + page, std::byte{1});
+  std::vector<std::byte> dst_memory(bytes + 2 * page);
+  const auto aligned = [](std::byte* p) {
+    return p + (page - reinterpret_cast<std::uintptr_t>(p) % page) % page;
+  };
+  const std::byte* src = aligned(src_memory.data());
+  std::byte* dst = aligned(dst_memory.data()) + apart;
+  for (auto _ : state) {
+    if constexpr (Squall) {
+      squall::kernels::copy_bytes(dst, src, bytes);
+    } else {
+      std::memcpy(dst, src, bytes);
+    }
+    benchmark::DoNotOptimize(dst);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * bytes));
+}
+
+void copy_sizes(benchmark::internal::Benchmark* b) {
+  for (const std::int64_t apart : {0, 16}) {
+    for (std::int64_t bytes = 4 << 10; bytes <= (4 << 20); bytes *= 4) b->Args({bytes, apart});
+  }
+  b->ArgNames({"bytes", "apart"});
+}
+
 }  // namespace
 
+BENCHMARK_TEMPLATE(copy_apart, false)->Name("copy/memcpy")->Apply(copy_sizes);
+BENCHMARK_TEMPLATE(copy_apart, true)->Name("copy/copy_bytes")->Apply(copy_sizes);
 BENCHMARK(memcpy_baseline)->Name("memcpy")->RangeMultiplier(16)->Range(min_count, max_count);
 BENCHMARK_TEMPLATE(reduce_into, float, squall::sum_op)
     ->Name("reduce_into/float/sum")

@@ -69,6 +69,7 @@
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/by_name.hpp>
 #include <squall/detail/math.hpp>  // fnv1a64
+#include <squall/kernels/host/copy.hpp>
 #include <squall/topology/automatic.hpp>
 #include <squall/transport/mpi.hpp>
 #include <squall/transport/shm.hpp>
@@ -439,7 +440,7 @@ std::int32_t* own_block(staged& out, const void* sendbuf, count_type sendcount,
                                  "the send and receive signatures differ in size");
   }
   in.pack();
-  std::memcpy(mine, in.bytes(), block);
+  squall::kernels::copy_bytes(mine, in.bytes(), block);
   return mine;
 }
 
@@ -461,7 +462,7 @@ struct allreduce_buffers {
   bool in_place() const { return !in; }
   /// The input copied into `out`, for the paths that reduce in place.
   void input_to_output() {
-    if (in) std::memcpy(out.bytes(), in->bytes(), out.size());
+    if (in) squall::kernels::copy_bytes(out.bytes(), in->bytes(), out.size());
   }
 };
 

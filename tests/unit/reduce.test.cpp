@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>  // equal, fill
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -124,6 +125,44 @@ TEST_SUITE("kernels") {
                         host_view<const float>(a).subview(1, 3),
                         host_view<const float>(b).subview(0, 3)),
         squall::invalid_argument);
+  }
+
+  TEST_CASE("copy_bytes at every distance modulo a page, sizes around its thresholds") {
+    // The bytes of a page-aligned source put at each offset of a destination page: the
+    // offsets 1-127 take copy_bytes' backward path above 2 KiB, the others memcpy. Each copy
+    // is checked byte for byte, and the bytes just outside the destination stay untouched.
+    constexpr std::size_t page = kernels::aliased_copy::page;
+    const std::size_t sizes[] = {0, 1, 63, 64, 65, 2048, 2049, 4096, 4159, 65536 + 17};
+    std::vector<std::byte> source(65536 + 64 + page);
+    for (std::size_t i = 0; i < source.size(); ++i) {
+      source[i] = static_cast<std::byte>((i * 131 + i / 251) & 0xff);
+    }
+    std::vector<std::byte> target(source.size() + 2 * page);
+    const std::byte* src =
+        source.data() + (page - reinterpret_cast<std::uintptr_t>(source.data()) % page) % page;
+    std::size_t backward = 0;
+    for (const std::size_t bytes : sizes) {
+      for (std::size_t offset : {0ul, 1ul, 16ul, 17ul, 64ul, 127ul, 128ul, 2048ul, 4080ul}) {
+        std::byte* base =
+            target.data() + (page - reinterpret_cast<std::uintptr_t>(target.data()) % page) % page;
+        std::byte* dst = base + offset + 1;  // one guard byte before
+        std::fill(target.begin(), target.end(), std::byte{0x5a});
+        if (kernels::aliased_copy::applies(dst, src, bytes)) ++backward;
+        kernels::copy_bytes(dst, src, bytes);
+        CAPTURE(bytes);
+        CAPTURE(offset);
+        REQUIRE(std::equal(dst, dst + bytes, src));
+        CHECK(dst[-1] == std::byte{0x5a});
+        CHECK(dst[bytes] == std::byte{0x5a});
+      }
+    }
+    CHECK(backward == 4 * 5);  // 2049 bytes and up, 1, 2, 17, 18 and 65 bytes after the source
+    // kernels::copy on overlapping ranges of such a size still moves as memmove does
+    std::vector<float> a(5000);
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i);
+    kernels::copy(host_backend{}, host_view<float>(a).subview(4, 4000),
+                  host_view<const float>(a).subview(0, 4000));
+    for (std::size_t i = 0; i < 4000; ++i) REQUIRE(a[4 + i] == static_cast<float>(i));
   }
 }
 

@@ -29,6 +29,7 @@
 #include <squall/core/link_costs.hpp>
 #include <squall/core/options.hpp>
 #include <squall/detail/math.hpp>
+#include <squall/kernels/host/copy.hpp>
 #include <squall/transport/detail/shm_registry.hpp>
 #include <squall/transport/detail/shm_segment.hpp>
 
@@ -538,7 +539,7 @@ struct state {
         const std::size_t chunk = std::min(payload, op.bytes - op.done);
         const slot_header sh{op.bytes, head_seq, 0, 0};
         std::memcpy(slot, &sh, sizeof(sh));
-        if (chunk != 0) std::memcpy(slot + sizeof(slot_header), op.send_data + op.done, chunk);
+        kernels::copy_bytes(slot + sizeof(slot_header), op.send_data + op.done, chunk);
         op.done += chunk;
         op.started = true;
         ++head_seq;
@@ -589,7 +590,7 @@ struct state {
           continue;
         }
         const std::size_t chunk = std::min(payload, op.bytes - op.done);
-        if (chunk != 0) std::memcpy(op.recv_data + op.done, slot + sizeof(slot_header), chunk);
+        kernels::copy_bytes(op.recv_data + op.done, slot + sizeof(slot_header), chunk);
         op.done += chunk;
         op.started = true;
         ++tail_seq;

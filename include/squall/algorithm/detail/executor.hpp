@@ -19,7 +19,6 @@
 #include <array>
 #include <cstddef>  // byte, size_t
 #include <cstdint>  // uint64_t
-#include <cstring>  // memcpy
 #include <deque>
 #include <span>
 #include <string>
@@ -471,7 +470,7 @@ class executor {
           if (stream) {
             kernels::stream_copy(into, mapped + at, n);  // host memory: a registered transport's
           } else {
-            std::memcpy(into, mapped + at, n);
+            kernels::copy_bytes(into, mapped + at, n);
           }
         })) {
       return;

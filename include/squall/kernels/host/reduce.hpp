@@ -11,6 +11,7 @@
 #include <squall/core/error.hpp>
 #include <squall/core/ops.hpp>
 #include <squall/kernels/host/convert.hpp>
+#include <squall/kernels/host/copy.hpp>
 
 #include <algorithm>  // min
 #include <cstddef>    // size_t
@@ -20,9 +21,6 @@
 #include <string_view>
 #include <type_traits>
 #include <vector>
-#if defined(__SSE2__) && !defined(__CUDACC__)
-#include <emmintrin.h>  // _mm_stream_si128, _mm_sfence
-#endif
 
 namespace squall::kernels {
 namespace detail {
@@ -134,34 +132,11 @@ requires std::is_trivially_copyable_v<T>
 void copy(const host_backend&, host_view<T> dst, host_view<const std::type_identity_t<T>> src) {
   detail::require_same_count("copy", dst.count(), src.count());
   if (dst.empty() || dst.data() == src.data()) return;
-  std::memmove(dst.data(), src.data(), dst.size_bytes());
-}
-
-/// `bytes` from `src` to `dst` (not overlapping) with non-temporal stores where the CPU has
-/// them (x86-64's SSE2, every x86-64): the destination's lines are written without being read
-/// first and bypass the caches, which pays for outputs larger than the last-level cache that
-/// nothing reads soon (issue 22); then a store fence, so that what follows (a barrier's
-/// atomic) is ordered after the stores. Elsewhere a plain memcpy.
-inline void stream_copy(std::byte* dst, const std::byte* src, std::size_t bytes) {
-#if defined(__SSE2__) && !defined(__CUDACC__)
-  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
-  std::memcpy(dst, src, head);
-  std::size_t i = head;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  if (detail::partially_overlap<T>(dst.data(), src.data(), dst.count())) {
+    std::memmove(dst.data(), src.data(), dst.size_bytes());
+  } else {
+    copy_bytes(dst.data(), src.data(), dst.size_bytes());
   }
-  std::memcpy(dst + i, src + i, bytes - i);
-  _mm_sfence();
-#else
-  std::memcpy(dst, src, bytes);
-#endif
 }
 
 /// Copies `size` bytes from host memory `src` into the backend's memory at `dst` (a payload's
