@@ -23,6 +23,7 @@
 #include <squall/core/error.hpp>
 #include <squall/core/link_costs.hpp>
 #include <squall/core/options.hpp>
+#include <squall/kernels/host/copy.hpp>
 
 #include <algorithm>  // min
 #include <chrono>
@@ -681,14 +682,13 @@ inline buffer_view<std::byte> inproc_transport::local_view() { return state_->wi
 
 inline void inproc_transport::read_peer(int peer, std::uint64_t from, buffer_view<std::byte> into) {
   check_peer("read_peer", peer);
-  if (!into.empty())
-    std::memcpy(into.data(), reinterpret_cast<const std::byte*>(from), into.count());
+  kernels::copy_bytes(into.data(), reinterpret_cast<const std::byte*>(from), into.count());
 }
 
 inline void inproc_transport::write_peer(int peer, std::uint64_t to,
                                          buffer_view<const std::byte> from) {
   check_peer("write_peer", peer);
-  if (!from.empty()) std::memcpy(reinterpret_cast<std::byte*>(to), from.data(), from.count());
+  kernels::copy_bytes(reinterpret_cast<std::byte*>(to), from.data(), from.count());
 }
 
 // ---- inproc_world
