@@ -31,10 +31,11 @@ struct aliased_copy {
 /// lies a few bytes after the source modulo 4 KiB (`aliased_copy`: a heap buffer, 16 bytes into
 /// its page, filled from a page-aligned window or segment): glibc 2.36's memcpy copies those
 /// with REP MOVSB from 2 KiB on, which ran at 1.1-2.4 GB/s instead of 26-60 on the project's
-/// AMD EPYC for 2.5 KiB-256 KiB (every load waits on the 4 KiB-aliased store just before it;
-/// docs/performance.md, "Copies a few bytes apart modulo 4 KiB"). Those are copied from the end
-/// down in 64-byte blocks, each loaded whole before it is stored, so no load follows a store to
-/// the same offset in a page: 30-45 GB/s there.
+/// AMD EPYC for 2.5 KiB-256 KiB (measured, docs/performance.md, "Copies a few bytes apart
+/// modulo 4 KiB"; the likely cause is 4 KiB aliasing: each load matches the store just before
+/// it in its page offset). Those are copied from the end down in 64-byte blocks, each loaded
+/// whole before it is stored, so no load follows a store to the same offset in a page:
+/// 30-45 GB/s there.
 inline void copy_bytes(void* dst, const void* src, std::size_t bytes) {
 #if defined(__SSE2__) && !defined(__CUDACC__)
   if (aliased_copy::applies(dst, src, bytes)) {
