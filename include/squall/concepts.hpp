@@ -140,6 +140,8 @@ concept registered_memory_transport = peer_memory_transport<T> &&
   { ct.mapped_peer(peer, id, address, bytes) } -> std::same_as<std::byte*>;
   /// runs the function while this rank may touch peer's memory
   t.with_peer(peer, detail::do_nothing{});
+  /// registrations made so far: the same on every rank (registering is collective)
+  { ct.registrations() } -> std::same_as<std::uint64_t>;
 };
 
 // ---- topology: who talks to whom, as a pure schedule -----------------------------------------

@@ -105,6 +105,37 @@ TEST_SUITE("shm_collectives") {
   }
 }
 
+TEST_SUITE("shm_collectives") {
+  TEST_CASE("allgather and broadcast above peer_memory_bytes, through the windows and not") {
+    // From 64 KiB up they copy through the windows while what a rank publishes fits half a
+    // window (2 MiB of the default 4 MiB) and no rank has registered memory; with
+    // window_copy_bytes = 0 they read the peers' memory (cross-memory copies) instead. Both
+    // equal the reference; counts at the half window and one past it (doubles and int32 for
+    // the allgather's block, bfloat16 for the broadcast, every root).
+    constexpr std::size_t counts[] = {8193, std::size_t{1} << 18, (std::size_t{1} << 18) + 1,
+                                      std::size_t{1} << 20, (std::size_t{1} << 20) + 1};
+    for (const std::size_t window_copy : {std::size_t{2} << 20, std::size_t{0}}) {
+      CAPTURE(window_copy);
+      for (int ranks = 1; ranks <= max_ranks; ++ranks) {
+        CAPTURE(ranks);
+        test::expect_ranks_succeed(ranks, [&](const shm_job& me) {
+          squall::communicator<shm_transport, squall::direct_topology> comm(
+              shm_transport(me, squall::options{.deadline = 60s}), {}, {},
+              squall::collective_tuning{.window_copy_bytes = window_copy});
+          test::findings found;
+          for (const std::size_t count : counts) {
+            test::check_allgather(comm, count, found);
+            test::check_broadcast(comm, count, found);
+          }
+          if (found.ok()) return 0;
+          std::fprintf(stderr, "rank %d of %d: %s\n", me.rank, me.size, found.text().c_str());
+          return 1;
+        });
+      }
+    }
+  }
+}
+
 TEST_SUITE("shm_collectives_large") {
   TEST_CASE("allreduce of 2^31 + 7 float16 elements on 2 processes, every element checked") {
     // Ring (the executor's pieces: block offsets past 2^31 elements) and direct (the one-shot

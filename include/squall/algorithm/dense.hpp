@@ -231,20 +231,20 @@ class dense_core {
     T* mine = out.data() + static_cast<std::size_t>(rank()) * count;
     if (in.data() != mine) place_check(in, view<T>(mine, count));
     const schedule s = gather_schedule(out.size_bytes());
+    if constexpr (direct_transport<Transport>) {
+      if (s.one_shot && copies_through_windows(in.size_bytes(), out.size_bytes())) {
+        executor().allgather_windows(reinterpret_cast<const std::byte*>(in.data()),
+                                     reinterpret_cast<std::byte*>(out.data()), in.size_bytes(),
+                                     copy_only_reducer(), window_round_, check_after_barrier());
+        return;
+      }
+    }
     if constexpr (peer_memory_transport<Transport>) {
       if (s.one_shot && uses_peer_memory(out.size_bytes())) {
         settle();
         executor().allgather_peer_memory(reinterpret_cast<const std::byte*>(in.data()),
                                          reinterpret_cast<std::byte*>(out.data()), in.size_bytes(),
                                          copy_only_reducer());
-        return;
-      }
-    }
-    if constexpr (direct_transport<Transport>) {
-      if (s.one_shot && fits_window(in.size_bytes())) {
-        executor().allgather_windows(reinterpret_cast<const std::byte*>(in.data()),
-                                     reinterpret_cast<std::byte*>(out.data()), in.size_bytes(),
-                                     copy_only_reducer(), window_round_, check_after_barrier());
         return;
       }
     }
@@ -269,19 +269,19 @@ class dense_core {
     } else {
       s = tree_topology{}.broadcast_schedule(rank(), size(), root);
     }
+    if constexpr (direct_transport<Transport>) {
+      if (s.one_shot && copies_through_windows(data.size_bytes(), data.size_bytes())) {
+        executor().broadcast_windows(reinterpret_cast<std::byte*>(data.data()), data.size_bytes(),
+                                     root, copy_only_reducer(), window_round_,
+                                     check_after_barrier());
+        return;
+      }
+    }
     if constexpr (peer_memory_transport<Transport>) {
       if (s.one_shot && uses_peer_memory(data.size_bytes())) {
         settle();
         executor().broadcast_peer_memory(reinterpret_cast<std::byte*>(data.data()),
                                          data.size_bytes(), root);
-        return;
-      }
-    }
-    if constexpr (direct_transport<Transport>) {
-      if (s.one_shot && fits_window(data.size_bytes())) {
-        executor().broadcast_windows(reinterpret_cast<std::byte*>(data.data()), data.size_bytes(),
-                                     root, copy_only_reducer(), window_round_,
-                                     check_after_barrier());
         return;
       }
     }
@@ -506,18 +506,34 @@ class dense_core {
     executor().run(s, reinterpret_cast<std::byte*>(data), count, r);
   }
 
-  // Room for the one-shot schedule: each half of the window holds a round of at least 64
-  // elements per rank.
-  // Whether a one-shot collective in which a rank publishes `bytes` goes through the windows
-  // (issue 22: below `peer_memory_bytes`, one round, where the peer-memory path does not run).
-  bool fits_window(std::size_t bytes) const {
+  // Whether a rank's `bytes` fit one round of the windows (half a window; direct transports).
+  bool fits_half_window(std::size_t bytes) const {
     if constexpr (direct_transport<Transport>) {
-      return size() > 1 && !uses_peer_memory(bytes) &&
-             bytes <= window_data_bytes(const_cast<Transport&>(transport_)) / 2;
+      return size() > 1 && bytes <= window_data_bytes(const_cast<Transport&>(transport_)) / 2;
     } else {
       (void)bytes;
       return false;
     }
+  }
+
+  // Whether a one-shot collective in which a rank publishes `bytes` goes through the windows
+  // (issue 22: below `peer_memory_bytes`, one round, where the peer-memory path does not run).
+  bool fits_window(std::size_t bytes) const {
+    return !uses_peer_memory(bytes) && fits_half_window(bytes);
+  }
+
+  // Whether an allgather or broadcast copies through the windows (a rank publishes
+  // `published` bytes; `total`, what every rank ends with, is what decides the peer-memory
+  // path): below `peer_memory_bytes` where they fit, and above it up to
+  // `window_copy_bytes` while no rank has registered memory (collective_tuning; registration
+  // is collective, so every rank decides alike).
+  bool copies_through_windows(std::size_t published, std::size_t total) const {
+    if (!fits_half_window(published)) return false;
+    if (!uses_peer_memory(total)) return true;
+    if constexpr (registered_memory_transport<Transport>) {
+      if (transport_.registrations() != 0) return false;
+    }
+    return published <= tuning_.window_copy_bytes;
   }
 
   // What a window round runs after its first barrier: the pending mismatch check, whose

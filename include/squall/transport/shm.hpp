@@ -972,6 +972,10 @@ class shm_transport {
     return {register_memory(std::max<std::size_t>(count * sizeof(T), 1)), count};
   }
 
+  /// How many `register_memory` calls this transport has made: the same on every rank, as
+  /// they are collective (the collectives pick their paths by it alike on every rank).
+  std::uint64_t registrations() const { return state_->registrations; }
+
   /// The registration of this rank's memory that holds all of [`p`, `p` + `bytes`), or 0:
   /// what a peer-memory collective tells the peers with the buffer's address.
   std::uint64_t registration_of(const void* p, std::size_t bytes) const {
