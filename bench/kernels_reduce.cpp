@@ -6,13 +6,19 @@
 // copy/apart:N: memcpy and kernels::copy_bytes of a page-aligned source to a destination N
 // bytes into its page (16: a heap buffer filled from a window or registered segment), the
 // case copy_bytes takes backwards; apart:0 is the plain case. Sizes there are bytes.
+// cross_memory/apart:N: the same through the kernel (process_vm_readv of this process's own
+// memory), plain and through detail::shm::cross_memory, which bounces the kernel's slow case
+// (1-31 bytes apart) as shm_transport's cross-memory copies do.
 
 #include <squall/kernels/host/reduce.hpp>
+#include <squall/transport/detail/cross_memory.hpp>
 
 #include <benchmark/benchmark.h>
+#include <sys/uio.h>
 
 #include <cstdint>
 #include <cstring>
+#include <unistd.h>
 #include <vector>
 
 #include "memcpy_baseline.hpp"
@@ -68,6 +74,50 @@ void copy_apart(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * bytes));
 }
 
+/// `bytes` of this process read by the kernel from a page-aligned address to one `apart`
+/// bytes into its page: one process_vm_readv, or `cross_memory::copy` (to the end).
+template <bool Squall>
+void cross_memory_apart(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const auto apart = static_cast<std::size_t>(state.range(1));
+  constexpr std::size_t page = squall::kernels::aliased_copy::page;
+  std::vector<std::byte> src_memory(bytes + page, std::byte{1});
+  std::vector<std::byte> dst_memory(bytes + 2 * page);
+  const auto aligned = [](std::byte* p) {
+    return p + (page - reinterpret_cast<std::uintptr_t>(p) % page) % page;
+  };
+  const auto src = reinterpret_cast<std::uint64_t>(aligned(src_memory.data()));
+  std::byte* dst = aligned(dst_memory.data()) + apart;
+  const pid_t self = getpid();
+  squall::detail::shm::cross_memory cross;
+  for (auto _ : state) {
+    if constexpr (Squall) {
+      for (std::size_t done = 0; done < bytes;) {
+        const ssize_t got = cross.copy(self, dst + done, src + done, bytes - done, false);
+        if (got <= 0) state.SkipWithError("process_vm_readv failed");
+        if (got <= 0) break;
+        done += static_cast<std::size_t>(got);
+      }
+    } else {
+      iovec local{dst, bytes};
+      iovec remote{reinterpret_cast<void*>(src), bytes};
+      if (process_vm_readv(self, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(bytes)) {
+        state.SkipWithError("process_vm_readv failed");
+      }
+    }
+    benchmark::DoNotOptimize(dst);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * bytes));
+}
+
+void cross_memory_sizes(benchmark::internal::Benchmark* b) {
+  for (const std::int64_t apart : {0, 16, 64}) {
+    for (std::int64_t bytes = 16 << 10; bytes <= (1 << 20); bytes *= 4) b->Args({bytes, apart});
+  }
+  b->ArgNames({"bytes", "apart"});
+}
+
 void copy_sizes(benchmark::internal::Benchmark* b) {
   for (const std::int64_t apart : {0, 16}) {
     for (std::int64_t bytes = 4 << 10; bytes <= (4 << 20); bytes *= 4) b->Args({bytes, apart});
@@ -79,6 +129,12 @@ void copy_sizes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_TEMPLATE(copy_apart, false)->Name("copy/memcpy")->Apply(copy_sizes);
 BENCHMARK_TEMPLATE(copy_apart, true)->Name("copy/copy_bytes")->Apply(copy_sizes);
+BENCHMARK_TEMPLATE(cross_memory_apart, false)
+    ->Name("cross_memory/process_vm_readv")
+    ->Apply(cross_memory_sizes);
+BENCHMARK_TEMPLATE(cross_memory_apart, true)
+    ->Name("cross_memory/bounced")
+    ->Apply(cross_memory_sizes);
 BENCHMARK(memcpy_baseline)->Name("memcpy")->RangeMultiplier(16)->Range(min_count, max_count);
 BENCHMARK_TEMPLATE(reduce_into, float, squall::sum_op)
     ->Name("reduce_into/float/sum")

@@ -7,7 +7,7 @@
 //                [--transport shm|mpi] [--dtype float|double|int32|int64|float16|bfloat16]
 //                [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] [--chunk BYTES]
 //                [--peer-memory BYTES] [--window-copy BYTES] [--non-temporal BYTES]
-//                [--no-check] [--registered] [--calibrate] [--csv FILE] [--json FILE]
+//                [--no-check] [--registered] [--fresh] [--calibrate] [--csv FILE] [--json FILE]
 //                [--compressor none|cast:bf16|topk:0.01+ef|qsgd:4|powersgd:4|...[,..]]
 //                [--aggregation automatic|linear|low_rank|per_hop|gtopk|gather]
 //                [--link-rate 1gbit]
@@ -17,6 +17,11 @@
 // --registered (shm, dense): each communicator's input and output are registered memory
 // (shm_transport::allocate, every rank maps them: plain loads and stores between ranks,
 // issue 22), not the heap; the time to allocate and map them is printed once.
+// --fresh (dense): before every call, warm-up and timed, squall's and MPI's alike, every rank
+// copies its input afresh from a private copy (the same values), so each call finds the input
+// just written, in the writer's cache, as a training step's new gradients are; without it a
+// call re-reads the input the last call read, which a peer may still hold in its own cache.
+// The copy's time is in both columns.
 //
 // Every dense row also gives the machine's limit for it: `traffic`, the bytes a rank must
 // read and write at least (allreduce 2n: its block of every input, its reduced block into
@@ -49,6 +54,7 @@
 // (broadcast), #wrong against the exact reference, and MPI's time and busbw with the speedup
 // (MPI time / squall time). Times are the slowest rank's mean over the iterations.
 #include <squall/algorithm/communicator.hpp>
+#include <squall/kernels/host/copy.hpp>
 #include <squall/topology/automatic.hpp>
 #include <squall/topology/direct.hpp>
 #include <squall/topology/halving_doubling.hpp>
@@ -95,7 +101,7 @@ const std::vector<std::string> all_topologies = {
       "hierarchical|automatic[,...]] [--transport shm|mpi] [--dtype float|double|int32|"
       "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
       "[--chunk BYTES] [--peer-memory BYTES] [--window-copy BYTES] [--non-temporal BYTES] "
-      "[--no-check] [--registered] "
+      "[--no-check] [--registered] [--fresh] "
       "[--calibrate] "
       "[--csv FILE] [--json FILE] "
       "[--compressor NAME[:PARAMETER][+ef][@ALGORITHM][,...]] (%s) "
@@ -177,6 +183,8 @@ settings parse(int argc, char** argv) {
       s.check = false;
     else if (a == "--registered")
       s.registered = true;
+    else if (a == "--fresh")
+      s.fresh = true;
     else if (a == "--calibrate")
       s.calibrate = true;
     else if (a == "--link-rate") {
@@ -256,6 +264,22 @@ template <class T>
 double as_double(T v) {
   return static_cast<double>(static_cast<float>(v));
 }
+
+// --fresh: rewrites `count` elements at `data` with what they held at construction, each call
+// (nothing when off).
+template <class T>
+class refresher {
+ public:
+  refresher(bool on, T* data, std::size_t count)
+      : data_(data), pristine_(on ? std::vector<T>(data, data + count) : std::vector<T>{}) {}
+  void operator()() const {
+    squall::kernels::copy_bytes(data_, pristine_.data(), pristine_.size() * sizeof(T));
+  }
+
+ private:
+  T* data_;
+  std::vector<T> pristine_;
+};
 
 #if SQUALL_BENCH_WITH_MPI
 template <class T>
@@ -425,10 +449,17 @@ class bench {
       else
         MPI_Bcast(in.data(), n, type, 0, MPI_COMM_WORLD);
     };
-    for (int w = 0; w < s_.warmup; ++w) once();
+    const refresher<T> fresh(s_.fresh, in.data(), count);
+    for (int w = 0; w < s_.warmup; ++w) {
+      fresh();
+      once();
+    }
     MPI_Barrier(MPI_COMM_WORLD);
     const auto start = clock_type::now();
-    for (int it = 0; it < iters; ++it) once();
+    for (int it = 0; it < iters; ++it) {
+      fresh();
+      once();
+    }
     double t = std::chrono::duration<double>(clock_type::now() - start).count() / iters;
     double slowest = 0;
     MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -627,11 +658,17 @@ row bench<Transport>::measure(runner_base<T>& run, const compressor_spec& spec, 
     T* const fill = run.own_input() != nullptr ? run.own_input() : in.data();
     for (std::size_t i = 0; i < count; ++i) fill[i] = input_value<T>(j_.rank, i);
   }
-  for (int w = 0; w < s_.warmup; ++w) run.call(in, out, count);
+  const refresher<T> fresh(s_.fresh && !s_.compressed(),
+                           run.own_input() != nullptr ? run.own_input() : in.data(), count);
+  for (int w = 0; w < s_.warmup; ++w) {
+    fresh();
+    run.call(in, out, count);
+  }
   run.barrier();
   squall::phase_split spent;
   const auto start = clock_type::now();
   for (int it = 0; it < iters; ++it) {
+    fresh();
     run.call(in, out, count);
     const squall::phase_split last = run.split();
     spent.encode += last.encode;

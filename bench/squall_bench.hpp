@@ -47,6 +47,7 @@ struct settings {
   long long non_temporal = -1;  // < 0: the default collective_tuning
   bool check = true;
   bool registered = false;  // --registered: shm buffers every rank maps (issue 22)
+  bool fresh = false;       // --fresh: every rank rewrites its input before every call
   bool calibrate = false;   // automatic: measure its model first (communicator::calibrate)
   double link_bits = 0;     // --link-rate: bits per second each way of a rank's link; 0: none
   std::string csv;

@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -107,6 +108,76 @@ int windows(shm_transport& t) {
   return 0;
 }
 
+// read_peer and write_peer between rank 1 and rank 0's buffers at every distance modulo a
+// page around the kernel's slow REP MOVSB case (destination 1-31 bytes after the source),
+// which detail::shm::cross_memory bounces through a buffer of its own; sizes below, at and
+// above its thresholds (2 KiB, and the 256 KiB bounce piece). Every byte is compared with the
+// pattern, and the bytes on both sides of each copy must stay untouched.
+int cross_memory_at_every_distance(shm_transport& t) {
+  if (t.size() < 2 || t.rank() > 1 || !t.can_access_peers()) return 0;
+  constexpr std::size_t page = 4096;
+  constexpr std::size_t sizes[] = {100, 2049, 70001, (std::size_t{256} << 10) + 4099};
+  constexpr std::size_t distances[] = {0, 8, 16, 31, 32, 64, 128, 2048, 4080};
+  constexpr std::size_t room = sizes[3] + 3 * page;
+  const auto byte_at = [](std::size_t i) { return static_cast<std::byte>((i * 131 + 7) % 251); };
+  // page-aligned: offsets below are offsets in a page
+  std::vector<std::byte> store(room + page);
+  std::byte* const base =
+      store.data() + (page - reinterpret_cast<std::uintptr_t>(store.data()) % page) % page;
+  std::byte* const source = base;  // the pattern, which the other rank reads or writes from
+  std::vector<std::byte> other(room + page);  // where rank 1 reads into, rank 0 is written
+  std::byte* const written =
+      other.data() + (page - reinterpret_cast<std::uintptr_t>(other.data()) % page) % page;
+  for (std::size_t i = 0; i < room; ++i) source[i] = byte_at(i);
+  // `written` holds the pattern from `from` at [to, to + n) and zeros around it
+  const auto holds_copy = [&](std::size_t from, std::size_t to, std::size_t n) {
+    for (std::size_t i = 0; i < room; ++i) {
+      const bool inside = i >= to && i < to + n;
+      if (written[i] != (inside ? byte_at(from + i - to) : std::byte{0})) return false;
+    }
+    return true;
+  };
+  const int peer = 1 - t.rank();
+  std::uint64_t addresses[2] = {reinterpret_cast<std::uint64_t>(source),
+                                reinterpret_cast<std::uint64_t>(written)};
+  std::uint64_t theirs[2] = {};
+  auto r = t.recv(peer, {reinterpret_cast<std::byte*>(theirs), sizeof theirs});
+  t.send(peer, {reinterpret_cast<const std::byte*>(addresses), sizeof addresses}).wait();
+  r.wait();
+  int code = 0;
+  for (const std::size_t from : {std::size_t{0}, std::size_t{16}}) {
+    for (const std::size_t apart : distances) {
+      for (const std::size_t n : sizes) {
+        const std::size_t to = from + apart;
+        std::uint8_t verdict = 0;
+        if (t.rank() == 1) {
+          // read rank 0's pattern at `from` into this rank's buffer at `to`
+          std::fill(written, written + room, std::byte{0});
+          t.read_peer(0, theirs[0] + from, {written + to, n});
+          if (!holds_copy(from, to, n)) verdict = 1;
+          // write this rank's pattern at `from` into rank 0's zeroed buffer at `to`
+          t.write_peer(0, theirs[1] + to, {source + from, n});
+          t.send(0, {reinterpret_cast<const std::byte*>(&verdict), 1}).wait();
+          t.recv(0, {reinterpret_cast<std::byte*>(&verdict), 1}).wait();
+        } else {
+          std::uint8_t read_verdict = 0;
+          t.recv(1, {reinterpret_cast<std::byte*>(&read_verdict), 1}).wait();
+          if (!holds_copy(from, to, n)) verdict = 2;
+          std::fill(written, written + room, std::byte{0});
+          if (read_verdict != 0) verdict = read_verdict;
+          t.send(1, {reinterpret_cast<const std::byte*>(&verdict), 1}).wait();
+        }
+        if (verdict != 0 && code == 0) {
+          std::fprintf(stderr, "%s %zu bytes from page offset %zu to %zu: wrong bytes\n",
+                       verdict == 1 ? "read_peer" : "write_peer", n, from, to);
+          code = 15;
+        }
+      }
+    }
+  }
+  return code;
+}
+
 }  // namespace
 
 TEST_SUITE("shm") {
@@ -123,6 +194,7 @@ TEST_SUITE("shm") {
         if (const int code = all_pairs(t, 65537)) return code;
         if (const int code = fifo(t)) return code;
         if (const int code = windows(t)) return code;
+        if (const int code = cross_memory_at_every_distance(t)) return code;
         for (int i = 0; i < 200; ++i) t.barrier().wait();
         return 0;
       });

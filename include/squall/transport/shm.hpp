@@ -30,6 +30,7 @@
 #include <squall/core/options.hpp>
 #include <squall/detail/math.hpp>
 #include <squall/kernels/host/copy.hpp>
+#include <squall/transport/detail/cross_memory.hpp>
 #include <squall/transport/detail/shm_registry.hpp>
 #include <squall/transport/detail/shm_segment.hpp>
 
@@ -396,15 +397,13 @@ struct state {
   /// of `peer` (`write`: into the peer), run with this rank's `touching` flag raised, unless
   /// `peer` has closed its memory: then throws `peer_failure` with what `peer` recorded.
   /// Returns the bytes moved (> 0); a dead peer gives `peer_failure`, any other error the
-  /// system's, both leaving this transport failed.
+  /// system's, both leaving this transport failed. The kernel's slow case (a destination 1-31 bytes
+  /// after the source modulo 4 KiB) goes through `cross`'s bounce buffer.
   std::size_t copy_with_peer(int peer, const error_context& where, std::byte* local,
                              std::uint64_t remote, std::size_t bytes, bool write) {
     touch(peer, where);
     const pid_t pid = seg.rank(peer).pid.load();
-    iovec mine{local, std::min(bytes, copy_piece)};
-    iovec theirs{reinterpret_cast<void*>(remote), mine.iov_len};
-    const ssize_t got = write ? process_vm_writev(pid, &mine, 1, &theirs, 1, 0)
-                              : process_vm_readv(pid, &mine, 1, &theirs, 1, 0);
+    const ssize_t got = cross.copy(pid, local, remote, std::min(bytes, copy_piece), write);
     const int err = errno;
     untouch(peer);
     if (got <= 0) {
@@ -417,6 +416,7 @@ struct state {
     }
     return static_cast<std::size_t>(got);
   }
+  cross_memory cross;  ///< `copy_with_peer`'s copies (and bounce buffer)
   /// Raises this rank's `touching` flag on `peer` before it reads or writes the peer's
   /// memory, unless `peer` has closed its memory: then throws `peer_failure` with what `peer`
   /// recorded, leaving this transport failed. `untouch` lowers it.
