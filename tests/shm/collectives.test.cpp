@@ -107,11 +107,12 @@ TEST_SUITE("shm_collectives") {
 
 TEST_SUITE("shm_collectives") {
   TEST_CASE("allgather and broadcast above peer_memory_bytes, through the windows and not") {
-    // From 64 KiB up they copy through the windows while what a rank publishes fits half a
-    // window (2 MiB of the default 4 MiB) and no rank has registered memory; with
-    // window_copy_bytes = 0 they read the peers' memory (cross-memory copies) instead. Both
-    // equal the reference; counts at the half window and one past it (doubles and int32 for
-    // the allgather's block, bfloat16 for the broadcast, every root).
+    // From 64 KiB up a broadcast, and an allgather of 3 or 4 ranks, copy through the windows
+    // while what a rank publishes fits half a window (2 MiB of the default 4 MiB) and no rank
+    // has registered memory; with window_copy_bytes = 0 (and an allgather of 2 ranks) they
+    // reach the peers' memory (cross-memory copies) instead. Both equal the reference; counts
+    // at the half window and one past it (doubles and int32 for the allgather's block,
+    // bfloat16 for the broadcast, every root).
     constexpr std::size_t counts[] = {8193, std::size_t{1} << 18, (std::size_t{1} << 18) + 1,
                                       std::size_t{1} << 20, (std::size_t{1} << 20) + 1};
     for (const std::size_t window_copy : {std::size_t{2} << 20, std::size_t{0}}) {

@@ -232,7 +232,7 @@ class dense_core {
     if (in.data() != mine) place_check(in, view<T>(mine, count));
     const schedule s = gather_schedule(out.size_bytes());
     if constexpr (direct_transport<Transport>) {
-      if (s.one_shot && copies_through_windows(in.size_bytes(), out.size_bytes())) {
+      if (s.one_shot && copies_through_windows(in.size_bytes(), out.size_bytes(), true)) {
         executor().allgather_windows(reinterpret_cast<const std::byte*>(in.data()),
                                      reinterpret_cast<std::byte*>(out.data()), in.size_bytes(),
                                      copy_only_reducer(), window_round_, check_after_barrier());
@@ -270,7 +270,7 @@ class dense_core {
       s = tree_topology{}.broadcast_schedule(rank(), size(), root);
     }
     if constexpr (direct_transport<Transport>) {
-      if (s.one_shot && copies_through_windows(data.size_bytes(), data.size_bytes())) {
+      if (s.one_shot && copies_through_windows(data.size_bytes(), data.size_bytes(), false)) {
         executor().broadcast_windows(reinterpret_cast<std::byte*>(data.data()), data.size_bytes(),
                                      root, copy_only_reducer(), window_round_,
                                      check_after_barrier());
@@ -522,14 +522,15 @@ class dense_core {
     return !uses_peer_memory(bytes) && fits_half_window(bytes);
   }
 
-  // Whether an allgather or broadcast copies through the windows (a rank publishes
+  // Whether an allgather (`gather`) or broadcast copies through the windows (a rank publishes
   // `published` bytes; `total`, what every rank ends with, is what decides the peer-memory
-  // path): below `peer_memory_bytes` where they fit, and above it up to
-  // `window_copy_bytes` while no rank has registered memory (collective_tuning; registration
-  // is collective, so every rank decides alike).
-  bool copies_through_windows(std::size_t published, std::size_t total) const {
+  // path): below `peer_memory_bytes` where they fit, and above it up to `window_copy_bytes`
+  // (a broadcast; an allgather from 3 ranks on) while no rank has registered memory
+  // (collective_tuning; registering is collective, so every rank decides alike).
+  bool copies_through_windows(std::size_t published, std::size_t total, bool gather) const {
     if (!fits_half_window(published)) return false;
     if (!uses_peer_memory(total)) return true;
+    if (gather && size() == 2) return false;
     if constexpr (registered_memory_transport<Transport>) {
       if (transport_.registrations() != 0) return false;
     }
