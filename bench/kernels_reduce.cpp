@@ -50,18 +50,32 @@ void reduce_into(benchmark::State& state) {
 
 /// `bytes` from a page-aligned source to a destination `apart` bytes into its page, by
 /// memcpy or by `copy_bytes`.
+/// A benchmark's source (page-aligned) and destination (`apart` bytes into its page), from
+/// its arguments (bytes, apart).
+struct apart_buffers {
+  static constexpr std::size_t page = squall::kernels::aliased_copy::page;
+  explicit apart_buffers(const benchmark::State& state)
+      : bytes(static_cast<std::size_t>(state.range(0))),
+        src_memory(bytes + page, std::byte{1}),
+        dst_memory(bytes + 2 * page),
+        src(aligned(src_memory.data())),
+        dst(aligned(dst_memory.data()) + static_cast<std::size_t>(state.range(1))) {}
+  static std::byte* aligned(std::byte* p) {
+    return p + (page - reinterpret_cast<std::uintptr_t>(p) % page) % page;
+  }
+  std::size_t bytes;
+  std::vector<std::byte> src_memory;
+  std::vector<std::byte> dst_memory;
+  std::byte* src;
+  std::byte* dst;
+};
+
 template <bool Squall>
 void copy_apart(benchmark::State& state) {
-  const auto bytes = static_cast<std::size_t>(state.range(0));
-  const auto apart = static_cast<std::size_t>(state.range(1));
-  constexpr std::size_t page = squall::kernels::aliased_copy::page;
-  std::vector<std::byte> src_memory(bytes + page, std::byte{1});
-  std::vector<std::byte> dst_memory(bytes + 2 * page);
-  const auto aligned = [](std::byte* p) {
-    return p + (page - reinterpret_cast<std::uintptr_t>(p) % page) % page;
-  };
-  const std::byte* src = aligned(src_memory.data());
-  std::byte* dst = aligned(dst_memory.data()) + apart;
+  apart_buffers b(state);
+  const std::size_t bytes = b.bytes;
+  const std::byte* src = b.src;
+  std::byte* dst = b.dst;
   for (auto _ : state) {
     if constexpr (Squall) {
       squall::kernels::copy_bytes(dst, src, bytes);
@@ -78,16 +92,10 @@ void copy_apart(benchmark::State& state) {
 /// bytes into its page: one process_vm_readv, or `cross_memory::copy` (to the end).
 template <bool Squall>
 void cross_memory_apart(benchmark::State& state) {
-  const auto bytes = static_cast<std::size_t>(state.range(0));
-  const auto apart = static_cast<std::size_t>(state.range(1));
-  constexpr std::size_t page = squall::kernels::aliased_copy::page;
-  std::vector<std::byte> src_memory(bytes + page, std::byte{1});
-  std::vector<std::byte> dst_memory(bytes + 2 * page);
-  const auto aligned = [](std::byte* p) {
-    return p + (page - reinterpret_cast<std::uintptr_t>(p) % page) % page;
-  };
-  const auto src = reinterpret_cast<std::uint64_t>(aligned(src_memory.data()));
-  std::byte* dst = aligned(dst_memory.data()) + apart;
+  apart_buffers b(state);
+  const std::size_t bytes = b.bytes;
+  const auto src = reinterpret_cast<std::uint64_t>(b.src);
+  std::byte* dst = b.dst;
   const pid_t self = getpid();
   squall::detail::shm::cross_memory cross;
   for (auto _ : state) {
