@@ -21,8 +21,9 @@ namespace squall::detail::shm {
 /// peer's page-aligned one, or two ranks whose heaps differ). Such a copy goes through a bounce
 /// buffer of its own, placed at the remote address's offset in its page, at most
 /// `bounce_piece` at a time, and `kernels::copy_bytes` moves the bytes between there and the
-/// local side: one local copy more, at 30-60 GB/s, for a kernel copy 4-5x faster. Not
-/// thread-safe (one per transport).
+/// local side: one local copy more, at 30-60 GB/s, and the whole 3.3-3.9x faster
+/// (`squall_bench_kernels --benchmark_filter=cross_memory/`). Not thread-safe (one per
+/// transport).
 class cross_memory {
  public:
   static constexpr std::size_t bounce_piece = std::size_t{256} << 10;
