@@ -10,6 +10,7 @@
 // memory), plain and through detail::shm::cross_memory, which bounces the kernel's slow case
 // (1-31 bytes apart) as shm_transport's cross-memory copies do.
 
+#include <squall/detail/math.hpp>
 #include <squall/kernels/host/reduce.hpp>
 #include <squall/transport/detail/cross_memory.hpp>
 
@@ -48,8 +49,6 @@ void reduce_into(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 3 * count * sizeof(T)));
 }
 
-/// `bytes` from a page-aligned source to a destination `apart` bytes into its page, by
-/// memcpy or by `copy_bytes`.
 /// A benchmark's source (page-aligned) and destination (`apart` bytes into its page), from
 /// its arguments (bytes, apart).
 struct apart_buffers {
@@ -61,7 +60,8 @@ struct apart_buffers {
         src(aligned(src_memory.data())),
         dst(aligned(dst_memory.data()) + static_cast<std::size_t>(state.range(1))) {}
   static std::byte* aligned(std::byte* p) {
-    return p + (page - reinterpret_cast<std::uintptr_t>(p) % page) % page;
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    return p + (squall::detail::align_up(at, page) - at);
   }
   std::size_t bytes;
   std::vector<std::byte> src_memory;
@@ -70,22 +70,21 @@ struct apart_buffers {
   std::byte* dst;
 };
 
+/// `bytes` from a page-aligned source to a destination `apart` bytes into its page, by
+/// memcpy or by `copy_bytes`.
 template <bool Squall>
 void copy_apart(benchmark::State& state) {
   apart_buffers b(state);
-  const std::size_t bytes = b.bytes;
-  const std::byte* src = b.src;
-  std::byte* dst = b.dst;
   for (auto _ : state) {
     if constexpr (Squall) {
-      squall::kernels::copy_bytes(dst, src, bytes);
+      squall::kernels::copy_bytes(b.dst, b.src, b.bytes);
     } else {
-      std::memcpy(dst, src, bytes);
+      std::memcpy(b.dst, b.src, b.bytes);
     }
-    benchmark::DoNotOptimize(dst);
+    benchmark::DoNotOptimize(b.dst);
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * bytes));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * b.bytes));
 }
 
 /// `bytes` of this process read by the kernel from a page-aligned address to one `apart`

@@ -3,6 +3,7 @@
 // at every size the issue names, on 1 to 4 ranks. A rank returns 0 when everything it
 // received equals the pattern its sender computed independently, or a code naming the check.
 
+#include <squall/detail/math.hpp>
 #include <squall/transport/launch.hpp>
 #include <squall/transport/shm.hpp>
 
@@ -121,13 +122,14 @@ int cross_memory_at_every_distance(shm_transport& t) {
   constexpr std::size_t room = sizes[3] + 3 * page;
   const auto byte_at = [](std::size_t i) { return static_cast<std::byte>((i * 131 + 7) % 251); };
   // page-aligned: offsets below are offsets in a page
+  const auto aligned = [](std::vector<std::byte>& v) {
+    const auto at = reinterpret_cast<std::uintptr_t>(v.data());
+    return v.data() + (squall::detail::align_up(at, page) - at);
+  };
   std::vector<std::byte> store(room + page);
-  std::byte* const base =
-      store.data() + (page - reinterpret_cast<std::uintptr_t>(store.data()) % page) % page;
-  std::byte* const source = base;  // the pattern, which the other rank reads or writes from
+  std::byte* const source = aligned(store);   // the pattern, which the other rank reads or writes
   std::vector<std::byte> other(room + page);  // where rank 1 reads into, rank 0 is written
-  std::byte* const written =
-      other.data() + (page - reinterpret_cast<std::uintptr_t>(other.data()) % page) % page;
+  std::byte* const written = aligned(other);
   for (std::size_t i = 0; i < room; ++i) source[i] = byte_at(i);
   // `written` holds the pattern from `from` at [to, to + n) and zeros around it
   const auto holds_copy = [&](std::size_t from, std::size_t to, std::size_t n) {
