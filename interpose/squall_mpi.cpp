@@ -25,7 +25,9 @@
 //   int32 or int64 (MPI_INT, MPI_INT32_T, MPI_LONG, ... by size), op MPI_SUM, MPI_MIN or
 //   MPI_MAX, at least SQUALL_MPI_MIN_BYTES bytes in all;
 // - allgather and bcast: any signature whose bytes per rank are a multiple of 4, at least
-//   SQUALL_MPI_MIN_BYTES bytes in all (the data moves as 32-bit words, no arithmetic);
+//   SQUALL_MPI_MIN_BYTES bytes in all (the data moves as 32-bit words, no arithmetic); by
+//   default bcast only up to 1 MiB and on communicators within one host (shared memory),
+//   where squall's broadcast copies through its windows;
 // - barrier: once squall holds state for the communicator (a handled call made it);
 // - iallreduce, iallgather, ireduce_scatter_block, ibcast: as their blocking forms, from
 //   SQUALL_MPI_IALLREDUCE_MIN_BYTES, on communicators within one host (shared memory) once
@@ -52,9 +54,10 @@
 //                         hosts (to run the tiers on one host).
 //   SQUALL_MPI_COLLECTIVES  which ones squall may take: a comma list of allreduce, allgather,
 //                         reduce_scatter_block, bcast, barrier, iallreduce, iallgather,
-//                         ireduce_scatter_block, ibcast, or all (default: all but bcast, ibcast
-//                         and barrier, no faster than Open MPI's at P = 2, and iallgather,
-//                         slower at P = 4).
+//                         ireduce_scatter_block, ibcast, or all (default: all but ibcast and
+//                         barrier, no faster than Open MPI's at P = 2, and iallgather, slower
+//                         at P = 4; bcast within one host up to 1 MiB). Naming bcast takes
+//                         every MPI_Bcast from SQUALL_MPI_MIN_BYTES, on any communicator.
 //   SQUALL_MPI_COMPRESSOR cast[:fp16|bf16|e4m3|e5m2|e4m3_sr|e5m2_sr], int8 or hq[:BITS]: lossy
 //                         compression of float32 MPI_SUM allreduces (off by default).
 //   SQUALL_MPI_COMPRESSOR_COMMS  compress only on communicators of these names (comma list).
@@ -138,6 +141,11 @@ std::vector<std::string_view> comma_list(std::string_view text) {
   return items;
 }
 
+/// The largest MPI_Bcast squall takes by default (`config::bcast_by_default`): a power of two
+/// whose broadcast fits half of a default window (collective_tuning::window_copy_bytes, the
+/// window's signature area aside), so it copies through the windows.
+constexpr std::uint64_t default_bcast_bytes = std::uint64_t{1} << 20;
+
 struct config {
   bool enable = true;
   std::uint64_t min_bytes = 8192;
@@ -153,11 +161,19 @@ struct config {
   int ranks_per_node = 0;
   bool verbose = false;
   bool stats = false;
-  /// SQUALL_MPI_COLLECTIVES: which collectives squall may take. Broadcast (both forms) and
-  /// barrier are off by default: squall-mpi-bench found them at parity or behind Open MPI's at
-  /// P = 2 (docs/performance.md), and the library must not make a program slower; so is
+  /// SQUALL_MPI_COLLECTIVES: which collectives squall may take. MPI_Ibcast and barrier are
+  /// off by default: squall-mpi-bench found them at parity or behind Open MPI's at P = 2
+  /// (docs/performance.md), and the library must not make a program slower; so is
   /// MPI_Iallgather (ahead at P = 2 up to 4 MiB, but 0.78-1.02x of Open MPI's time at P = 4).
-  std::array<bool, kinds> takes = {true, true, true, false, false, true, false, true, false};
+  /// MPI_Bcast is on by default within the bounds of `bcast_by_default`.
+  std::array<bool, kinds> takes = {true, true, true, true, false, true, false, true, false};
+  /// SQUALL_MPI_COLLECTIVES unset: squall takes an MPI_Bcast only up to `default_bcast_bytes`
+  /// and on communicators within one host, where its broadcast copies through the
+  /// shared-memory windows (1.5-4.2x faster than Open MPI's at 16 KiB-1 MiB, P = 2 and 4);
+  /// from 2 MiB it reads the root's memory with cross-memory copies, 0.83-0.98x of Open MPI's
+  /// speed at 2-8 MiB, and across hosts it would run on MPI point to point. Naming bcast lifts
+  /// both bounds.
+  bool bcast_by_default = true;
   std::string compressor;                  ///< SQUALL_MPI_COMPRESSOR; empty: none
   std::vector<std::string> compress_only;  ///< SQUALL_MPI_COMPRESSOR_COMMS; empty: every one
   std::string problem;  ///< the first malformed variable, named; squall is then off
@@ -229,6 +245,7 @@ struct config {
     }
     if (const char* text = std::getenv("SQUALL_MPI_COLLECTIVES")) {
       c.takes = {};
+      c.bcast_by_default = false;
       for (const std::string_view name : comma_list(text)) {
         if (name == "all") {
           c.takes.fill(true);
@@ -273,7 +290,8 @@ struct config {
     std::string text = std::to_string(enable) + "/" + std::to_string(min_bytes) + "/" +
                        std::to_string(iallreduce_min_bytes) + "/" + topology + "/" + transport +
                        "/" + std::to_string(ranks_per_node) + "/" + compressor + "/" +
-                       std::to_string(verbose) + std::to_string(stats) + "/";
+                       std::to_string(verbose) + std::to_string(stats) +
+                       std::to_string(bcast_by_default) + "/";
     for (const bool take : takes) text += take ? '1' : '0';
     for (const std::string& name : compress_only) text += "/" + name;
     return squall::detail::fnv1a64(text.data(), text.size());
@@ -529,6 +547,7 @@ struct comm_state {
   any_communicator impl;
   std::unique_ptr<tiers> hierarchy;  ///< the allreduce across nodes, where the ranks span nodes
   std::string transport;             ///< how squall moves the bytes, for the verbose line
+  bool one_host = false;             ///< on shared memory (`transport`), not MPI
 
   ~comm_state() {
     hierarchy.reset();
@@ -726,6 +745,7 @@ comm_state& make_state(MPI_Comm comm) {
     PMPI_Comm_free(&node);
     install(state->impl, shm_over(state->own), compress == 1);
     state->transport = "shared memory";
+    state->one_host = true;
   } else if (!hierarchical) {
     PMPI_Comm_free(&node);
     install(state->impl, squall::mpi_transport(state->own), compress == 1);
@@ -757,11 +777,15 @@ comm_state& make_state(MPI_Comm comm) {
                                        ? ", float sums compressed with " + l.settings.compressor +
                                              (hierarchical ? " across nodes" : "")
                                        : "";
+    const std::string bcasts = !l.settings.bcast_by_default ? ""
+                               : state->one_host            ? ", MPI_Bcast up to 1 MiB"
+                                                            : ", MPI_Bcast left to MPI";
     std::fprintf(stderr,
                  "squall_mpi: communicator '%s' (%d ranks): squall's collectives over %s, "
-                 "topology %s, for calls of >= %llu bytes%s; the rest goes to MPI\n",
+                 "topology %s, for calls of >= %llu bytes%s%s; the rest goes to MPI\n",
                  name_of(comm).c_str(), size, state->transport.c_str(), l.settings.topology.c_str(),
-                 static_cast<unsigned long long>(l.settings.min_bytes), compressed.c_str());
+                 static_cast<unsigned long long>(l.settings.min_bytes), bcasts.c_str(),
+                 compressed.c_str());
   }
   comm_state& result = *state;
   {
@@ -1481,20 +1505,33 @@ template <class Fallback>
 int bcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root, MPI_Comm comm,
                Fallback fallback) {
   const std::uint64_t bytes = bytes_of(count, datatype);
-  if (!usable(bcast, comm, bytes) || bytes % 4 != 0) {
+  const bool by_default = lib().settings.bcast_by_default;
+  if (!usable(bcast, comm, bytes) || bytes % 4 != 0 ||
+      (by_default && bytes > default_bcast_bytes)) {
     note(bcast, false, bytes);
     return fallback();
   }
-  note(bcast, true, bytes);
-  return run(comm, [&](auto& holder) {
-    auto& squall_comm = *holder.comm;
-    staged data(buffer, count, datatype, comm);
-    if (squall_comm.rank() == root) data.pack();
-    squall_comm.broadcast(host_view<std::int32_t>(reinterpret_cast<std::int32_t*>(data.bytes()),
-                                                  static_cast<std::size_t>(bytes / 4)),
-                          root);
-    data.unpack();
+  // Whether the communicator lies within one host is known once squall holds it (made here
+  // if need be: the same call on every rank, so every rank decides alike).
+  bool handled = false;
+  const int code = run_state(comm, [&](comm_state& state) {
+    if (by_default && !state.one_host) return;
+    handled = true;
+    std::visit(
+        [&](auto& holder) {
+          auto& squall_comm = *holder.comm;
+          staged data(buffer, count, datatype, comm);
+          if (squall_comm.rank() == root) data.pack();
+          squall_comm.broadcast(
+              host_view<std::int32_t>(reinterpret_cast<std::int32_t*>(data.bytes()),
+                                      static_cast<std::size_t>(bytes / 4)),
+              root);
+          data.unpack();
+        },
+        state.impl);
   });
+  note(bcast, handled, bytes);
+  return handled || code != MPI_SUCCESS ? code : fallback();
 }
 
 }  // namespace

@@ -46,11 +46,11 @@ bool expect_off() {
 }
 
 /// Whether the settings let squall take collective `name` (SQUALL_MPI_COLLECTIVES, as the
-/// library reads it; unset: all but bcast, ibcast, barrier and iallgather).
+/// library reads it; unset: all but ibcast, barrier and iallgather).
 bool takes(const std::string& name) {
   const char* list = std::getenv("SQUALL_MPI_COLLECTIVES");
   const std::string text = list != nullptr ? "," + std::string(list) + ","
-                                           : ",allreduce,allgather,reduce_scatter_block,"
+                                           : ",allreduce,allgather,reduce_scatter_block,bcast,"
                                              "iallreduce,ireduce_scatter_block,";
   return text.find(",all,") != std::string::npos ||
          text.find("," + name + ",") != std::string::npos;
@@ -83,6 +83,17 @@ void expect_allreduce_route(bool handled, MPI_Comm comm, F&& call) {
   const unsigned long long before = squall_mpi_tiered_calls();
   expect_route(handled, call);
   CHECK(squall_mpi_tiered_calls() == before + (handled && spans_nodes(comm) ? 1 : 0));
+}
+
+/// Whether squall takes an MPI_Bcast of `bytes` on `comm` (the tests' SQUALL_MPI_MIN_BYTES is
+/// 4096): with SQUALL_MPI_COLLECTIVES unset only up to 1 MiB and on one host (shared memory,
+/// not SQUALL_MPI_TRANSPORT=mpi); naming bcast takes every size on any communicator.
+bool takes_bcast(std::size_t bytes, MPI_Comm comm) {
+  if (!takes("bcast") || bytes < 4096) return false;
+  if (std::getenv("SQUALL_MPI_COLLECTIVES") != nullptr) return true;
+  const char* transport = std::getenv("SQUALL_MPI_TRANSPORT");
+  return bytes <= (std::size_t{1} << 20) && !spans_nodes(comm) &&
+         (transport == nullptr || std::string(transport) != "mpi");
 }
 
 /// Integer-valued data (exact in every type and any reduction order), different per rank.
@@ -163,7 +174,7 @@ TEST_CASE("the large-count forms (MPI 4) take the same routes") {
   CHECK(block == block_ref);
   std::vector<double> data = rank == 0 ? input : std::vector<double>(input.size());
   const std::vector<double> expected = data_of<double>(static_cast<std::size_t>(count), 0, 4);
-  expect_route(takes("bcast"),
+  expect_route(takes_bcast(static_cast<std::size_t>(count) * 8, MPI_COMM_WORLD),
                [&] { return MPI_Bcast_c(data.data(), count, MPI_DOUBLE, 0, MPI_COMM_WORLD); });
   CHECK(data == expected);
 }
@@ -192,9 +203,9 @@ TEST_CASE("allreduce: random floats within reassociation of the exact sum") {
     if (std::fabs(data[i] - exact) > size * 1.2e-7 * magnitude) ++bad;
   }
   CHECK(bad == 0);
-  // Every rank holds the same bits.
+  // Every rank holds the same bits (MPI's broadcast, not squall's, says so).
   std::vector<float> first(data);
-  MPI_Bcast(first.data(), static_cast<int>(count), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  PMPI_Bcast(first.data(), static_cast<int>(count), MPI_FLOAT, 0, MPI_COMM_WORLD);
   CHECK(std::memcmp(first.data(), data.data(), count * sizeof(float)) == 0);
 }
 
@@ -401,11 +412,23 @@ TEST_CASE("reduce_scatter_block, allgather, bcast and barrier against PMPI") {
     for (int root = 0; root < size; ++root) {
       std::vector<double> data = data_of<double>(block, rank, root);
       const std::vector<double> expected = data_of<double>(block, root, root);
-      expect_route(block * 8 >= 4096 && takes("bcast"), [&] {
+      expect_route(takes_bcast(block * 8, MPI_COMM_WORLD), [&] {
         return MPI_Bcast(data.data(), static_cast<int>(block), MPI_DOUBLE, root, MPI_COMM_WORLD);
       });
       CHECK(data == expected);
     }
+  }
+  // The default's bound: squall takes a broadcast of 1 MiB, MPI one of 4 bytes more (unless
+  // SQUALL_MPI_COLLECTIVES names bcast).
+  for (const std::size_t words : {std::size_t{1} << 18, (std::size_t{1} << 18) + 1}) {
+    CAPTURE(words);
+    const int root = size - 1;
+    std::vector<float> data = data_of<float>(words, rank, 5);
+    const std::vector<float> expected = data_of<float>(words, root, 5);
+    expect_route(takes_bcast(words * 4, MPI_COMM_WORLD), [&] {
+      return MPI_Bcast(data.data(), static_cast<int>(words), MPI_FLOAT, root, MPI_COMM_WORLD);
+    });
+    CHECK(data == expected);
   }
   // Bytes per rank not a multiple of 4: MPI moves them.
   std::vector<char> odd(5001, static_cast<char>(rank == 0 ? 7 : 0));
@@ -718,7 +741,7 @@ TEST_CASE("iallreduce: freeing or cancelling a pending one is refused, naming wh
 }
 
 TEST_CASE("a squall error reaches the communicator's error handler and returns") {
-  if (!takes("bcast") || expect_off()) return;  // the error is squall's broadcast's
+  if (!takes_bcast(4096 * 4, MPI_COMM_WORLD) || expect_off()) return;  // squall's broadcast's
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
