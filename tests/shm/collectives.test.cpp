@@ -106,15 +106,20 @@ TEST_SUITE("shm_collectives") {
 }
 
 TEST_SUITE("shm_collectives") {
-  TEST_CASE("allgather and broadcast above peer_memory_bytes, through the windows and not") {
-    // From 64 KiB up a broadcast, and an allgather of 3 or 4 ranks, copy through the windows
-    // while what a rank publishes fits half a window (2 MiB of the default 4 MiB) and no rank
-    // has registered memory; with window_copy_bytes = 0 (and an allgather of 2 ranks) they
-    // reach the peers' memory (cross-memory copies) instead. Both equal the reference; counts
-    // at the half window and one past it (doubles and int32 for the allgather's block,
-    // bfloat16 for the broadcast, every root).
+  TEST_CASE("every collective above peer_memory_bytes, through the windows and not") {
+    // From 64 KiB up a broadcast and a reduce-scatter, and an allreduce and an allgather of 3
+    // or 4 ranks, copy through the windows while what a rank publishes fits half a window
+    // (2 MiB less 128 bytes of the default 4 MiB) and no rank has registered memory; with
+    // window_copy_bytes = 0 (and an allreduce or allgather of 2 ranks) they reach the peers'
+    // memory (cross-memory copies) instead. Both equal the reference; counts at the half
+    // window and one past it (doubles and int32 for the allgather's block, bfloat16 for the
+    // broadcast, every root; float and int32 sums, in place and not, for the whole input of
+    // the allreduce and the reduce-scatter).
     constexpr std::size_t counts[] = {8193, std::size_t{1} << 18, (std::size_t{1} << 18) + 1,
                                       std::size_t{1} << 20, (std::size_t{1} << 20) + 1};
+    const std::size_t half_window_words =
+        (squall::shm_config{}.window_bytes - squall::detail::signature_area) / 2 / 4;
+    const std::size_t word_counts[] = {16385, half_window_words, half_window_words + 1};
     for (const std::size_t window_copy : {std::size_t{2} << 20, std::size_t{0}}) {
       CAPTURE(window_copy);
       for (int ranks = 1; ranks <= max_ranks; ++ranks) {
@@ -127,6 +132,11 @@ TEST_SUITE("shm_collectives") {
           for (const std::size_t count : counts) {
             test::check_allgather(comm, count, found);
             test::check_broadcast(comm, count, found);
+          }
+          for (const std::size_t count : word_counts) {
+            test::check_allreduce<float, squall::sum_op>(comm, count, false, found);
+            test::check_allreduce<std::int32_t, squall::sum_op>(comm, count, true, found);
+            test::check_reduce_scatter(comm, count, found);
           }
           if (found.ok()) return 0;
           std::fprintf(stderr, "rank %d of %d: %s\n", me.rank, me.size, found.text().c_str());

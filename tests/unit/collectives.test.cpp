@@ -54,7 +54,7 @@ constexpr squall::collective_tuning tiny_pieces{
     .chunk_bytes = 64, .pipeline_depth = 3, .staging_chunk_bytes = 256};
 // The one-shot schedule reads the peers' buffers from the first byte (read_peer).
 constexpr squall::collective_tuning peer_memory{
-    .chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1};
+    .chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1, .window_copy_bytes = 0};
 
 /// The shared dense checks (collective_checks.hpp) on `p` thread ranks over `Topology` and
 /// `Backend`, for each of the communicator settings that reach the executor's paths: messages

@@ -37,7 +37,7 @@ using squall::test::run_ranks;
 
 constexpr squall::collective_tuning tiny_pieces{.chunk_bytes = 64, .pipeline_depth = 3};
 constexpr squall::collective_tuning peer_memory{
-    .chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1};
+    .chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1, .window_copy_bytes = 0};
 
 std::vector<float> input_of(int r, int s, std::size_t count) {
   auto v = squall::test::random_values<float>(

@@ -57,7 +57,7 @@ using squall::test::make_topology;
 
 constexpr squall::collective_tuning tiny_pieces{.chunk_bytes = 64, .pipeline_depth = 3};
 constexpr squall::collective_tuning peer_memory{
-    .chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1};
+    .chunk_bytes = 64, .pipeline_depth = 3, .peer_memory_bytes = 1, .window_copy_bytes = 0};
 constexpr squall::collective_tuning messages_only{.peer_memory_bytes =
                                                       std::numeric_limits<std::size_t>::max()};
 

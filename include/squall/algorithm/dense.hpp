@@ -368,8 +368,9 @@ class dense_core {
   /// else the schedule's messages on `out` after copying `in` there.
   template <class T>
   void run_allreduce(const schedule& s, const T* in, T* out, std::size_t count, const reducer& r) {
+    const std::size_t bytes = count * r.element_bytes;
     if constexpr (peer_memory_transport<Transport>) {
-      if (s.one_shot && uses_peer_memory(count * r.element_bytes)) {
+      if (s.one_shot && uses_peer_memory(bytes) && !copies_through_windows(bytes, bytes, true)) {
         settle();
         executor().run_one_shot_peer_memory(reinterpret_cast<const std::byte*>(in),
                                             reinterpret_cast<std::byte*>(out), count, r);
@@ -449,9 +450,10 @@ class dense_core {
     const schedule s = scatter_schedule(bytes);
     const view<T> result(out, block_count(count));
     const reducer r = make_reducer<T, Op>(backend_);
+    const bool windows = s.one_shot && copies_through_windows(bytes, bytes, false);
     bool done = false;
     if constexpr (peer_memory_transport<Transport>) {
-      if (s.one_shot && uses_peer_memory(bytes)) {
+      if (s.one_shot && !windows && uses_peer_memory(bytes)) {
         settle();
         executor().reduce_scatter_peer_memory(reinterpret_cast<const std::byte*>(in),
                                               reinterpret_cast<std::byte*>(out), count, r);
@@ -459,7 +461,7 @@ class dense_core {
       }
     }
     if constexpr (direct_transport<Transport>) {
-      if (!done && s.one_shot && fits_window(bytes)) {
+      if (!done && windows) {
         executor().reduce_scatter_windows(reinterpret_cast<const std::byte*>(in),
                                           reinterpret_cast<std::byte*>(out), count, r,
                                           window_round_, check_after_barrier());
@@ -522,15 +524,17 @@ class dense_core {
     return !uses_peer_memory(bytes) && fits_half_window(bytes);
   }
 
-  // Whether an allgather (`gather`) or broadcast copies through the windows (a rank publishes
-  // `published` bytes; `total`, what every rank ends with, is what decides the peer-memory
-  // path): below `peer_memory_bytes` where they fit, and above it up to `window_copy_bytes`
-  // (a broadcast; an allgather from 3 ranks on) while no rank has registered memory
-  // (collective_tuning; registering is collective, so every rank decides alike).
-  bool copies_through_windows(std::size_t published, std::size_t total, bool gather) const {
+  // Whether a one-shot collective copies through the windows (a rank publishes `published`
+  // bytes; `total`, the bytes that decide the peer-memory path): below `peer_memory_bytes`
+  // where they fit, and above it up to `window_copy_bytes` while no rank has registered
+  // memory (collective_tuning; registering is collective, so every rank decides alike): a
+  // broadcast and a reduce-scatter at any size of job, an allreduce and an allgather from 3
+  // ranks on (`from_three_ranks`).
+  bool copies_through_windows(std::size_t published, std::size_t total,
+                              bool from_three_ranks) const {
     if (!fits_half_window(published)) return false;
     if (!uses_peer_memory(total)) return true;
-    if (gather && size() == 2) return false;
+    if (from_three_ranks && size() == 2) return false;
     if constexpr (registered_memory_transport<Transport>) {
       if (transport_.registrations() != 0) return false;
     }

@@ -35,10 +35,11 @@ struct collective_tuning {
   /// 48.4; 4 ranks (oversubscribed): 16 KiB 27.1 / 11.7, 64 KiB 36.1 / 32.1, 256 KiB 73.7 /
   /// 105.4. 64 KiB is where neither rank count loses much.
   std::size_t peer_memory_bytes = std::size_t{64} << 10;
-  /// A broadcast, and an allgather of 3 ranks or more, copy through the windows (into the
-  /// publishing rank's window, one barrier, out of it) above `peer_memory_bytes` too, up to
-  /// this many bytes published per rank (the broadcast's data, the allgather's block) where
-  /// they fit half a window, unless the job has registered memory
+  /// A broadcast and a reduce-scatter, and an allreduce and an allgather of 3 ranks or more,
+  /// copy through the windows (into the publishing rank's window, a barrier, out of it) above
+  /// `peer_memory_bytes` too, up to this many bytes published per rank (the broadcast's data,
+  /// the allgather's block, the reduce-scatter's and allreduce's whole input) where they fit
+  /// half a window, unless the job has registered memory
   /// (`shm_transport::register_memory`: then `peer_memory_bytes` alone decides, and
   /// registered buffers keep their single plain copy). A cross-memory copy pins every page it
   /// touches (0.25-0.4 us per 4 KiB page on the 2-core machine; 10-17 GB/s of traffic at
@@ -46,7 +47,10 @@ struct collective_tuning {
   /// make one plain copy in and P - 1 out. Measured with squall-bench `--fresh` (inputs just
   /// written), 64 KiB-1 MiB (docs/performance.md): broadcast 2.3-2.4x faster at 2 ranks and
   /// 3.2-5.5x at 4 (oversubscribed), allgather 1.4-2.3x at 4; an allgather of 2 ranks was
-  /// 0.64-0.99x, so it keeps the peer-memory path. 0: never.
+  /// 0.64-0.99x, so it keeps the peer-memory path. At 128 KiB-1 MiB (medians of ten paired
+  /// runs): reduce-scatter 1.36-1.90x faster at 2 ranks and 1.26-2.00x at 4; allreduce
+  /// 1.22-1.52x at 3 and 1.10-1.59x at 4, but 0.87-0.99x at 2 (it keeps the peer-memory
+  /// path). 0: never.
   std::size_t window_copy_bytes = std::size_t{2} << 20;
   /// From this many bytes of output a peer-memory collective writes its outputs (its own, and
   /// the peers' where it reaches them through registered memory) with non-temporal stores:
