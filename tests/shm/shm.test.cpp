@@ -3,7 +3,6 @@
 // at every size the issue names, on 1 to 4 ranks. A rank returns 0 when everything it
 // received equals the pattern its sender computed independently, or a code naming the check.
 
-#include <squall/detail/math.hpp>
 #include <squall/transport/launch.hpp>
 #include <squall/transport/shm.hpp>
 
@@ -15,6 +14,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "../support/page_aligned.hpp"
 #include "../support/shm_ranks.hpp"
 
 using squall::buffer_view;
@@ -122,14 +122,11 @@ int cross_memory_at_every_distance(shm_transport& t) {
   constexpr std::size_t room = sizes[3] + 3 * page;
   const auto byte_at = [](std::size_t i) { return static_cast<std::byte>((i * 131 + 7) % 251); };
   // page-aligned: offsets below are offsets in a page
-  const auto aligned = [](std::vector<std::byte>& v) {
-    const auto at = reinterpret_cast<std::uintptr_t>(v.data());
-    return v.data() + (squall::detail::align_up(at, page) - at);
-  };
   std::vector<std::byte> store(room + page);
-  std::byte* const source = aligned(store);   // the pattern, which the other rank reads or writes
+  // the pattern, which the other rank reads or writes
+  std::byte* const source = squall::test::page_aligned(store, page);
   std::vector<std::byte> other(room + page);  // where rank 1 reads into, rank 0 is written
-  std::byte* const written = aligned(other);
+  std::byte* const written = squall::test::page_aligned(other, page);
   for (std::size_t i = 0; i < room; ++i) source[i] = byte_at(i);
   // `written` holds the pattern from `from` at [to, to + n) and zeros around it
   const auto holds_copy = [&](std::size_t from, std::size_t to, std::size_t n) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../support/data.hpp"
+#include "../support/page_aligned.hpp"
 
 using squall::host_backend;
 using squall::host_view;
@@ -138,13 +139,11 @@ TEST_SUITE("kernels") {
       source[i] = static_cast<std::byte>((i * 131 + i / 251) & 0xff);
     }
     std::vector<std::byte> target(source.size() + 2 * page);
-    const std::byte* src =
-        source.data() + (page - reinterpret_cast<std::uintptr_t>(source.data()) % page) % page;
+    const std::byte* src = test::page_aligned(source, page);
     std::size_t backward = 0;
     for (const std::size_t bytes : sizes) {
       for (std::size_t offset : {0ul, 1ul, 16ul, 17ul, 64ul, 127ul, 128ul, 2048ul, 4080ul}) {
-        std::byte* base =
-            target.data() + (page - reinterpret_cast<std::uintptr_t>(target.data()) % page) % page;
+        std::byte* base = test::page_aligned(target, page);
         std::byte* dst = base + offset + 1;  // one guard byte before
         std::fill(target.begin(), target.end(), std::byte{0x5a});
         if (kernels::aliased_copy::applies(dst, src, bytes)) ++backward;
