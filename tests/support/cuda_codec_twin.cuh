@@ -16,10 +16,14 @@
 
 namespace squall::test {
 
+/// `misalign`: the device input starts that many elements into its allocation (an address
+/// that is not a multiple of 16 bytes for misalign 1).
 template <class C, class T>
-void check_codec_twin(const C& c, const std::vector<T>& g, random_stream stream = {}) {
+void check_codec_twin(const C& c, const std::vector<T>& g, random_stream stream = {},
+                      std::size_t misalign = 0) {
   const std::size_t count = g.size();
   CAPTURE(count);
+  CAPTURE(misalign);
   const std::size_t room = c.max_payload_bytes(dtype_of<T>, count);
   const auto encode = [&](const auto& backend, auto in, auto payload) {
     if constexpr (requires { c.encode(backend, in, payload, stream); }) {
@@ -33,10 +37,13 @@ void check_codec_twin(const C& c, const std::vector<T>& g, random_stream stream 
       encode(host_backend{}, host_view<const T>(g), host_view<std::byte>(expected));
   expected.resize(size);
 
-  device_vector<T> in(g);
+  std::vector<T> shifted(misalign, T(0));
+  shifted.insert(shifted.end(), g.begin(), g.end());
+  device_vector<T> in(shifted);
   device_vector<std::byte> payload{std::vector<std::byte>(room)};
   const cuda_backend gpu;
-  REQUIRE(encode(gpu, device_view<const T>(in.view()), payload.view()) == size);
+  REQUIRE(encode(gpu, device_view<const T>(in.view().data() + misalign, count), payload.view()) ==
+          size);
   gpu.synchronize();
   auto got = payload.to_host();
   got.resize(size);

@@ -111,7 +111,8 @@ struct quantize_compressor {
     auto* codes =
         reinterpret_cast<std::uint8_t*>(p + body_offset + buckets(count, bucket_size) * sizeof(T));
     const std::size_t bad =
-        quantize<scheme>(backend, in.data(), count, bucket_size, scales, codes, seed, stream);
+        quantize<scheme>(backend, in.data(), count, bucket_size, scales, codes, seed, stream,
+                         /*find_non_finite=*/check_finite);
     if (check_finite && bad != count) {
       // the element itself may be in device memory: the kind is not read back
       throw_not_finite(name, bad, "NaN or infinite");

@@ -4,8 +4,11 @@
 /// over device memory and the same per-element math (`quantize_code`, `dequantize_code`,
 /// Philox from Random123), so a device payload equals the host's byte for byte. One warp per
 /// bucket: shuffles give the scale (a sum in double in the host's order, or the max of the
-/// magnitudes' bit patterns, as on the host); each lane then codes groups of 4 or 8
-/// consecutive elements into whole bytes.
+/// magnitudes' bit patterns, as on the host). A bucket of up to 512 elements (the default) is
+/// read once into registers and coded from there, each lane's 4 codes stored as one word
+/// (`quantize_resident_kernel`); a larger one is read twice, for the scale and for the codes
+/// (`quantize_kernel`). The encode waits for the stream only where it must report the first
+/// non-finite element (`check_finite`); the decode waits to check every code.
 
 #include <squall/backend/cuda.cuh>
 #include <squall/core/random.hpp>
@@ -32,9 +35,91 @@ __device__ constexpr quantize_scheme scheme_of() {
           Stochastic, SignOnly, static_cast<std::uint8_t>(Float8)};
 }
 
+/// The quiet NaN the host sends as a non-finite bucket's scale (std::numeric_limits'), bit
+/// for bit.
+template <class T>
+__device__ T quiet_nan() {
+  using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, unsigned long long>;
+  const auto bits = static_cast<bits_t>(sizeof(T) == 4 ? 0x7fc00000ull : 0x7ff8000000000000ull);
+  T value;
+  memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
 inline constexpr unsigned warp_lanes = 32;
 inline constexpr unsigned bucket_warps = quantize_threads / warp_lanes;
 inline constexpr unsigned full_warp = 0xffffffffu;
+
+/// A float type's bit patterns: a magnitude's pattern orders as the magnitude does, and one at
+/// or above `exponent` is an Inf or a NaN.
+template <class T>
+struct float_bits {
+  using type = std::conditional_t<sizeof(T) == 4, std::uint32_t, unsigned long long>;
+  static constexpr type exponent =
+      static_cast<type>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
+  static constexpr type magnitude =
+      static_cast<type>(sizeof(T) == 4 ? 0x7fffffffull : 0x7fffffffffffffffull);
+};
+
+/// What a warp codes a bucket with: the scale it sends (NaN if the bucket holds a NaN or an
+/// Inf), whether its elements are coded as levels at all (`usable`: a finite, positive scale),
+/// and the host's inverse, or double x 2^600 for a subnormal scale (`wide`).
+template <class T>
+struct bucket_coding {
+  bool finite;
+  T sent;
+  bool usable;
+  T inverse;
+  bool wide;
+  double wide_inverse;
+};
+
+/// The bucket's coding from the largest magnitude pattern of each lane (`top`) and, for a
+/// summed scale, the bucket's sum in the host's order; every lane gets it.
+template <std::uint32_t Levels, int Scale, class T>
+__device__ SQUALL_FORCEINLINE bucket_coding<T> coding_of(typename float_bits<T>::type top,
+                                                         double sum, std::size_t n) {
+#pragma unroll
+  for (unsigned half = warp_lanes / 2; half > 0; half /= 2) {
+    const auto other = __shfl_xor_sync(full_warp, top, half);
+    top = top > other ? top : other;
+  }
+  const bool finite = top < float_bits<T>::exponent;
+  double scale;
+  if constexpr (Scale == static_cast<int>(bucket_scale::max_abs)) {
+    T largest;
+    memcpy(&largest, &top, sizeof largest);
+    scale = static_cast<double>(largest);
+  } else if constexpr (Scale == static_cast<int>(bucket_scale::l2_norm)) {
+    scale = sqrt(sum);
+  } else {
+    scale = sum / static_cast<double>(n);
+  }
+  const T s = static_cast<T>(scale);
+  // the same inverse as the host, or double x 2^600 for a subnormal scale
+  const T inverse = static_cast<T>(static_cast<double>(Levels) / static_cast<double>(s));
+  return {.finite = finite,
+          .sent = finite ? s : quiet_nan<T>(),
+          .usable = finite && s > T(0) && isfinite(s),
+          .inverse = inverse,
+          .wide = !isfinite(inverse),
+          .wide_inverse = static_cast<double>(Levels) / (static_cast<double>(s) * 0x1p600)};
+}
+
+/// Calls `body(b, begin, n)` for each bucket this warp takes: bucket b holds elements `begin`
+/// ... + `n` (a warp per bucket, grid-stride over the buckets).
+template <class Body>
+__device__ SQUALL_FORCEINLINE void for_each_warp_bucket(std::size_t count, std::size_t bucket,
+                                                        Body&& body) {
+  const std::size_t buckets = (count + bucket - 1) / bucket;
+  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * bucket_warps;
+  for (std::size_t b =
+           static_cast<std::size_t>(blockIdx.x) * bucket_warps + threadIdx.x / warp_lanes;
+       b < buckets; b += warps) {
+    const std::size_t begin = b * bucket;
+    body(b, begin, count - begin < bucket ? count - begin : bucket);
+  }
+}
 
 /// Elements a lane codes (or decodes) at a time: 4 (one Philox block of words), or the 8 of
 /// one byte of 1-bit codes. Bucket starts are multiples of 8, so a group never straddles a
@@ -74,21 +159,11 @@ __global__ void __launch_bounds__(quantize_threads)
                     unsigned long long* first_bad) {
   constexpr quantize_scheme q = scheme_of<Levels, Width, Scale, Stochastic, SignOnly, Float8>();
   constexpr bool summed = Scale != static_cast<int>(bucket_scale::max_abs);
-  using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, unsigned long long>;
-  constexpr bits_t exponent =
-      static_cast<bits_t>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
-  constexpr bits_t magnitude =
-      static_cast<bits_t>(sizeof(T) == 4 ? 0x7fffffffull : 0x7fffffffffffffffull);
+  using bits_t = typename float_bits<T>::type;
   constexpr unsigned group = code_group<Width>;
   static_assert(!Stochastic || group == 4, "a stochastic group is one Philox block");
   const unsigned lane = threadIdx.x % warp_lanes;
-  const std::size_t buckets = (count + bucket - 1) / bucket;
-  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * bucket_warps;
-  for (std::size_t b =
-           static_cast<std::size_t>(blockIdx.x) * bucket_warps + threadIdx.x / warp_lanes;
-       b < buckets; b += warps) {
-    const std::size_t begin = b * bucket;
-    const std::size_t n = count - begin < bucket ? count - begin : bucket;
+  for_each_warp_bucket(count, bucket, [&](std::size_t b, std::size_t begin, std::size_t n) {
     const T* v = in + begin;
     double acc[8] = {};
     bits_t top = 0;
@@ -103,7 +178,7 @@ __global__ void __launch_bounds__(quantize_threads)
       for (unsigned k = 0; k < 8; ++k) {
         bits_t bits;
         memcpy(&bits, &x[k], sizeof bits);
-        bits &= magnitude;
+        bits &= float_bits<T>::magnitude;
         top = top > bits ? top : bits;
         if constexpr (summed) {
           const double a = fabs(static_cast<double>(x[k]));
@@ -113,29 +188,9 @@ __global__ void __launch_bounds__(quantize_threads)
         }
       }
     }
-#pragma unroll
-    for (unsigned half = warp_lanes / 2; half > 0; half /= 2) {
-      const bits_t other = __shfl_xor_sync(full_warp, top, half);
-      top = top > other ? top : other;
-    }
-    const bool finite = top < exponent;
-    double scale;
-    if constexpr (Scale == static_cast<int>(bucket_scale::max_abs)) {
-      T m;
-      memcpy(&m, &top, sizeof m);
-      scale = static_cast<double>(m);
-    } else if constexpr (Scale == static_cast<int>(bucket_scale::l2_norm)) {
-      scale = sqrt(warp_bucket_sum(acc));
-    } else {
-      scale = warp_bucket_sum(acc) / static_cast<double>(n);
-    }
-    const T s = static_cast<T>(scale);
-    if (lane == 0) scales[b] = finite ? s : static_cast<T>(NAN);
-    const bool usable = finite && s > T(0) && isfinite(s);
-    // the same inverse as the host, or double x 2^600 for a subnormal scale
-    const T inverse = static_cast<T>(static_cast<double>(Levels) / static_cast<double>(s));
-    const bool wide = !isfinite(inverse);
-    const double wide_inverse = static_cast<double>(Levels) / (static_cast<double>(s) * 0x1p600);
+    const bucket_coding<T> coding =
+        coding_of<Levels, Scale, T>(top, summed ? warp_bucket_sum(acc) : 0.0, n);
+    if (lane == 0) scales[b] = coding.sent;
     std::uint8_t* out = codes + begin * Width / 8;  // begin is a multiple of 8
     for (std::size_t first = static_cast<std::size_t>(lane) * group; first < n;
          first += warp_lanes * group) {
@@ -150,15 +205,17 @@ __global__ void __launch_bounds__(quantize_threads)
       for (unsigned t = 0; t < group; ++t) {
         if (first + t < n) {
           const T x = v[first + t];
-          if (!isfinite(x))
+          if (first_bad != nullptr && !isfinite(x)) {
             atomicMin(first_bad, static_cast<unsigned long long>(begin + first + t));
+          }
           std::uint8_t code;
-          if (!usable) {
+          if (!coding.usable) {
             code = zero_code(q);
           } else {
             const std::uint32_t word = words[t % 4];
-            code = wide ? quantize_code(q, static_cast<double>(x) * 0x1p600, wide_inverse, word)
-                        : quantize_code(q, x, inverse, word);
+            code = coding.wide ? quantize_code(q, static_cast<double>(x) * 0x1p600,
+                                               coding.wide_inverse, word)
+                               : quantize_code(q, x, coding.inverse, word);
           }
           packed |= static_cast<unsigned long long>(code) << (t * Width);
         }
@@ -169,7 +226,199 @@ __global__ void __launch_bounds__(quantize_threads)
         out[first * Width / 8 + k] = static_cast<std::uint8_t>(packed >> (8 * k));
       }
     }
+  });
+}
+
+/// Buckets up to `resident_bucket` elements are read once into registers: lane l holds
+/// elements 128 m + 4 l ... + 3 of the bucket (m < 4), one aligned 4-element load each, all in
+/// flight together; the scale comes from the registers and so do the codes, each lane's 4
+/// codes stored as one word (the 1-bit codes of two lanes as one byte). The sums keep the
+/// host's order (`bucket_sum_lanes`): host lane j = 128 p + 4 l + t is `acc[4 p + t]` of lane
+/// l, so the pairwise step over 128 is within the lane, those over 64 ... 4 are shuffles and
+/// those over 2 and 1 are within lane 0.
+inline constexpr unsigned resident_chunks = 4;
+inline constexpr std::size_t resident_bucket = resident_chunks * warp_lanes * 4;
+
+template <class T>
+using resident_values = T[resident_chunks][4];
+
+/// Loads the `n` elements of the bucket at `v` into this lane's registers (0 beyond `n`);
+/// `Full`: `n` is `resident_bucket` and `vector_in` true.
+template <bool Full, class T>
+__device__ SQUALL_FORCEINLINE void load_resident(const T* v, std::size_t n, unsigned lane,
+                                                 bool vector_in, resident_values<T>& x) {
+#pragma unroll
+  for (unsigned m = 0; m < resident_chunks; ++m) {
+    const std::size_t first = m * warp_lanes * 4 + lane * 4;
+    if (Full || (vector_in && first + 4 <= n)) {
+      const four<T> f = *reinterpret_cast<const four<T>*>(v + first);
+#pragma unroll
+      for (unsigned t = 0; t < 4; ++t) x[m][t] = f.v[t];
+    } else {
+#pragma unroll
+      for (unsigned t = 0; t < 4; ++t) x[m][t] = first + t < n ? v[first + t] : T(0);
+    }
   }
+}
+
+/// Scale and codes of bucket `b` (elements `begin` ... + `n`) from the registers. `Full`: the
+/// bucket has `resident_bucket` elements (`n` is ignored), so no element needs a bounds check.
+/// The instructions per element are what bounds this kernel (it issues on most cycles while
+/// the memory is half busy), so the common case takes the shortest path: a bucket whose
+/// largest magnitude is finite has no element to report, and a normal scale needs no wide
+/// inverse.
+template <std::uint32_t Levels, unsigned Width, int Scale, bool Stochastic, bool SignOnly,
+          unsigned Float8, bool Full, class T>
+__device__ SQUALL_FORCEINLINE void code_resident(const resident_values<T>& x, std::size_t b,
+                                                 std::size_t begin, std::size_t bucket_elements,
+                                                 unsigned lane, T* scales, std::uint8_t* codes,
+                                                 std::uint64_t seed, random_stream stream,
+                                                 unsigned long long* first_bad) {
+  constexpr quantize_scheme q = scheme_of<Levels, Width, Scale, Stochastic, SignOnly, Float8>();
+  constexpr bool summed = Scale != static_cast<int>(bucket_scale::max_abs);
+  using bits_t = typename float_bits<T>::type;
+  // a lane's 4 codes: 4, 2 or 1 whole bytes, or half a byte (1-bit codes)
+  constexpr unsigned lane_bytes = Width >= 2 ? 4 * Width / 8 : 1;
+  using word_t =
+      std::conditional_t<lane_bytes == 4, std::uint32_t,
+                         std::conditional_t<lane_bytes == 2, std::uint16_t, std::uint8_t>>;
+  const std::size_t n = Full ? resident_bucket : bucket_elements;
+  const auto inside = [&](std::size_t e) { return Full || e < n; };
+  bits_t top = 0;
+  double acc[8] = {};
+#pragma unroll
+  for (unsigned m = 0; m < resident_chunks; ++m) {
+#pragma unroll
+    for (unsigned t = 0; t < 4; ++t) {
+      bits_t bits;
+      memcpy(&bits, &x[m][t], sizeof bits);
+      bits &= float_bits<T>::magnitude;
+      top = top > bits ? top : bits;
+      if constexpr (summed) {
+        const double a = fabs(static_cast<double>(x[m][t]));
+        // rounded apart, as the host: no fused multiply-add
+        acc[(m % 2) * 4 + t] =
+            __dadd_rn(acc[(m % 2) * 4 + t],
+                      Scale == static_cast<int>(bucket_scale::l2_norm) ? __dmul_rn(a, a) : a);
+      }
+    }
+  }
+  double sum = 0;
+  if constexpr (summed) {
+#pragma unroll
+    for (unsigned t = 0; t < 4; ++t) acc[t] = __dadd_rn(acc[t], acc[t + 4]);  // over 128
+#pragma unroll
+    for (unsigned shift = warp_lanes / 2; shift > 0; shift /= 2) {  // over 64 ... 4
+#pragma unroll
+      for (unsigned t = 0; t < 4; ++t) {
+        acc[t] = __dadd_rn(acc[t], __shfl_down_sync(full_warp, acc[t], shift));
+      }
+    }
+    // over 2 and 1, then lane 0's total to every lane
+    sum =
+        __shfl_sync(full_warp, __dadd_rn(__dadd_rn(acc[0], acc[2]), __dadd_rn(acc[1], acc[3])), 0);
+  }
+  const bucket_coding<T> coding = coding_of<Levels, Scale, T>(top, sum, n);
+  if (lane == 0) scales[b] = coding.sent;
+  if (!coding.finite && first_bad != nullptr) {  // the bucket holds a NaN or an Inf: find which
+#pragma unroll
+    for (unsigned m = 0; m < resident_chunks; ++m) {
+#pragma unroll
+      for (unsigned t = 0; t < 4; ++t) {
+        const std::size_t e = m * warp_lanes * 4 + lane * 4 + t;
+        if (inside(e) && !isfinite(x[m][t])) {
+          atomicMin(first_bad, static_cast<unsigned long long>(begin + e));
+        }
+      }
+    }
+  }
+  std::uint8_t* out = codes + begin * Width / 8;  // begin is a multiple of 8
+  const bool vector_out = reinterpret_cast<std::uintptr_t>(codes) % lane_bytes == 0;
+  // this lane's codes of chunk m (of the elements inside the bucket), by `code_of(e, word)`
+  const auto pack = [&](unsigned m, const auto& code_of) {
+    const std::size_t first = m * warp_lanes * 4 + lane * 4;
+    std::uint32_t words[4] = {};
+    if constexpr (Stochastic) {
+      if (inside(first)) {
+        const philox_block block = philox(seed, stream, (begin + first) / 4);
+#pragma unroll
+        for (unsigned w = 0; w < 4; ++w) words[w] = block.word[w];
+      }
+    }
+    std::uint32_t packed = 0;
+#pragma unroll
+    for (unsigned t = 0; t < 4; ++t) {
+      if (inside(first + t)) {
+        packed |= static_cast<std::uint32_t>(code_of(x[m][t], words[t])) << (t * Width);
+      }
+    }
+    return packed;
+  };
+  const auto store = [&](unsigned m, std::uint32_t packed) {
+    const std::size_t first = m * warp_lanes * 4 + lane * 4;
+    if constexpr (Width == 1) {
+      // the even lane's byte: its 4 codes, then its odd neighbour's (elements 8 k ... 8 k + 7)
+      packed |= __shfl_down_sync(full_warp, packed, 1) << 4;
+      if (lane % 2 == 0 && inside(first)) out[first / 8] = static_cast<std::uint8_t>(packed);
+    } else {
+      std::uint8_t* to = out + first * Width / 8;
+      if (vector_out && inside(first + 3)) {
+        *reinterpret_cast<word_t*>(to) = static_cast<word_t>(packed);
+      } else if (inside(first)) {
+        const unsigned bytes = static_cast<unsigned>(((n - first) * Width + 7) / 8);
+        for (unsigned k = 0; k < bytes && k < lane_bytes; ++k) {
+          to[k] = static_cast<std::uint8_t>(packed >> (8 * k));
+        }
+      }
+    }
+  };
+  if (coding.usable && !coding.wide) {
+#pragma unroll
+    for (unsigned m = 0; m < resident_chunks; ++m) {
+      store(m, pack(m, [&](T e, std::uint32_t word) {
+              return quantize_code(q, e, coding.inverse, word);
+            }));
+    }
+  } else if (coding.usable) {
+#pragma unroll
+    for (unsigned m = 0; m < resident_chunks; ++m) {
+      store(m, pack(m, [&](T e, std::uint32_t word) {
+              return quantize_code(q, static_cast<double>(e) * 0x1p600, coding.wide_inverse, word);
+            }));
+    }
+  } else {
+#pragma unroll
+    for (unsigned m = 0; m < resident_chunks; ++m) {
+      store(m, pack(m, [](T, std::uint32_t) {
+              return zero_code(scheme_of<Levels, Width, Scale, Stochastic, SignOnly, Float8>());
+            }));
+    }
+  }
+}
+
+/// One bucket per warp, grid-stride over the buckets, a bucket of `resident_bucket` elements
+/// (all but perhaps the last) by the path without bounds checks.
+template <std::uint32_t Levels, unsigned Width, int Scale, bool Stochastic, bool SignOnly,
+          unsigned Float8, class T>
+__global__ void __launch_bounds__(quantize_threads)
+    quantize_resident_kernel(const T* in, std::size_t count, std::size_t bucket, T* scales,
+                             std::uint8_t* codes, std::uint64_t seed, random_stream stream,
+                             unsigned long long* first_bad) {
+  const unsigned lane = threadIdx.x % warp_lanes;
+  const bool vector_in = reinterpret_cast<std::uintptr_t>(in) % sizeof(four<T>) == 0;
+  for_each_warp_bucket(count, bucket, [&](std::size_t b, std::size_t begin, std::size_t n) {
+    resident_values<T> x;
+    // begin is a multiple of 8: in + begin is as aligned as in
+    if (n == resident_bucket && vector_in) {
+      load_resident<true>(in + begin, n, lane, true, x);
+      code_resident<Levels, Width, Scale, Stochastic, SignOnly, Float8, true>(
+          x, b, begin, n, lane, scales, codes, seed, stream, first_bad);
+    } else {
+      load_resident<false>(in + begin, n, lane, vector_in, x);
+      code_resident<Levels, Width, Scale, Stochastic, SignOnly, Float8, false>(
+          x, b, begin, n, lane, scales, codes, seed, stream, first_bad);
+    }
+  });
 }
 
 /// A thread per group of `code_group` elements (never two buckets: buckets start at
@@ -252,6 +501,40 @@ inline unsigned quantize_grid(std::size_t blocks) {
 
 namespace detail {
 
+/// Enqueues the quantizer: buckets up to `resident_bucket` elements in registers
+/// (`quantize_resident_kernel`) unless `read_twice` (the benchmark's comparison), larger ones
+/// read twice (`quantize_kernel`); the first non-finite element's index goes to `first_bad`
+/// by atomicMin (where not null). No wait.
+template <quantize_scheme Q, class T>
+void launch_quantize(const cuda_backend& backend, const T* in, std::size_t count,
+                     std::size_t bucket, T* scales, std::uint8_t* codes, std::uint64_t seed,
+                     random_stream stream, unsigned long long* first_bad, bool read_twice = false) {
+  const unsigned grid = quantize_grid(bucket_blocks(count, bucket));
+  if (bucket > resident_bucket || read_twice) {
+    quantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only,
+                    Q.float8><<<grid, quantize_threads, 0, backend.stream>>>(
+        in, count, bucket, scales, codes, seed, stream, first_bad);
+  } else {
+    quantize_resident_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic,
+                             Q.sign_only, Q.float8><<<grid, quantize_threads, 0, backend.stream>>>(
+        in, count, bucket, scales, codes, seed, stream, first_bad);
+  }
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+}
+
+/// Enqueues the decode; the first element whose code is not a level goes to `first_bad` by
+/// atomicMin. No wait.
+template <quantize_scheme Q, class T>
+void launch_dequantize(const cuda_backend& backend, const T* scales, const std::uint8_t* codes,
+                       std::size_t count, std::size_t bucket, T* out,
+                       unsigned long long* first_bad) {
+  dequantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only,
+                    Q.float8>
+      <<<quantize_grid(group_blocks<Q.width>(count)), quantize_threads, 0, backend.stream>>>(
+          scales, codes, count, bucket, out, first_bad);
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+}
+
 /// A device word where a kernel records the first bad element's index by atomicMin: set to
 /// `none` on the stream (`store_bytes`: no wait), read back by `read` (one wait).
 class first_index_slot {
@@ -273,20 +556,22 @@ class first_index_slot {
 }  // namespace detail
 
 /// Device twin of the host `quantize`: same arguments over device memory, enqueued on the
-/// backend's stream. Returns the first non-finite element's index (or `count`), so it waits
-/// for the stream once.
+/// backend's stream. With `find_non_finite`, returns the first non-finite element's index (or
+/// `count`), so it waits for the stream once; without, returns `count` and does not wait (a
+/// non-finite element still sends its bucket a NaN scale).
 template <quantize_scheme Q, class T>
 std::size_t quantize(const cuda_backend& backend, const T* in, std::size_t count,
                      std::size_t bucket, T* scales, std::uint8_t* codes, std::uint64_t seed,
-                     random_stream stream) {
+                     random_stream stream, bool find_non_finite = true) {
   if (count == 0) return 0;
   squall::detail::device_guard guard(backend.device);
+  if (!find_non_finite) {
+    detail::launch_quantize<Q>(backend, in, count, bucket, scales, codes, seed, stream, nullptr);
+    return count;
+  }
   detail::first_index_slot first_bad(backend, count);
-  detail::quantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only,
-                          Q.float8>
-      <<<detail::quantize_grid(detail::bucket_blocks(count, bucket)), detail::quantize_threads, 0,
-         backend.stream>>>(in, count, bucket, scales, codes, seed, stream, first_bad.get());
-  SQUALL_CUDA_CHECK(cudaGetLastError());
+  detail::launch_quantize<Q>(backend, in, count, bucket, scales, codes, seed, stream,
+                             first_bad.get());
   return first_bad.read();
 }
 
@@ -298,11 +583,7 @@ std::size_t dequantize(const cuda_backend& backend, const T* scales, const std::
   if (count == 0) return 0;
   squall::detail::device_guard guard(backend.device);
   detail::first_index_slot first_bad(backend, count);
-  detail::dequantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only,
-                            Q.float8>
-      <<<detail::quantize_grid(detail::group_blocks<Q.width>(count)), detail::quantize_threads, 0,
-         backend.stream>>>(scales, codes, count, bucket, out, first_bad.get());
-  SQUALL_CUDA_CHECK(cudaGetLastError());
+  detail::launch_dequantize<Q>(backend, scales, codes, count, bucket, out, first_bad.get());
   return first_bad.read();
 }
 

@@ -106,20 +106,26 @@ SQUALL_HOST_DEVICE SQUALL_FORCEINLINE std::uint8_t quantize_code(quantize_scheme
   return static_cast<std::uint8_t>(negative ? s32 - level : s32 + level);
 }
 
-/// The value of `code` in a bucket of `scale` (NaN if the bucket had a NaN or Inf).
+/// The value of `code` in a bucket of `scale`; a NaN scale (a bucket that had a NaN or Inf)
+/// gives that NaN itself, so the host and the device give the same bits (a GPU's arithmetic
+/// on a NaN gives its canonical NaN, x86's the operand's).
 template <class T>
 SQUALL_HOST_DEVICE SQUALL_FORCEINLINE T dequantize_code(quantize_scheme q, std::uint8_t code,
                                                         T scale) {
-  if (q.sign_only) return code ? -scale : scale;
-  if (q.float8 != 0) {
+  T value;
+  if (q.sign_only) {
+    value = code ? -scale : scale;
+  } else if (q.float8 != 0) {
     const float x = q.float8 == 1
                         ? squall::detail::float8_to_float<squall::detail::e4m3_format>(code)
                         : squall::detail::float8_to_float<squall::detail::e5m2_format>(code);
-    return static_cast<T>(x) * scale * (T(1) / static_cast<T>(q.levels));
+    value = static_cast<T>(x) * scale * (T(1) / static_cast<T>(q.levels));
+  } else {
+    // q x scale first, so a subnormal scale loses no more than its own spacing
+    value = static_cast<T>(static_cast<std::int32_t>(code) - static_cast<std::int32_t>(q.levels)) *
+            scale * (T(1) / static_cast<T>(q.levels));
   }
-  // q x scale first, so a subnormal scale loses no more than its own spacing
-  return static_cast<T>(static_cast<std::int32_t>(code) - static_cast<std::int32_t>(q.levels)) *
-         scale * (T(1) / static_cast<T>(q.levels));
+  return scale != scale ? scale : value;  // NOLINT(misc-redundant-expression): NaN test
 }
 
 namespace detail {
@@ -314,11 +320,12 @@ SQUALL_HOST_CLONES void unpack_codes(const std::uint8_t* SQUALL_RESTRICT in, std
 /// covering all): `scales[b]` gets bucket b's scale (NaN if the bucket holds a NaN or Inf,
 /// whose codes are then the zero level) and `codes` the packed codes,
 /// ceil(count x width / 8) bytes. Stochastic draws are `random_word(seed, stream, element)`.
-/// Returns the index of the first non-finite element, or `count` if all are finite.
+/// Returns the index of the first non-finite element, or `count` if all are finite (the host
+/// finds it whatever `find_non_finite`, which spares the device twin its wait when false).
 template <quantize_scheme Q, class T>
 std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t count,
                      std::size_t bucket, T* scales, std::uint8_t* codes, std::uint64_t seed,
-                     random_stream stream) {
+                     random_stream stream, bool /*find_non_finite*/ = true) {
   std::size_t first_bad = count;
   std::uint8_t block_codes[detail::quantize_block];
   alignas(64) std::uint32_t words[detail::quantize_block];
