@@ -163,62 +163,47 @@ void codec(benchmark::State& state, const C& c, bool decode) {
   state.counters["ratio"] = 4.0 * count / static_cast<double>(size);
 }
 
-/// The quantizer's kernel alone (no wait for its first-bad word, which the encode reads back
-/// where it checks), the bucket (512) in registers or (`read_twice`) the kernel of larger
-/// buckets: what the kernel reaches, and what the encode's call adds.
+/// A quantizer's kernel alone, without the call's waits (the encode's for its first
+/// non-finite element where it checks, the decode's for its header and its first invalid
+/// code): the encode's kernel with the bucket (512) in registers or (`read_twice`) the kernel
+/// of larger buckets, or (`decode`) the decode's kernel.
 template <kernels::quantize_scheme Q>
-void quantize_kernel_alone(benchmark::State& state, bool read_twice) {
+void kernel_alone(benchmark::State& state, bool read_twice, bool decode) {
   const auto count = static_cast<std::size_t>(state.range(0));
   constexpr std::size_t bucket = 512;
   const std::size_t buckets = (count + bucket - 1) / bucket;
   const auto in = normal_buffer(count, 6);
-  const auto scales = device_buffer<float>(buckets);
-  const auto codes = device_buffer<std::uint8_t>(count * Q.width / 8);
-  const auto first_bad = device_buffer<unsigned long long>(1);
-  const double bytes = 4.0 * count + static_cast<double>(count * Q.width / 8 + buckets * 4);
-  const double rate = rate_of_calls(state, nullptr, bytes, [&] {
-    kernels::detail::launch_quantize<Q>(gpu, in.data(), count, bucket, scales.data(), codes.data(),
-                                        0, squall::random_stream{}, first_bad.data(), read_twice);
-  });
-  report_of_copy(state, count, rate);
-}
-
-/// The decode's kernel alone (no wait for its first-bad word).
-template <kernels::quantize_scheme Q>
-void dequantize_kernel_alone(benchmark::State& state) {
-  const auto count = static_cast<std::size_t>(state.range(0));
-  constexpr std::size_t bucket = 512;
-  const std::size_t buckets = (count + bucket - 1) / bucket;
-  const auto in = normal_buffer(count, 7);
   const auto out = device_buffer<float>(count);
   const auto scales = device_buffer<float>(buckets);
   const auto codes = device_buffer<std::uint8_t>(count * Q.width / 8);
   const auto first_bad = device_buffer<unsigned long long>(1);
-  kernels::detail::launch_quantize<Q>(gpu, in.data(), count, bucket, scales.data(), codes.data(), 0,
-                                      squall::random_stream{}, nullptr);
+  const auto encode = [&] {
+    kernels::detail::launch_quantize<Q>(gpu, in.data(), count, bucket, scales.data(), codes.data(),
+                                        0, squall::random_stream{}, first_bad.data(), read_twice);
+  };
+  encode();  // the decode's codes
   const double bytes = 4.0 * count + static_cast<double>(count * Q.width / 8 + buckets * 4);
-  const double rate = rate_of_calls(state, nullptr, bytes, [&] {
-    kernels::detail::launch_dequantize<Q>(gpu, scales.data(), codes.data(), count, bucket,
-                                          out.data(), first_bad.data());
-  });
+  const double rate = decode ? rate_of_calls(state, nullptr, bytes,
+                                             [&] {
+                                               kernels::detail::launch_dequantize<Q>(
+                                                   gpu, scales.data(), codes.data(), count, bucket,
+                                                   out.data(), first_bad.data());
+                                             })
+                             : rate_of_calls(state, nullptr, bytes, encode);
   report_of_copy(state, count, rate);
 }
 
-void int8_decode_kernel_alone(benchmark::State& state) {
-  dequantize_kernel_alone<squall::int8_compressor::scheme>(state);
-}
-
-void int8_kernel_alone(benchmark::State& state, bool read_twice) {
-  quantize_kernel_alone<squall::int8_compressor::scheme>(state, read_twice);
+void int8_kernel_alone(benchmark::State& state, bool read_twice, bool decode) {
+  kernel_alone<squall::int8_compressor::scheme>(state, read_twice, decode);
 }
 
 void qsgd4_kernel_alone(benchmark::State& state, bool read_twice) {
-  quantize_kernel_alone<squall::qsgd_compressor<4>::scheme>(state, read_twice);
+  kernel_alone<squall::qsgd_compressor<4>::scheme>(state, read_twice, false);
 }
 
 void fp8_kernel_alone(benchmark::State& state, bool read_twice) {
-  quantize_kernel_alone<squall::quantize_compressor<squall::fp8_spec<1, false>>::scheme>(
-      state, read_twice);
+  kernel_alone<squall::quantize_compressor<squall::fp8_spec<1, false>>::scheme>(state, read_twice,
+                                                                                false);
 }
 
 /// The full radix sort of (magnitude key, index) pairs that top-k runs, alone.
@@ -276,13 +261,13 @@ BENCHMARK_CAPTURE(codec, fp8_e4m3_encode, squall::fp8_compressor{}, false)->Appl
 BENCHMARK_CAPTURE(codec, fp8_e4m3_decode, squall::fp8_compressor{}, true)->Apply(sizes);
 BENCHMARK_CAPTURE(codec, qsgd4_encode, squall::qsgd_compressor<4>{}, false)->Apply(sizes);
 BENCHMARK_CAPTURE(codec, qsgd4_decode, squall::qsgd_compressor<4>{}, true)->Apply(sizes);
-BENCHMARK_CAPTURE(int8_kernel_alone, registers, false)->Apply(sizes);
-BENCHMARK_CAPTURE(int8_kernel_alone, read_twice, true)->Apply(sizes);
+BENCHMARK_CAPTURE(int8_kernel_alone, registers, false, false)->Apply(sizes);
+BENCHMARK_CAPTURE(int8_kernel_alone, read_twice, true, false)->Apply(sizes);
 BENCHMARK_CAPTURE(fp8_kernel_alone, registers, false)->Apply(sizes);
 BENCHMARK_CAPTURE(fp8_kernel_alone, read_twice, true)->Apply(sizes);
 BENCHMARK_CAPTURE(qsgd4_kernel_alone, registers, false)->Apply(sizes);
 BENCHMARK_CAPTURE(qsgd4_kernel_alone, read_twice, true)->Apply(sizes);
-BENCHMARK(int8_decode_kernel_alone)->Apply(sizes);
+BENCHMARK_CAPTURE(int8_kernel_alone, decode, false, true)->Apply(sizes);
 BENCHMARK(radix_sort_pairs)->Arg(mib256)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(topk_1_percent)->Arg(mib256)->UseManualTime()->Unit(benchmark::kMillisecond);
 

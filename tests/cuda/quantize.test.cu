@@ -27,9 +27,9 @@ using squall::host_view;
 namespace {
 
 template <class C, class T>
-void check_twin(C c, std::size_t count, std::size_t misalign = 0) {
-  test::check_codec_twin(c, test::random_values<T>(count, 300 + count), squall::random_stream{5, 1},
-                         misalign);
+void check_twin(C c, std::size_t count) {
+  test::check_codec_twin(c, test::random_values<T>(count, 300 + count),
+                         squall::random_stream{5, 1});
 }
 
 /// Every quantizer kind (1, 2, 4 and 8-bit codes, max, L2 and mean scales, stochastic or

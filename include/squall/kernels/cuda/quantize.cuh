@@ -35,12 +35,10 @@ __device__ constexpr quantize_scheme scheme_of() {
           Stochastic, SignOnly, static_cast<std::uint8_t>(Float8)};
 }
 
-/// The quiet NaN the host sends as a non-finite bucket's scale (std::numeric_limits'), bit
-/// for bit.
+/// The quiet NaN the host sends as a non-finite bucket's scale, bit for bit.
 template <class T>
 __device__ T quiet_nan() {
-  using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, unsigned long long>;
-  const auto bits = static_cast<bits_t>(sizeof(T) == 4 ? 0x7fc00000ull : 0x7ff8000000000000ull);
+  const auto bits = float_bits<T>::quiet_nan;
   T value;
   memcpy(&value, &bits, sizeof value);
   return value;
@@ -49,17 +47,6 @@ __device__ T quiet_nan() {
 inline constexpr unsigned warp_lanes = 32;
 inline constexpr unsigned bucket_warps = quantize_threads / warp_lanes;
 inline constexpr unsigned full_warp = 0xffffffffu;
-
-/// A float type's bit patterns: a magnitude's pattern orders as the magnitude does, and one at
-/// or above `exponent` is an Inf or a NaN.
-template <class T>
-struct float_bits {
-  using type = std::conditional_t<sizeof(T) == 4, std::uint32_t, unsigned long long>;
-  static constexpr type exponent =
-      static_cast<type>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
-  static constexpr type magnitude =
-      static_cast<type>(sizeof(T) == 4 ? 0x7fffffffull : 0x7fffffffffffffffull);
-};
 
 /// What a warp codes a bucket with: the scale it sends (NaN if the bucket holds a NaN or an
 /// Inf), whether its elements are coded as levels at all (`usable`: a finite, positive scale),
@@ -387,11 +374,10 @@ __device__ SQUALL_FORCEINLINE void code_resident(const resident_values<T>& x, st
             }));
     }
   } else {
+    const std::uint8_t zero = zero_code(q);
 #pragma unroll
     for (unsigned m = 0; m < resident_chunks; ++m) {
-      store(m, pack(m, [](T, std::uint32_t) {
-              return zero_code(scheme_of<Levels, Width, Scale, Stochastic, SignOnly, Float8>());
-            }));
+      store(m, pack(m, [&](T, std::uint32_t) { return zero; }));
     }
   }
 }

@@ -141,6 +141,20 @@ inline constexpr std::size_t quantize_block = 1024;
 /// the host's bit for bit.
 inline constexpr std::size_t bucket_sum_lanes = 256;
 
+/// A float type's bit patterns (shared with the CUDA twin): a magnitude's pattern orders as
+/// the magnitude does, one at or above `exponent` is an Inf or a NaN, and `quiet_nan` is
+/// std::numeric_limits' quiet NaN, which a non-finite bucket sends as its scale.
+template <class T>
+struct float_bits {
+  using type = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  static constexpr type exponent =
+      static_cast<type>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
+  static constexpr type magnitude =
+      static_cast<type>(sizeof(T) == 4 ? 0x7fffffffull : 0x7fffffffffffffffull);
+  static constexpr type quiet_nan =
+      static_cast<type>(sizeof(T) == 4 ? 0x7fc00000ull : 0x7ff8000000000000ull);
+};
+
 /// The scale of a bucket and whether it is finite: the largest |v| is the
 /// largest of the magnitudes' bit patterns (an integer max, which vectorizes without fast-math),
 /// and a pattern at or above the exponent mask is an Inf or a NaN; sums in the order of
@@ -148,11 +162,9 @@ inline constexpr std::size_t bucket_sum_lanes = 256;
 template <bucket_scale S, class T>
 SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bucket_stats bucket_stats_of(const T* SQUALL_RESTRICT v,
                                                                         std::size_t n) {
-  using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
-  constexpr bits_t exponent =
-      static_cast<bits_t>(sizeof(T) == 4 ? 0x7f800000ull : 0x7ff0000000000000ull);
-  constexpr bits_t magnitude =
-      static_cast<bits_t>(sizeof(T) == 4 ? 0x7fffffffull : 0x7fffffffffffffffull);
+  using bits_t = typename float_bits<T>::type;
+  constexpr bits_t exponent = float_bits<T>::exponent;
+  constexpr bits_t magnitude = float_bits<T>::magnitude;
   const auto magnitude_of = [](T x) {
     bits_t b;
     std::memcpy(&b, &x, sizeof b);
