@@ -336,6 +336,22 @@ TEST_SUITE("shm_env") {
     CHECK(thrown.failed_rank == 0);
     CHECK(thrown.exit_code() == 1);
   }
+
+  TEST_CASE("ranks ended right after their fork die of the SIGTERM, not of the SIGKILL after it") {
+    // Rank 0 fails at once, often before the later ranks have run a single instruction of
+    // their own: the launcher's SIGTERM must still end them (it once reached the handler they
+    // inherited from the launcher, which only records it, and they lived on until SIGKILL).
+    for (int trial = 0; trial < 20; ++trial) {
+      CAPTURE(trial);
+      const auto result = squall::launch(4, [](const shm_job& job) {
+        if (job.rank == 0) return 7;
+        std::this_thread::sleep_for(std::chrono::seconds(20));
+        return 0;
+      });
+      REQUIRE(result.failed_rank == 0);
+      for (std::size_t r = 1; r < 4; ++r) REQUIRE(result.status[r] == 128 + SIGTERM);
+    }
+  }
 }
 
 TEST_SUITE("shm_large") {

@@ -139,8 +139,17 @@ launch_result launch(int ranks, Body&& body, const launch_options& opts = {}) {
   const detail::forward_signals forwarding;
   const pid_t launcher = getpid();
   std::vector<pid_t> pids(static_cast<std::size_t>(ranks), -1);
+  // SIGTERM, SIGINT and SIGHUP are blocked across each fork: a child ended before it reset
+  // their handlers would otherwise run the launcher's (which only records the signal) and
+  // live on until SIGKILL; blocked, the signal waits until the child's own default applies.
+  sigset_t ending;
+  sigset_t previous;
+  sigemptyset(&ending);
+  for (const int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&ending, sig);
   for (int r = 0; r < ranks; ++r) {
+    pthread_sigmask(SIG_BLOCK, &ending, &previous);
     const pid_t pid = fork();
+    if (pid != 0) pthread_sigmask(SIG_SETMASK, &previous, nullptr);
     if (pid < 0) {
       const int err = errno;
       for (pid_t p : pids) {
@@ -158,6 +167,7 @@ launch_result launch(int ranks, Body&& body, const launch_options& opts = {}) {
       signal(SIGTERM, SIG_DFL);
       signal(SIGINT, SIG_DFL);
       signal(SIGHUP, SIG_DFL);
+      pthread_sigmask(SIG_SETMASK, &previous, nullptr);  // one sent meanwhile lands now
       // die with the launcher, also when it is killed outright (kept across exec)
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != launcher) std::_Exit(128 + SIGKILL);  // it died before the prctl
