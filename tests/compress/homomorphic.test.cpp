@@ -6,7 +6,8 @@
 // as 64-bit words decode to the sum of their single decodes (the integer sum is the payloads'
 // sum, no carry crossing a field) and to within sqrt(P padded) levels of the exact sum; the
 // largest codes of P ranks fill a field without overflowing it, for every bits and P up to
-// 1024; decode refuses corrupt payloads; and the relative error of the sum does not grow with P.
+// 1024; decode refuses corrupt payloads; the relative error of the sum does not grow with P;
+// and the fields sit where the wire format says (written from its formula).
 #include <squall/backend/host.hpp>
 #include <squall/compress/by_name.hpp>
 #include <squall/compress/homomorphic.hpp>
@@ -14,6 +15,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -117,6 +119,86 @@ TEST_SUITE("homomorphic") {
         REQUIRE(w <= 64);
         REQUIRE(std::uint64_t{p} * 2 * squall::kernels::hq_levels(bits) < (std::uint64_t{1} << w));
         REQUIRE(w <= bits + 10);  // ceil(log2 P) more bits, no more
+      }
+    }
+  }
+
+  TEST_CASE(
+      "the fields' layout: element i in field (i mod 8F) / 8 of word 8 (i div 8F) + i mod 8") {
+    // codes packed from any first element, in pieces as the encoder's blocks do, land where
+    // the wire format (docs/compressors.md) says, written here from the formula alone
+    std::uint64_t x = 12345;
+    const auto next = [&x] {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      return static_cast<std::uint32_t>(x >> 33);
+    };
+    for (const unsigned w : {2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u, 13u, 28u}) {
+      for (const std::size_t count : {1, 5, 8, 9, 63, 64, 65, 161, 1000, 3001}) {
+        for (const std::size_t piece : {std::size_t{1024}, std::size_t{37}, count}) {
+          CAPTURE(w);
+          CAPTURE(count);
+          CAPTURE(piece);
+          const std::uint64_t per_word = 64 / w;
+          const std::uint32_t top = w >= 8 ? 255 : (1u << w) - 1;
+          std::vector<std::uint8_t> codes(count);
+          for (auto& c : codes) c = static_cast<std::uint8_t>(next() % (top + 1));
+          const std::size_t words = squall::kernels::hq_words_for(count, per_word);
+          std::vector<std::uint64_t> expected(words, 0);
+          for (std::size_t i = 0; i < count; ++i) {
+            const std::size_t word = 8 * (i / (8 * per_word)) + i % 8;
+            const std::size_t field = (i % (8 * per_word)) / 8;
+            REQUIRE(word < words);
+            expected[word] |= std::uint64_t{codes[i]} << (field * w);
+          }
+          std::vector<std::uint64_t> packed(words, 0);
+          for (std::size_t at = 0; at < count; at += piece) {
+            const std::size_t n = std::min(piece, count - at);
+            squall::kernels::hq_pack(codes.data() + at, at, n, w, packed.data());
+          }
+          REQUIRE(packed == expected);
+          std::vector<std::uint32_t> sums(count, 0xdeadbeef);
+          std::uint64_t largest = 0;
+          for (std::size_t at = 0; at < count; at += piece) {
+            const std::size_t n = std::min(piece, count - at);
+            const std::uint64_t l =
+                squall::kernels::hq_unpack(packed.data(), at, n, w, sums.data() + at);
+            largest = std::max(largest, l);
+          }
+          for (std::size_t i = 0; i < count; ++i) REQUIRE(sums[i] == codes[i]);
+          CHECK(largest == *std::max_element(codes.begin(), codes.end()));
+        }
+      }
+    }
+  }
+
+  TEST_CASE_TEMPLATE("the range: max |x| and rms against sums in long double, tiny to huge", T,
+                     float, double) {
+    // float blocks are summed in float lanes where that is exact enough and in double lanes
+    // where squares would leave float's range: every magnitude must give the same answer
+    for (const double magnitude : {1e-30, 1e-20, 1e-10, 1.0, 1e15, 1e19, 1e30}) {
+      for (const std::size_t n : {1, 15, 16, 17, 1024, 3001}) {
+        for (const bool mixed : {false, true}) {
+          CAPTURE(magnitude);
+          CAPTURE(n);
+          CAPTURE(mixed);
+          auto x = squall::test::normal_values<T>(n, 7 + n, magnitude);
+          if (mixed) x[n / 2] = static_cast<T>(1.0);  // one usual value among the others
+          long double squares = 0;
+          double largest = 0;
+          for (const T v : x) {
+            squares += static_cast<long double>(v) * static_cast<long double>(v);
+            largest = std::max(largest, std::fabs(static_cast<double>(v)));
+          }
+          const double rms = static_cast<double>(std::sqrt(squares / static_cast<long double>(n)));
+          const squall::kernels::hq_shape shape{.count = n, .rotate = false, .bits = 4, .field = 4};
+          double max_abs = -1;
+          double got_rms = -1;
+          squall::kernels::hq_range(squall::host_backend{}, shape, x.data(), true, max_abs,
+                                    got_rms);
+          CHECK(max_abs == largest);
+          const double tolerance = std::is_same_v<T, float> ? 1e-5 : 1e-12;
+          CHECK(std::fabs(got_rms - rms) <= tolerance * rms);
+        }
       }
     }
   }

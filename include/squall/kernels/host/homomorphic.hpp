@@ -12,7 +12,7 @@
 #include <squall/core/random.hpp>
 
 #include <algorithm>  // min, fill
-#include <bit>        // bit_width
+#include <bit>        // bit_width, endian
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -42,13 +42,44 @@ SQUALL_HOST_DEVICE constexpr unsigned hq_field_bits(unsigned bits, std::uint32_t
 /// Fields per 64-bit word: floor(64 / width) (a field never straddles two words).
 SQUALL_HOST_DEVICE constexpr unsigned hq_fields_per_word(unsigned field) { return 64u / field; }
 
+/// The fields' layout: words in groups of `hq_group_words`, each group holding F x 8 elements
+/// (F fields per word); element r of a group sits in field r / 8 of the group's word r % 8.
+/// Eight consecutive elements share a field position across the eight words (one cache line),
+/// so a group packs and unpacks as 8-lane vectors, one shift per field.
+inline constexpr std::size_t hq_group_words = 8;
+
+/// Where element `i` sits: its word and the field's index in it (shift = field x width).
+struct hq_place {
+  std::size_t word;
+  unsigned field;
+};
+SQUALL_HOST_DEVICE constexpr hq_place hq_place_of(std::size_t i, unsigned per_word) {
+  const std::size_t group = std::size_t{per_word} * hq_group_words;
+  const std::size_t r = i % group;
+  return {i / group * hq_group_words + r % hq_group_words,
+          static_cast<unsigned>(r / hq_group_words)};
+}
+
+/// 64-bit words holding `n` elements of F = `per_word` fields a word: whole groups, then as
+/// many words of the last group as its elements reach (at most 8).
+SQUALL_HOST_DEVICE constexpr std::size_t hq_words_for(std::size_t n, unsigned per_word) {
+  const std::size_t group = std::size_t{per_word} * hq_group_words;
+  const std::size_t rest = n % group;
+  return n / group * hq_group_words + (rest < hq_group_words ? rest : hq_group_words);
+}
+
+/// Random bits a code draws: 16 for float (two codes a Philox word: the rounding's bias is at
+/// most 2^-16 of a level, far below what float's 24-bit fraction carries of it), 32 for double.
+template <class A>
+inline constexpr unsigned hq_draw_bits = std::is_same_v<A, float> ? 16 : 32;
+
 /// The stochastic code of `scaled` (a rotated value divided by the step s / L): shifted to
 /// [0, 2L], clamped there (a NaN becomes 0), and rounded down or up with the probability that
-/// keeps the mean, from 24 random bits of `word` (float) or all 32 (double). Branch-free
-/// selects, so the host loop vectorizes.
+/// keeps the mean, from `draw`, uniform in [0, 2^hq_draw_bits<A>). Branch-free selects, so the
+/// host loop vectorizes.
 template <class A>
 SQUALL_HOST_DEVICE SQUALL_FORCEINLINE std::uint8_t hq_code(A scaled, std::uint32_t levels,
-                                                           std::uint32_t word) {
+                                                           std::uint32_t draw) {
   const A top = static_cast<A>(2 * levels);
   A x = scaled + static_cast<A>(levels);
   x = x > A(0) ? x : A(0);  // NaN -> 0
@@ -57,9 +88,9 @@ SQUALL_HOST_DEVICE SQUALL_FORCEINLINE std::uint8_t hq_code(A scaled, std::uint32
   const A fraction = x - static_cast<A>(low);
   std::int32_t up;
   if constexpr (std::is_same_v<A, float>) {
-    up = static_cast<float>(static_cast<std::int32_t>(word >> 8)) < fraction * 16777216.0f;
+    up = static_cast<float>(static_cast<std::int32_t>(draw)) < fraction * 65536.0f;  // exact
   } else {
-    up = static_cast<double>(word) < fraction * 4294967296.0;
+    up = static_cast<double>(draw) < fraction * 4294967296.0;
   }
   return static_cast<std::uint8_t>(low + up);  // low == 2L has fraction 0
 }
@@ -198,11 +229,8 @@ struct hq_shape {
   std::size_t padded() const {
     return count == 0 ? 0 : (blocks() - 1) * hq_max_block + block_length(blocks() - 1);
   }
-  /// 64-bit words of fields.
-  std::size_t words() const {
-    const std::size_t f = hq_fields_per_word(field);
-    return (padded() + f - 1) / f;
-  }
+  /// 64-bit words of fields (`hq_words_for`).
+  std::size_t words() const { return hq_words_for(padded(), hq_fields_per_word(field)); }
 };
 
 namespace detail {
@@ -235,7 +263,7 @@ SQUALL_HOST_CLONES void hq_apply_signs(T* dst, const T* src, std::size_t length,
 /// |x| statistics of `n` values: the largest, the sum and the sum of squares, and whether all
 /// were finite (a NaN or infinity makes the sum so). In 32-byte vectors (GCC's vector
 /// extension, which g++ and clang lower to what the target has): the largest in T, the sums in
-/// double lanes (no float overflow of a square); the caller adds the blocks.
+/// double lanes (no float overflow or underflow of a square); the caller adds the blocks.
 struct hq_block_sums {
   double largest = 0;
   double l1 = 0;
@@ -243,14 +271,18 @@ struct hq_block_sums {
   bool finite = true;
 };
 template <class T>
-SQUALL_HOST_CLONES hq_block_sums hq_sums(const T* SQUALL_RESTRICT x, std::size_t n) {
+SQUALL_HOST_CLONES hq_block_sums hq_sums_wide(const T* SQUALL_RESTRICT x, std::size_t n) {
   // (typedef: g++ drops the attribute from an alias of a dependent type)
   typedef T values __attribute__((vector_size(32)));
   typedef double doubles __attribute__((vector_size(32)));
   typedef T halves __attribute__((vector_size(16)));
   constexpr std::size_t lanes = 32 / sizeof(T);
   values largest = {};
-  doubles l1[2] = {}, l2[2] = {};
+  // (named vectors, no arrays of them: g++ keeps arrays of vectors on the stack)
+  doubles l1a = {};
+  doubles l1b = {};
+  doubles l2a = {};
+  doubles l2b = {};
   const std::size_t whole = n / lanes * lanes;
   for (std::size_t j = 0; j < whole; j += lanes) {
     values v;
@@ -262,11 +294,11 @@ SQUALL_HOST_CLONES hq_block_sums hq_sums(const T* SQUALL_RESTRICT x, std::size_t
       const halves hi = {a[4], a[5], a[6], a[7]};
       const auto dlo = __builtin_convertvector(lo, doubles);
       const auto dhi = __builtin_convertvector(hi, doubles);
-      l1[0] += dlo, l1[1] += dhi;
-      l2[0] += dlo * dlo, l2[1] += dhi * dhi;
+      l1a += dlo, l1b += dhi;
+      l2a += dlo * dlo, l2b += dhi * dhi;
     } else {
-      l1[0] += a;
-      l2[0] += a * a;
+      l1a += a;
+      l2a += a * a;
     }
   }
   hq_block_sums out;
@@ -281,11 +313,74 @@ SQUALL_HOST_CLONES hq_block_sums hq_sums(const T* SQUALL_RESTRICT x, std::size_t
     out.largest = a > out.largest ? a : out.largest;
   }
   for (std::size_t t = 0; t < 4; ++t) {
-    out.l1 += l1[0][t] + l1[1][t];
-    out.l2 += l2[0][t] + l2[1][t];
+    out.l1 += l1a[t] + l1b[t];
+    out.l2 += l2a[t] + l2b[t];
   }
   out.finite = std::isfinite(out.l1);
   return out;
+}
+
+/// The same for at most `hq_max_block` floats with the sums in float lanes (16 of them: at most
+/// 64 additions a lane, a relative error of about 4e-6, enough for a range), widened to double
+/// at the end: float to double conversions cost this CPU class more than the memory read
+/// (measured 2.3-4.7 GB/s with them, 9-13 GB/s without, 16 Mi floats in blocks of 1024).
+/// Exact only while the squares stay normal floats and the sums finite: the caller checks the
+/// largest.
+SQUALL_HOST_CLONES inline hq_block_sums hq_sums_narrow(const float* SQUALL_RESTRICT x,
+                                                       std::size_t n) {
+  typedef float values __attribute__((vector_size(32)));
+  // (named vectors, no arrays of them: g++ keeps arrays of vectors on the stack)
+  values largest = {};
+  values l1a = {};
+  values l1b = {};
+  values l2a = {};
+  values l2b = {};
+  const std::size_t whole = n / 16 * 16;
+  for (std::size_t j = 0; j < whole; j += 16) {
+    values u;
+    values v;
+    std::memcpy(&u, x + j, sizeof u);
+    std::memcpy(&v, x + j + 8, sizeof v);
+    const values a = u < 0.0f ? -u : u;
+    const values b = v < 0.0f ? -v : v;
+    largest = a > largest ? a : largest;  // NaN: not taken (the sums carry it)
+    largest = b > largest ? b : largest;
+    l1a += a;
+    l1b += b;
+    l2a += a * a;
+    l2b += b * b;
+  }
+  hq_block_sums out;
+  for (std::size_t t = 0; t < 8; ++t) {
+    const auto a = static_cast<double>(largest[t]);
+    out.largest = a > out.largest ? a : out.largest;
+    out.l1 += static_cast<double>(l1a[t]) + static_cast<double>(l1b[t]);
+    out.l2 += static_cast<double>(l2a[t]) + static_cast<double>(l2b[t]);
+  }
+  for (std::size_t j = whole; j < n; ++j) {
+    const auto a = static_cast<double>(std::fabs(x[j]));
+    out.largest = a > out.largest ? a : out.largest;
+    out.l1 += a;
+    out.l2 += a * a;
+  }
+  out.finite = std::isfinite(out.l1);
+  return out;
+}
+
+/// `hq_sums_wide`, or for floats `hq_sums_narrow` where the block's largest |x| is 0 or in
+/// [2^-60, 2^60) (squares normal, 1024 of them summed below float's largest); any other block
+/// (tiny values, huge ones, an infinity) is summed again in double lanes.
+template <class T>
+hq_block_sums hq_sums(const T* SQUALL_RESTRICT x, std::size_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (n <= hq_max_block) {
+      const hq_block_sums narrow = hq_sums_narrow(x, n);
+      if (narrow.largest == 0 || (narrow.largest >= 0x1p-60 && narrow.largest < 0x1p60)) {
+        return narrow;
+      }
+    }
+  }
+  return hq_sums_wide(x, n);
 }
 
 /// Block `k` of `in` (zero-padded past its end), sign-flipped and rotated, into `out`;
@@ -311,12 +406,14 @@ std::size_t hq_rotated_block(const hq_shape& s, const T* in, std::size_t k, T* o
 
 }  // namespace detail
 
-/// The codes of `n` rotated values against 1 / step (`hq_code`), draws from `words`.
-template <class T>
-SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_loop(
-    const T* SQUALL_RESTRICT y, std::size_t n, T inverse_step, std::uint32_t levels,
-    const std::uint32_t* SQUALL_RESTRICT words, std::uint8_t* SQUALL_RESTRICT codes) {
-  for (std::size_t j = 0; j < n; ++j) codes[j] = hq_code<T>(y[j] * inverse_step, levels, words[j]);
+/// The codes of `n` rotated values against 1 / step (`hq_code`), element j's draw `draws[j]`.
+template <class T, class D>
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_loop(const T* SQUALL_RESTRICT y,
+                                                             std::size_t n, T inverse_step,
+                                                             std::uint32_t levels,
+                                                             const D* SQUALL_RESTRICT draws,
+                                                             std::uint8_t* SQUALL_RESTRICT codes) {
+  for (std::size_t j = 0; j < n; ++j) codes[j] = hq_code<T>(y[j] * inverse_step, levels, draws[j]);
 }
 
 namespace detail {
@@ -341,48 +438,83 @@ decltype(auto) with_field_width(unsigned field, F&& f) {
   (std::make_integer_sequence<unsigned, 27>{});
 }
 
-/// Field `f` of elements first, first + 1, ...: element i in field i % F of word i / F.
-template <unsigned W, class Visit>
-SQUALL_FORCEINLINE void hq_walk_fields(std::size_t first, std::size_t n, Visit&& visit) {
+/// Whole groups of the layout (`hq_place_of`): ORs `groups` x 8F codes into their words, a
+/// field position of eight words at a time (GCC's vector extension: one zero-extension and
+/// one shift per 8 codes).
+template <unsigned W>
+SQUALL_HOST_CLONES void hq_pack_groups(const std::uint8_t* SQUALL_RESTRICT codes,
+                                       std::size_t groups, std::uint64_t* SQUALL_RESTRICT words) {
+  typedef std::uint64_t lanes __attribute__((vector_size(8 * hq_group_words)));
+  typedef std::uint8_t bytes __attribute__((vector_size(hq_group_words)));
   constexpr unsigned per_word = 64 / W;
-  std::size_t word = first / per_word;
-  auto f = static_cast<unsigned>(first % per_word);
-  std::size_t j = 0;
-  for (; f != 0 && f < per_word && j < n; ++f, ++j) visit(word, f * W, j);  // a partial word
-  if (f == per_word) ++word;
-  for (; j + per_word <= n; j += per_word, ++word) {  // whole words, unrolled
-    for (unsigned t = 0; t < per_word; ++t) visit(word, t * W, j + t);
+  for (std::size_t g = 0; g < groups; ++g) {
+    const std::uint8_t* in = codes + g * per_word * hq_group_words;
+    lanes acc;
+    std::memcpy(&acc, words + g * hq_group_words, sizeof acc);
+    for (unsigned t = 0; t < per_word; ++t) {
+      bytes b;
+      std::memcpy(&b, in + t * hq_group_words, sizeof b);
+      acc |= __builtin_convertvector(b, lanes) << (t * W);
+    }
+    std::memcpy(words + g * hq_group_words, &acc, sizeof acc);
   }
-  for (unsigned t = 0; j < n; ++t, ++j) visit(word, t * W, j);
+}
+
+/// Whole groups: the fields of `groups` x 8F elements into `sums`; returns the largest.
+template <unsigned W>
+SQUALL_HOST_CLONES std::uint32_t hq_unpack_groups(const std::uint64_t* SQUALL_RESTRICT words,
+                                                  std::size_t groups,
+                                                  std::uint32_t* SQUALL_RESTRICT sums) {
+  typedef std::uint64_t lanes __attribute__((vector_size(8 * hq_group_words)));
+  typedef std::uint32_t values __attribute__((vector_size(4 * hq_group_words)));
+  constexpr unsigned per_word = 64 / W;
+  constexpr std::uint64_t mask = (std::uint64_t{1} << W) - 1;
+  values top = {};
+  for (std::size_t g = 0; g < groups; ++g) {
+    lanes v;
+    std::memcpy(&v, words + g * hq_group_words, sizeof v);
+    std::uint32_t* out = sums + g * per_word * hq_group_words;
+    for (unsigned t = 0; t < per_word; ++t) {
+      const values f = __builtin_convertvector((v >> (t * W)) & mask, values);
+      top = f > top ? f : top;
+      std::memcpy(out + t * hq_group_words, &f, sizeof f);
+    }
+  }
+  std::uint32_t largest = 0;
+  for (std::size_t l = 0; l < hq_group_words; ++l) largest = top[l] > largest ? top[l] : largest;
+  return largest;
+}
+
+/// Calls `one(j)` for the elements of first .. first + n - 1 outside whole groups, and
+/// `whole(j, groups)` once for the whole groups from element first + j.
+template <unsigned W, class One, class Whole>
+SQUALL_FORCEINLINE void hq_walk_groups(std::size_t first, std::size_t n, One&& one, Whole&& whole) {
+  constexpr std::size_t group = (64 / W) * hq_group_words;
+  const std::size_t head = std::min(n, (group - first % group) % group);
+  std::size_t j = 0;
+  for (; j < head; ++j) one(j);
+  const std::size_t groups = (n - head) / group;
+  if (groups != 0) whole(j, groups);
+  for (j += groups * group; j < n; ++j) one(j);
 }
 
 }  // namespace detail
 
-/// ORs the `n` codes of elements first, first + 1, ... into their fields of `words` (field
-/// i % F of word i / F, F = floor(64 / field)).
+/// ORs the `n` codes of elements first, first + 1, ... into their fields of `words` (the
+/// layout of `hq_place_of`, `field` bits a field).
 inline void hq_pack(const std::uint8_t* codes, std::size_t first, std::size_t n, unsigned field,
                     std::uint64_t* words) {
   detail::with_field_width(field, [&](auto width) {
-    constexpr unsigned per_word = 64 / width();
-    const std::size_t head = std::min(n, (per_word - first % per_word) % per_word);
-    const std::size_t whole = (n - head) / per_word;
-    const auto one = [&](std::size_t word, unsigned shift, std::size_t j) {
-      words[word] |= std::uint64_t{codes[j]} << shift;
-    };
-    detail::hq_walk_fields<width()>(first, head, one);  // a partial first word
-    std::uint64_t* SQUALL_RESTRICT out = words + (first + head) / per_word;
-    const std::uint8_t* SQUALL_RESTRICT in = codes + head;
-    for (std::size_t w = 0; w < whole; ++w) {  // whole words, built in a register
-      std::uint64_t acc = 0;
-      for (unsigned t = 0; t < per_word; ++t) {
-        acc |= std::uint64_t{in[w * per_word + t]} << (t * width());
-      }
-      out[w] |= acc;
-    }
-    const std::size_t done = head + whole * per_word;
-    detail::hq_walk_fields<width()>(
-        first + done, n - done,  // a partial last word
-        [&](std::size_t word, unsigned shift, std::size_t j) { one(word, shift, done + j); });
+    constexpr unsigned W = width();
+    detail::hq_walk_groups<W>(
+        first, n,
+        [&](std::size_t j) {
+          const hq_place p = hq_place_of(first + j, 64 / W);
+          words[p.word] |= std::uint64_t{codes[j]} << (p.field * W);
+        },
+        [&](std::size_t j, std::size_t groups) {
+          detail::hq_pack_groups<W>(codes + j, groups, words + hq_place_of(first + j, 64 / W).word);
+        });
   });
 }
 
@@ -390,13 +522,22 @@ inline void hq_pack(const std::uint8_t* codes, std::size_t first, std::size_t n,
 inline std::uint64_t hq_unpack(const std::uint64_t* words, std::size_t first, std::size_t n,
                                unsigned field, std::uint32_t* sums) {
   return detail::with_field_width(field, [&](auto width) {
-    constexpr std::uint64_t mask = (std::uint64_t{1} << width()) - 1;
+    constexpr unsigned W = width();
+    constexpr std::uint64_t mask = (std::uint64_t{1} << W) - 1;
     std::uint64_t largest = 0;
-    detail::hq_walk_fields<width()>(first, n, [&](std::size_t word, unsigned shift, std::size_t j) {
-      const std::uint64_t v = (words[word] >> shift) & mask;
-      sums[j] = static_cast<std::uint32_t>(v);
-      largest = v > largest ? v : largest;
-    });
+    detail::hq_walk_groups<W>(
+        first, n,
+        [&](std::size_t j) {
+          const hq_place p = hq_place_of(first + j, 64 / W);
+          const std::uint64_t v = (words[p.word] >> (p.field * W)) & mask;
+          sums[j] = static_cast<std::uint32_t>(v);
+          largest = v > largest ? v : largest;
+        },
+        [&](std::size_t j, std::size_t groups) {
+          const std::uint64_t v = detail::hq_unpack_groups<W>(
+              words + hq_place_of(first + j, 64 / W).word, groups, sums + j);
+          largest = v > largest ? v : largest;
+        });
     return largest;
   });
 }
@@ -449,9 +590,9 @@ void hq_range(const host_backend& /*b*/, const hq_shape& s, const T* in, bool bo
 }
 
 /// Writes the codes of the rotation of `in` against `scale` (the agreed range) into `words`
-/// (s.words() of them): field i % F of word i / F holds element i's code, drawn from Philox
-/// (seed, stream, i). With `find_bad`, returns the first element whose value was not finite;
-/// else, or with none, `count`.
+/// (s.words() of them, the layout of `hq_place_of`), element i's code drawn from Philox
+/// (seed, stream): 16 bits of word i / 2 for float, word i for double. With `find_bad`, returns the
+/// first element whose value was not finite; else, or with none, `count`.
 template <class T>
 std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in, double scale,
                       std::uint64_t seed, random_stream stream, bool find_bad,
@@ -459,13 +600,26 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
   const std::uint32_t levels = hq_levels(s.bits);
   const T inverse_step = scale > 0 ? static_cast<T>(levels / scale) : T{0};
   std::fill(words, words + s.words(), std::uint64_t{0});
-  alignas(64) T buf[hq_max_block];                // one block, on the stack: no allocation per call
-  alignas(64) std::uint32_t draws[hq_max_block];  // first is a multiple of 1024: word j
+  alignas(64) T buf[hq_max_block];  // one block, on the stack: no allocation per call
+  // element j's draw: word j of the stream (double), or half j % 2 of word j / 2 (float: the
+  // low half first), the words those of Philox block j / 4 (j / 8); first is a multiple of 1024
+  constexpr unsigned per_word = 32 / hq_draw_bits<T>;
+  using draw = std::conditional_t<per_word == 2, std::uint16_t, std::uint32_t>;
+  alignas(64) std::uint32_t words32[hq_max_block / per_word];
+  alignas(64) draw draws[hq_max_block];
   std::size_t bad = s.count;
   for (std::size_t k = 0; k < s.blocks(); ++k) {
     const std::size_t first = k * hq_max_block;
     const std::size_t length = detail::hq_rotated_block(s, in, k, buf);
-    philox_fill(seed, stream, first / 4, (length + 3) / 4, draws);
+    const std::size_t per_block = 4 * per_word;  // draws of one Philox block
+    philox_fill(seed, stream, first / per_block, (length + per_block - 1) / per_block, words32);
+    if constexpr (per_word == 1 || std::endian::native == std::endian::little) {
+      std::memcpy(draws, words32, length * sizeof(draw));  // (little-endian: low half first)
+    } else {
+      for (std::size_t j = 0; j < length; ++j) {
+        draws[j] = static_cast<draw>(words32[j / 2] >> (16 * (j % 2)));
+      }
+    }
     if (find_bad && bad == s.count) {
       const std::size_t n = std::min(length, s.count - first);
       for (std::size_t j = 0; j < n; ++j) {
