@@ -21,6 +21,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../support/compressed_reference.hpp"
@@ -125,8 +126,9 @@ TEST_SUITE("homomorphic") {
 
   TEST_CASE(
       "the fields' layout: element i in field (i mod 8F) / 8 of word 8 (i div 8F) + i mod 8") {
-    // codes packed from any first element, in pieces as the encoder's blocks do, land where
-    // the wire format (docs/compressors.md) says, written here from the formula alone
+    // words written here from the wire format's formula (docs/compressors.md) unpack, in
+    // pieces from any first element as the decoder's blocks do, to the codes put there (the
+    // encoder's side: "codes coded and packed in vectors")
     std::uint64_t x = 12345;
     const auto next = [&x] {
       x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -143,29 +145,79 @@ TEST_SUITE("homomorphic") {
           std::vector<std::uint8_t> codes(count);
           for (auto& c : codes) c = static_cast<std::uint8_t>(next() % (top + 1));
           const std::size_t words = squall::kernels::hq_words_for(count, per_word);
-          std::vector<std::uint64_t> expected(words, 0);
+          std::vector<std::uint64_t> expected(words, 0);  // the wire format's words
           for (std::size_t i = 0; i < count; ++i) {
             const std::size_t word = 8 * (i / (8 * per_word)) + i % 8;
             const std::size_t field = (i % (8 * per_word)) / 8;
             REQUIRE(word < words);
             expected[word] |= std::uint64_t{codes[i]} << (field * w);
           }
-          std::vector<std::uint64_t> packed(words, 0);
-          for (std::size_t at = 0; at < count; at += piece) {
-            const std::size_t n = std::min(piece, count - at);
-            squall::kernels::hq_pack(codes.data() + at, at, n, w, packed.data());
-          }
-          REQUIRE(packed == expected);
           std::vector<std::uint32_t> sums(count, 0xdeadbeef);
           std::uint64_t largest = 0;
           for (std::size_t at = 0; at < count; at += piece) {
             const std::size_t n = std::min(piece, count - at);
             const std::uint64_t l =
-                squall::kernels::hq_unpack(packed.data(), at, n, w, sums.data() + at);
+                squall::kernels::hq_unpack(expected.data(), at, n, w, sums.data() + at);
             largest = std::max(largest, l);
           }
           for (std::size_t i = 0; i < count; ++i) REQUIRE(sums[i] == codes[i]);
           CHECK(largest == *std::max_element(codes.begin(), codes.end()));
+        }
+      }
+    }
+  }
+
+  TEST_CASE_TEMPLATE(
+      "codes coded and packed in vectors: hq_code's, one at a time, where the layout says", T,
+      float, double) {
+    // inverse steps that are powers of two keep y / step exact, so a fused multiply-add in one
+    // path and not the other cannot move a code
+    using draw = std::conditional_t<std::is_same_v<T, float>, std::uint16_t, std::uint32_t>;
+    std::uint64_t x = 99;
+    const auto next = [&x] {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      return static_cast<std::uint32_t>(x >> 32);
+    };
+    for (const unsigned bits : {2u, 4u, 8u}) {
+      for (const unsigned extra : {0u, 1u, 3u}) {
+        for (const std::size_t count : {1, 9, 200, 1024, 2500}) {
+          for (const std::size_t piece : {std::size_t{1024}, std::size_t{333}}) {
+            CAPTURE(bits);
+            CAPTURE(extra);
+            CAPTURE(count);
+            const unsigned w = bits + extra;
+            const std::uint64_t per_word = 64 / w;
+            const std::uint32_t levels = squall::kernels::hq_levels(bits);
+            const T inverse_step = static_cast<T>(0.5);
+            std::vector<T> y(count);
+            std::vector<draw> draws(count);
+            for (std::size_t i = 0; i < count; ++i) {
+              const double u = static_cast<double>(next()) / 4294967296.0;  // [0, 1)
+              y[i] = static_cast<T>((u * 2 - 1) * (2 * levels + 3) / inverse_step);
+              draws[i] = static_cast<draw>(next());
+            }
+            if (count > 5) {
+              y[1] = std::numeric_limits<T>::quiet_NaN();
+              y[2] = std::numeric_limits<T>::infinity();
+              y[3] = -std::numeric_limits<T>::infinity();
+              y[4] = static_cast<T>(levels) / inverse_step;  // exactly the top code
+            }
+            std::vector<std::uint64_t> expected(squall::kernels::hq_words_for(count, per_word));
+            for (std::size_t i = 0; i < count; ++i) {
+              const std::uint64_t code =
+                  squall::kernels::hq_code<T>(y[i] * inverse_step, levels, draws[i]);
+              REQUIRE(code <= 2 * levels);
+              const std::size_t word = 8 * (i / (8 * per_word)) + i % 8;
+              expected[word] |= code << ((i % (8 * per_word)) / 8 * w);
+            }
+            std::vector<std::uint64_t> packed(expected.size(), 0);
+            for (std::size_t at = 0; at < count; at += piece) {
+              const std::size_t n = std::min(piece, count - at);
+              squall::kernels::hq_code_pack(y.data() + at, draws.data() + at, at, n, inverse_step,
+                                            levels, w, packed.data());
+            }
+            REQUIRE(packed == expected);
+          }
         }
       }
     }

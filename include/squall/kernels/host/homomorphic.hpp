@@ -406,16 +406,6 @@ std::size_t hq_rotated_block(const hq_shape& s, const T* in, std::size_t k, T* o
 
 }  // namespace detail
 
-/// The codes of `n` rotated values against 1 / step (`hq_code`), element j's draw `draws[j]`.
-template <class T, class D>
-SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_loop(const T* SQUALL_RESTRICT y,
-                                                             std::size_t n, T inverse_step,
-                                                             std::uint32_t levels,
-                                                             const D* SQUALL_RESTRICT draws,
-                                                             std::uint8_t* SQUALL_RESTRICT codes) {
-  for (std::size_t j = 0; j < n; ++j) codes[j] = hq_code<T>(y[j] * inverse_step, levels, draws[j]);
-}
-
 namespace detail {
 
 /// Calls `f(std::integral_constant<unsigned, W>{})` for the field width `field` (2 to 28: 8
@@ -436,28 +426,6 @@ decltype(auto) with_field_width(unsigned field, F&& f) {
     }
   }
   (std::make_integer_sequence<unsigned, 27>{});
-}
-
-/// Whole groups of the layout (`hq_place_of`): ORs `groups` x 8F codes into their words, a
-/// field position of eight words at a time (GCC's vector extension: one zero-extension and
-/// one shift per 8 codes).
-template <unsigned W>
-SQUALL_HOST_CLONES void hq_pack_groups(const std::uint8_t* SQUALL_RESTRICT codes,
-                                       std::size_t groups, std::uint64_t* SQUALL_RESTRICT words) {
-  typedef std::uint64_t lanes __attribute__((vector_size(8 * hq_group_words)));
-  typedef std::uint8_t bytes __attribute__((vector_size(hq_group_words)));
-  constexpr unsigned per_word = 64 / W;
-  for (std::size_t g = 0; g < groups; ++g) {
-    const std::uint8_t* in = codes + g * per_word * hq_group_words;
-    lanes acc;
-    std::memcpy(&acc, words + g * hq_group_words, sizeof acc);
-    for (unsigned t = 0; t < per_word; ++t) {
-      bytes b;
-      std::memcpy(&b, in + t * hq_group_words, sizeof b);
-      acc |= __builtin_convertvector(b, lanes) << (t * W);
-    }
-    std::memcpy(words + g * hq_group_words, &acc, sizeof acc);
-  }
 }
 
 /// Whole groups: the fields of `groups` x 8F elements into `sums`; returns the largest.
@@ -485,6 +453,57 @@ SQUALL_HOST_CLONES std::uint32_t hq_unpack_groups(const std::uint64_t* SQUALL_RE
   return largest;
 }
 
+/// Whole groups: the codes of `groups` x 8F rotated values `y` against 1 / step (`hq_code`'s
+/// math on the 8 elements of one field position at a time, element j's draw `draws[j]`),
+/// ORed into their words: the codes never leave the registers.
+template <class T, class D, unsigned W>
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
+    const T* SQUALL_RESTRICT y, const D* SQUALL_RESTRICT draws, std::size_t groups, T inverse_step,
+    std::uint32_t levels, std::uint64_t* SQUALL_RESTRICT words) {
+  typedef T reals __attribute__((vector_size(sizeof(T) * hq_group_words)));
+  typedef D draw_lanes __attribute__((vector_size(sizeof(D) * hq_group_words)));
+  typedef std::int32_t ints __attribute__((vector_size(4 * hq_group_words)));
+  typedef std::uint32_t uints __attribute__((vector_size(4 * hq_group_words)));
+  typedef std::uint32_t half __attribute__((vector_size(16)));
+  typedef std::uint64_t quad __attribute__((vector_size(32)));  // one AVX2 register
+  static_assert(hq_group_words == 8);
+  constexpr unsigned per_word = 64 / W;
+  constexpr T draw_range = static_cast<T>(std::uint64_t{1} << hq_draw_bits<T>);
+  const reals zero = {};
+  const reals shift = zero + static_cast<T>(levels);
+  const reals top = zero + static_cast<T>(2 * levels);
+  for (std::size_t g = 0; g < groups; ++g) {
+    const std::size_t base = g * per_word * hq_group_words;
+    // the group's 8 words as two registers of 4 (a 64-byte vector of g++'s extension, split by
+    // g++ itself, went through the stack)
+    quad lo;
+    quad hi;
+    std::memcpy(&lo, words + g * hq_group_words, sizeof lo);
+    std::memcpy(&hi, words + g * hq_group_words + 4, sizeof hi);
+#pragma GCC unroll 32
+    for (unsigned t = 0; t < per_word; ++t) {
+      reals v;
+      std::memcpy(&v, y + base + t * hq_group_words, sizeof v);
+      draw_lanes d;
+      std::memcpy(&d, draws + base + t * hq_group_words, sizeof d);
+      reals x = v * inverse_step + shift;
+      x = x > zero ? x : zero;  // NaN -> 0
+      x = x < top ? x : top;
+      const ints low = __builtin_convertvector(x, ints);  // floor, x >= 0
+      const reals fraction = x - __builtin_convertvector(low, reals);
+      const ints up = __builtin_convertvector(
+          __builtin_convertvector(d, reals) < fraction * draw_range, ints);  // -1 or 0
+      const uints code = __builtin_convertvector(low - up, uints);
+      const half c0 = __builtin_shufflevector(code, code, 0, 1, 2, 3);
+      const half c1 = __builtin_shufflevector(code, code, 4, 5, 6, 7);
+      lo |= __builtin_convertvector(c0, quad) << (t * W);
+      hi |= __builtin_convertvector(c1, quad) << (t * W);
+    }
+    std::memcpy(words + g * hq_group_words, &lo, sizeof lo);
+    std::memcpy(words + g * hq_group_words + 4, &hi, sizeof hi);
+  }
+}
+
 /// Calls `one(j)` for the elements of first .. first + n - 1 outside whole groups, and
 /// `whole(j, groups)` once for the whole groups from element first + j.
 template <unsigned W, class One, class Whole>
@@ -499,24 +518,6 @@ SQUALL_FORCEINLINE void hq_walk_groups(std::size_t first, std::size_t n, One&& o
 }
 
 }  // namespace detail
-
-/// ORs the `n` codes of elements first, first + 1, ... into their fields of `words` (the
-/// layout of `hq_place_of`, `field` bits a field).
-inline void hq_pack(const std::uint8_t* codes, std::size_t first, std::size_t n, unsigned field,
-                    std::uint64_t* words) {
-  detail::with_field_width(field, [&](auto width) {
-    constexpr unsigned W = width();
-    detail::hq_walk_groups<W>(
-        first, n,
-        [&](std::size_t j) {
-          const hq_place p = hq_place_of(first + j, 64 / W);
-          words[p.word] |= std::uint64_t{codes[j]} << (p.field * W);
-        },
-        [&](std::size_t j, std::size_t groups) {
-          detail::hq_pack_groups<W>(codes + j, groups, words + hq_place_of(first + j, 64 / W).word);
-        });
-  });
-}
 
 /// The fields of elements first, ..., first + n - 1 into `sums`; returns the largest.
 inline std::uint64_t hq_unpack(const std::uint64_t* words, std::size_t first, std::size_t n,
@@ -539,6 +540,29 @@ inline std::uint64_t hq_unpack(const std::uint64_t* words, std::size_t first, st
           largest = v > largest ? v : largest;
         });
     return largest;
+  });
+}
+
+/// The codes of the `n` rotated values `y` of elements first, first + 1, ... against
+/// 1 / step (`hq_code`, element j's draw `draws[j]`), ORed into their fields of `words` (the
+/// layout of `hq_place_of`): whole groups in vectors (`detail::hq_code_groups`), the
+/// elements outside them one at a time.
+template <class T, class D>
+void hq_code_pack(const T* y, const D* draws, std::size_t first, std::size_t n, T inverse_step,
+                  std::uint32_t levels, unsigned field, std::uint64_t* words) {
+  detail::with_field_width(field, [&](auto width) {
+    constexpr unsigned W = width();
+    detail::hq_walk_groups<W>(
+        first, n,
+        [&](std::size_t j) {
+          const hq_place p = hq_place_of(first + j, 64 / W);
+          words[p.word] |= std::uint64_t{hq_code<T>(y[j] * inverse_step, levels, draws[j])}
+                           << (p.field * W);
+        },
+        [&](std::size_t j, std::size_t groups) {
+          detail::hq_code_groups<T, D, W>(y + j, draws + j, groups, inverse_step, levels,
+                                          words + hq_place_of(first + j, 64 / W).word);
+        });
   });
 }
 
@@ -629,9 +653,7 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
         }
       }
     }
-    std::uint8_t codes[hq_max_block];
-    hq_code_loop(buf, length, inverse_step, levels, draws, codes);
-    hq_pack(codes, first, length, s.field, words);
+    hq_code_pack(buf, draws, first, length, inverse_step, levels, s.field, words);
   }
   return bad;
 }
