@@ -480,7 +480,6 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
     quad hi;
     std::memcpy(&lo, words + g * hq_group_words, sizeof lo);
     std::memcpy(&hi, words + g * hq_group_words + 4, sizeof hi);
-#pragma GCC unroll 32
     for (unsigned t = 0; t < per_word; ++t) {
       reals v;
       std::memcpy(&v, y + base + t * hq_group_words, sizeof v);
