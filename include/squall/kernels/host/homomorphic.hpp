@@ -12,7 +12,7 @@
 #include <squall/core/random.hpp>
 
 #include <algorithm>  // min, fill
-#include <bit>        // bit_width, endian
+#include <bit>        // bit_width
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -72,6 +72,10 @@ SQUALL_HOST_DEVICE constexpr std::size_t hq_words_for(std::size_t n, unsigned pe
 /// most 2^-16 of a level, far below what float's 24-bit fraction carries of it), 32 for double.
 template <class A>
 inline constexpr unsigned hq_draw_bits = std::is_same_v<A, float> ? 16 : 32;
+/// A draw's type: element j's draw is unit j of this type in the bytes of the Philox words (on
+/// the little-endian hosts the kernels target, the low half of word j / 2 first for float).
+template <class A>
+using hq_draw = std::conditional_t<hq_draw_bits<A> == 16, std::uint16_t, std::uint32_t>;
 
 /// The stochastic code of `scaled` (a rotated value divided by the step s / L): shifted to
 /// [0, 2L], clamped there (a NaN becomes 0), and rounded down or up with the probability that
@@ -454,12 +458,13 @@ SQUALL_HOST_CLONES std::uint32_t hq_unpack_groups(const std::uint64_t* SQUALL_RE
 }
 
 /// Whole groups: the codes of `groups` x 8F rotated values `y` against 1 / step (`hq_code`'s
-/// math on the 8 elements of one field position at a time, element j's draw `draws[j]`),
-/// ORed into their words: the codes never leave the registers.
-template <class T, class D, unsigned W>
+/// math on the 8 elements of one field position at a time, element j's draw unit j of
+/// `draws`' bytes), ORed into their words: the codes never leave the registers.
+template <class T, unsigned W>
 SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
-    const T* SQUALL_RESTRICT y, const D* SQUALL_RESTRICT draws, std::size_t groups, T inverse_step,
-    std::uint32_t levels, std::uint64_t* SQUALL_RESTRICT words) {
+    const T* SQUALL_RESTRICT y, const unsigned char* SQUALL_RESTRICT draws, std::size_t groups,
+    T inverse_step, std::uint32_t levels, std::uint64_t* SQUALL_RESTRICT words) {
+  using D = hq_draw<T>;
   typedef T reals __attribute__((vector_size(sizeof(T) * hq_group_words)));
   typedef D draw_lanes __attribute__((vector_size(sizeof(D) * hq_group_words)));
   typedef std::int32_t ints __attribute__((vector_size(4 * hq_group_words)));
@@ -484,7 +489,7 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
       reals v;
       std::memcpy(&v, y + base + t * hq_group_words, sizeof v);
       draw_lanes d;
-      std::memcpy(&d, draws + base + t * hq_group_words, sizeof d);
+      std::memcpy(&d, draws + (base + t * hq_group_words) * sizeof(D), sizeof d);
       reals x = v * inverse_step + shift;
       x = x > zero ? x : zero;  // NaN -> 0
       x = x < top ? x : top;
@@ -543,24 +548,30 @@ inline std::uint64_t hq_unpack(const std::uint64_t* words, std::size_t first, st
 }
 
 /// The codes of the `n` rotated values `y` of elements first, first + 1, ... against
-/// 1 / step (`hq_code`, element j's draw `draws[j]`), ORed into their fields of `words` (the
-/// layout of `hq_place_of`): whole groups in vectors (`detail::hq_code_groups`), the
-/// elements outside them one at a time.
-template <class T, class D>
-void hq_code_pack(const T* y, const D* draws, std::size_t first, std::size_t n, T inverse_step,
-                  std::uint32_t levels, unsigned field, std::uint64_t* words) {
+/// 1 / step (`hq_code`; element j's draw is unit j of `hq_draw<T>` in the bytes of the Philox
+/// words `random`, read in place; `random` starts at element first's draw, so first x
+/// sizeof(hq_draw<T>) is a multiple of 4), ORed into their fields of `words` (the layout of
+/// `hq_place_of`): whole groups in vectors (`detail::hq_code_groups`), the elements outside
+/// them one at a time.
+template <class T>
+void hq_code_pack(const T* y, const std::uint32_t* random, std::size_t first, std::size_t n,
+                  T inverse_step, std::uint32_t levels, unsigned field, std::uint64_t* words) {
+  using D = hq_draw<T>;
+  const auto* draws = reinterpret_cast<const unsigned char*>(random);
   detail::with_field_width(field, [&](auto width) {
     constexpr unsigned W = width();
     detail::hq_walk_groups<W>(
         first, n,
         [&](std::size_t j) {
+          D draw;
+          std::memcpy(&draw, draws + j * sizeof(D), sizeof draw);
           const hq_place p = hq_place_of(first + j, 64 / W);
-          words[p.word] |= std::uint64_t{hq_code<T>(y[j] * inverse_step, levels, draws[j])}
+          words[p.word] |= std::uint64_t{hq_code<T>(y[j] * inverse_step, levels, draw)}
                            << (p.field * W);
         },
         [&](std::size_t j, std::size_t groups) {
-          detail::hq_code_groups<T, D, W>(y + j, draws + j, groups, inverse_step, levels,
-                                          words + hq_place_of(first + j, 64 / W).word);
+          detail::hq_code_groups<T, W>(y + j, draws + j * sizeof(D), groups, inverse_step, levels,
+                                       words + hq_place_of(first + j, 64 / W).word);
         });
   });
 }
@@ -614,8 +625,8 @@ void hq_range(const host_backend& /*b*/, const hq_shape& s, const T* in, bool bo
 
 /// Writes the codes of the rotation of `in` against `scale` (the agreed range) into `words`
 /// (s.words() of them, the layout of `hq_place_of`), element i's code drawn from Philox
-/// (seed, stream): 16 bits of word i / 2 for float, word i for double. With `find_bad`, returns the
-/// first element whose value was not finite; else, or with none, `count`.
+/// (seed, stream): unit i of `hq_draw<T>` in its words (16 bits for float, 32 for double). With
+/// `find_bad`, returns the first element whose value was not finite; else, or with none, `count`.
 template <class T>
 std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in, double scale,
                       std::uint64_t seed, random_stream stream, bool find_bad,
@@ -624,25 +635,15 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
   const T inverse_step = scale > 0 ? static_cast<T>(levels / scale) : T{0};
   std::fill(words, words + s.words(), std::uint64_t{0});
   alignas(64) T buf[hq_max_block];  // one block, on the stack: no allocation per call
-  // element j's draw: word j of the stream (double), or half j % 2 of word j / 2 (float: the
-  // low half first), the words those of Philox block j / 4 (j / 8); first is a multiple of 1024
-  constexpr unsigned per_word = 32 / hq_draw_bits<T>;
-  using draw = std::conditional_t<per_word == 2, std::uint16_t, std::uint32_t>;
-  alignas(64) std::uint32_t words32[hq_max_block / per_word];
-  alignas(64) draw draws[hq_max_block];
+  // element j's draw: unit j of hq_draw<T> in the stream's words (`hq_code_pack`), the words
+  // those of Philox block j / 8 (float) or j / 4 (double); first is a multiple of 1024
+  constexpr std::size_t per_block = 16 / sizeof(hq_draw<T>);  // draws of one Philox block
+  alignas(64) std::uint32_t random[hq_max_block * sizeof(hq_draw<T>) / 4];
   std::size_t bad = s.count;
   for (std::size_t k = 0; k < s.blocks(); ++k) {
     const std::size_t first = k * hq_max_block;
     const std::size_t length = detail::hq_rotated_block(s, in, k, buf);
-    const std::size_t per_block = 4 * per_word;  // draws of one Philox block
-    philox_fill(seed, stream, first / per_block, (length + per_block - 1) / per_block, words32);
-    if constexpr (per_word == 1 || std::endian::native == std::endian::little) {
-      std::memcpy(draws, words32, length * sizeof(draw));  // (little-endian: low half first)
-    } else {
-      for (std::size_t j = 0; j < length; ++j) {
-        draws[j] = static_cast<draw>(words32[j / 2] >> (16 * (j % 2)));
-      }
-    }
+    philox_fill(seed, stream, first / per_block, (length + per_block - 1) / per_block, random);
     if (find_bad && bad == s.count) {
       const std::size_t n = std::min(length, s.count - first);
       for (std::size_t j = 0; j < n; ++j) {
@@ -652,7 +653,7 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
         }
       }
     }
-    hq_code_pack(buf, draws, first, length, inverse_step, levels, s.field, words);
+    hq_code_pack(buf, random, first, length, inverse_step, levels, s.field, words);
   }
   return bad;
 }
