@@ -48,7 +48,8 @@ def main():
     p.add_argument("--train", type=int, default=60000, help="training images used")
     p.add_argument("--hooks", default="default,fp16,powersgd,none,cast:bf16,topk:0.01+ef,"
                    "powersgd:4+ef", help="default, fp16, powersgd (torch's), or a squall "
-                   "compressor name (squall's hook; none: its dense allreduce)")
+                   "compressor name (squall's hook; none: its dense allreduce; PowerSGD per "
+                   "layer, 'whole:powersgd:4+ef' on the whole bucket as one matrix)")
     args = p.parse_args()
     rank = int(os.environ.get("SQUALL_RANK", os.environ.get("RANK", "0")))
     size = int(os.environ.get("SQUALL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
@@ -82,13 +83,16 @@ def main():
             ddp.register_comm_hook(powerSGD_hook.PowerSGDState(
                 process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2),
                 powerSGD_hook.powerSGD_hook)
+        elif hook.startswith("whole:"):  # the whole bucket as one tensor, not per layer
+            state = sqt.HookState(compressor=hook[len("whole:"):], per_layer=False)
+            ddp.register_comm_hook(state, sqt.allreduce_hook)
         elif hook != "default":
             state = sqt.HookState(compressor=hook)
             ddp.register_comm_hook(state, sqt.allreduce_hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
         for epoch in range(1, args.epochs + 1):
             order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
-            sent_before = state.comm.bytes_sent if state is not None else 0
+            sent_before = state.bytes_sent if state is not None else 0
             dist.barrier()
             start = time.perf_counter()
             ddp.train()
@@ -104,7 +108,7 @@ def main():
             with torch.no_grad():
                 correct = (model(x_test).argmax(1) == y_test).sum().item()
             if state is not None:
-                per_step = (state.comm.bytes_sent - sent_before) / steps
+                per_step = (state.bytes_sent - sent_before) / steps
             else:
                 ring = 2 * (size - 1) / size * 4  # bytes a ring allreduce sends per float
                 low_rank = sum((q.shape[0] + q.numel() // q.shape[0]) * 4 if q.dim() > 1

@@ -28,8 +28,15 @@ class compressed final : public compressed_base {
   explicit compressed(A&&... a) : comm_(std::forward<A>(a)...) {}
   int rank() const override { return comm_.rank(); }
   int size() const override { return comm_.size(); }
-  std::unique_ptr<state_base> make_state(std::size_t n) override {
-    return std::make_unique<state>(comm_.template make_state<float>(n));
+  std::unique_ptr<state_base> make_state(std::size_t n, std::size_t columns) override {
+    if (columns == 0) return std::make_unique<state>(comm_.template make_state<float>(n));
+    if constexpr (uses_low_rank<typename Comm::compressor_type>) {
+      return std::make_unique<state>(
+          comm_.template make_state<float>(n, powersgd_shape::of(n, columns)));
+    } else {
+      throw invalid_argument({.operation = "squall.Communicator.make_state"},
+                             "columns (a matrix view) is PowerSGD's; this compressor takes none");
+    }
   }
   squall::request allreduce(float* data, std::size_t n, state_base& s, bool avg,
                             bool now) override {

@@ -454,8 +454,10 @@ PYBIND11_MODULE(_squall, m) {
                              [](const any_comm& c) { return c.compressed_comm != nullptr; })
       .def(
           "make_state",
-          [](any_comm& c, std::size_t n) { return py_state{c.compressed().make_state(n)}; },
-          py::arg("count"))
+          [](any_comm& c, std::size_t n, std::size_t columns) {
+            return py_state{c.compressed().make_state(n, columns)};
+          },
+          py::arg("count"), py::arg("columns") = 0)
       // the non-blocking forms return a Request; the blocking ones run on this thread
       .def(
           "iallreduce",

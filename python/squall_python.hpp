@@ -27,7 +27,9 @@ class compressed_base {
   virtual ~compressed_base() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::unique_ptr<state_base> make_state(std::size_t n) = 0;
+  /// A state for a tensor of `n` elements; `columns` > 0 gives PowerSGD the view of rows of
+  /// `columns` (a layer's own matrix; refused by the other compressors), 0 its default view.
+  virtual std::unique_ptr<state_base> make_state(std::size_t n, std::size_t columns) = 0;
   /// Blocking (`now`: returns an empty request) or non-blocking, as dense_base's.
   virtual squall::request allreduce(float* data, std::size_t n, state_base& s, bool avg,
                                     bool now) = 0;

@@ -79,10 +79,13 @@ class Communicator:
         """The bytes this rank has sent in this communicator's collectives so far."""
         return self._comm.bytes_sent
 
-    def make_state(self, count):
+    def make_state(self, count, columns=0):
         """A compression state for a tensor of `count` float32 elements (error feedback's
-        residual, PowerSGD's Q, the step); one per tensor, used for it in every call."""
-        return self._comm.make_state(count)
+        residual, PowerSGD's Q, the step); one per tensor, used for it in every call.
+        `columns` (PowerSGD only) views the tensor as a matrix of rows of that many elements:
+        a layer's weight of shape (out, in, ...) as `columns=weight[0].numel()`, as torch's
+        PowerSGD hook does; 0 is the default near-square view of the flat tensor."""
+        return self._comm.make_state(count, columns)
 
     # ---- non-blocking: each returns a Request (wait(), test()) -----------------------------
 

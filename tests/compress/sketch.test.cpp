@@ -633,6 +633,83 @@ TEST_SUITE("sketch") {
                     squall::invalid_argument);
   }
 
+  TEST_CASE("powersgd: a state's own view (a layer's matrix) instead of the square one") {
+    // 16 x 25 of rank 2 (a conv layer's 16 filters of 25 weights): exact in its own view at
+    // rank 2, not in the default 20 x 20 view of the same 400 elements
+    const squall::powersgd_compressor c{.rank = 2, .seed = 5};
+    const std::vector<double> want = low_rank(16, 25, 2, 400, 9);
+    const std::vector<float> g(want.begin(), want.end());
+    const squall::powersgd_shape view = squall::powersgd_shape::of(400, 25);
+    REQUIRE(view.rows == 16);
+    auto own = c.make_state<float>(400, view);
+    CHECK(own.rows() == 16);
+    CHECK(own.columns() == 25);
+    CHECK(own.q().count() == 25 * 2);
+    const std::size_t bytes = c.payload_bytes(squall::dtype::float32, view);
+    CHECK(bytes == 32 + (16 + 25) * 2 * 4);
+    std::vector<std::byte> payload(bytes);
+    for (int step = 0; step < 2; ++step) {
+      REQUIRE(c.encode(host_backend{}, own, host_view<const float>(g),
+                       host_view<std::byte>(payload)) == bytes);
+      CHECK(relative_error(decode<squall::powersgd_compressor, float>(c, payload, 400), want) <
+            1e-5);
+    }
+    auto square = c.make_state<float>(400);
+    std::vector<std::byte> square_payload(c.max_payload_bytes(squall::dtype::float32, 400));
+    c.encode(host_backend{}, square, host_view<const float>(g),
+             host_view<std::byte>(square_payload));
+    CHECK(relative_error(decode<squall::powersgd_compressor, float>(c, square_payload, 400), want) >
+          0.05);
+    // the pieces take the factors' view
+    std::vector<float> q(own.q().data(), own.q().data() + own.q().count()), p(16 * 2), out(400);
+    c.multiply(host_backend{}, host_view<const float>(g), host_view<const float>(q),
+               host_view<float>(p));
+    c.orthogonalize(host_backend{}, host_view<float>(p));
+    c.multiply_transposed(host_backend{}, host_view<const float>(g), host_view<const float>(p),
+                          host_view<float>(q));
+    c.decompress(host_backend{}, host_view<const float>(p), host_view<const float>(q),
+                 host_view<float>(out));
+    CHECK(relative_error(out, want) < 1e-5);
+    // views that do not cover the tensor are refused, naming them
+    CHECK(squall::powersgd_shape{0, 0}.covers(0));
+    CHECK(squall::powersgd_shape::of(0, 7).covers(0));
+    CHECK_FALSE(squall::powersgd_shape{1, 0}.covers(0));
+    CHECK(squall::powersgd_shape{3, 5}.covers(11));
+    CHECK(squall::powersgd_shape{3, 5}.covers(15));
+    CHECK_FALSE(squall::powersgd_shape{3, 5}.covers(10));
+    CHECK_FALSE(squall::powersgd_shape{3, 5}.covers(16));
+    try {
+      (void)c.make_state<float>(400, squall::powersgd_shape{15, 25});
+      FAIL("a 15 x 25 view of 400 elements was taken");
+    } catch (const squall::invalid_argument& e) {
+      CHECK(std::string(e.what()).find("15 x 25 view of 400 elements") != std::string::npos);
+    }
+    CHECK_THROWS_AS((void)c.make_state<float>(400, squall::powersgd_shape{400, 0}),
+                    squall::invalid_argument);
+    std::vector<std::byte> small(bytes - 1);
+    CHECK_THROWS_AS(
+        c.encode(host_backend{}, own, host_view<const float>(g), host_view<std::byte>(small)),
+        squall::invalid_argument);
+    const std::vector<float> other(375);  // 15 rows of 25, not 16
+    CHECK_THROWS_AS(
+        c.encode(host_backend{}, own, host_view<const float>(other), host_view<std::byte>(payload)),
+        squall::invalid_argument);
+    std::vector<float> q_wrong(24 * 2);  // a 17 x 24 view's Q with a 16 x 25 view's P
+    CHECK_THROWS_AS(c.multiply(host_backend{}, host_view<const float>(g),
+                               host_view<const float>(q_wrong), host_view<float>(p)),
+                    squall::invalid_argument);
+    // a payload of one view does not decode as another count, nor under another rank
+    CHECK_THROWS_AS((decode<squall::powersgd_compressor, float>(c, payload, 375)),
+                    squall::invalid_argument);
+    CHECK_THROWS_AS((decode<squall::powersgd_compressor, float>(
+                        squall::powersgd_compressor{.rank = 3}, payload, 400)),
+                    squall::invalid_argument);
+    // saved and restored with its view
+    auto back = squall::powersgd_state<float>::restore(host_view<const std::byte>(own.save()));
+    CHECK(back.rows() == 16);
+    CHECK(back.columns() == 25);
+  }
+
   TEST_CASE("powersgd: zero gradient and count 0") {
     const squall::powersgd_compressor c;
     const std::vector<float> zero(1000, 0.0f);
@@ -766,7 +843,10 @@ TEST_SUITE("sketch") {
     auto huge = good;
     huge[23] = std::byte{0x80};  // m = 2^63 + 7
     rejects(c, huge);
-    rejects(squall::powersgd_compressor{.rank = 2, .columns = 10}, good);  // another view
+    // the payload carries its view: a compressor of another default view decodes it alike
+    CHECK(decode<squall::powersgd_compressor, float>(
+              squall::powersgd_compressor{.rank = 2, .columns = 10}, good, 50) ==
+          decode<squall::powersgd_compressor, float>(c, good, 50));
     rejects(c, good, 49);
     std::mt19937 gen(16);
     std::vector<float> out(50);

@@ -2,10 +2,12 @@
 # squall.torch.allreduce_hook under torch DDP (CPU, gloo), every rank of `squall-run -n P`
 # (ctest collective.python_ddp_hook): the same small model, data and seed trained three ways
 # for 30 steps: DDP's own allreduce, squall's hook with no compressor (the mean: parameters
-# must match DDP's to float rounding), and squall's hook with bf16 and with top-k 10% + error
-# feedback (the loss must fall by 10% and end within 10% of DDP's). DDP's bucket rebuild after
+# must match DDP's to float rounding), and squall's hook with bf16, top-k 10% + error feedback
+# and PowerSGD (the loss must fall by 10% and end within 10% of DDP's). DDP's bucket rebuild after
 # the first step is exercised (one bucket of the whole model, then two of other sizes: each gets
-# a fresh state). Exit 0 on success; the failing check is printed.
+# a fresh state). PowerSGD rank 4 + error feedback runs per layer: a state for each weight
+# PowerSGD shrinks, in the weight's own out x in view; the biases and the 4 x 512 weight dense.
+# Exit 0 on success; the failing check is printed.
 import os
 import sys
 
@@ -58,11 +60,11 @@ dense, dense_losses = train(dense_state)
 for a, b in zip(reference, dense):
     if not torch.allclose(a, b, rtol=1e-4, atol=1e-5):
         fail("squall's dense hook: parameters differ from DDP's by %g" % (a - b).abs().max())
-if dense_state.comm.bytes_sent == 0:
+if dense_state.bytes_sent == 0:
     fail("the hook never ran")
 if len(dense_state.states) != 0:
     fail("the dense hook kept compression states")
-for name in ("cast:bf16", "topk:0.1+ef"):
+for name in ("cast:bf16", "topk:0.1+ef", "powersgd:4+ef"):
     state = sqt.HookState(compressor=name)
     _, losses = train(state)
     first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
@@ -75,6 +77,10 @@ for name in ("cast:bf16", "topk:0.1+ef"):
         fail("%s: the loss ended at %.3f, DDP's at %.3f" % (name, last, ref_last))
     if len(state.states) < 2:
         fail("%s: fewer than two buckets had a state" % name)
+    if name.startswith("powersgd"):  # per layer: the two large weights, in their own view
+        views = sorted(v for layout, _ in state.states.values() for v in layout)
+        if views != [(32 * 512, 32), (512 * 512, 512)]:
+            fail("%s: per-layer states of %s, not the two weights' views" % (name, views))
 dist.destroy_process_group()
 if rank == 0:
     try:

@@ -133,6 +133,30 @@ def test_compressed_allreduce():
     assert np.abs(total_out - total_in).max() < 0.25 * np.abs(total_in).max()
 
 
+def test_powersgd_layer_view():
+    # each rank a rank-1 32 x 48 "layer": at rank 4 the sum of P <= 4 of them is exact in the
+    # layer's own view (columns=48), not in the default near-square view of the 1536 elements
+    psgd = squall.Communicator(compressor="powersgd:4")
+    i = np.arange(32)[:, None]
+    j = np.arange(48)[None, :]
+
+    def layer(r):
+        return (np.sin(0.3 * i * (r + 1) + r) * np.cos(0.45 * j * (r + 2))).astype(np.float32)
+
+    exact = np.sum([layer(r).astype(np.float64) for r in range(psgd.size)], axis=0).ravel()
+    own = psgd.make_state(32 * 48, columns=48)
+    square = psgd.make_state(32 * 48)
+    for step in range(2):
+        x = layer(psgd.rank).ravel().copy()
+        psgd.allreduce(x, own)
+        assert np.abs(x - exact).max() <= 1e-4 * np.abs(exact).max()
+    y = layer(psgd.rank).ravel().copy()
+    psgd.allreduce(y, square)
+    assert np.abs(y - exact).max() > 1e-2 * np.abs(exact).max()
+    with pytest.raises(ValueError, match="PowerSGD"):
+        squall.Communicator(compressor="cast:bf16").make_state(100, columns=10)
+
+
 def test_errors_are_python_exceptions(comm):
     with pytest.raises(ValueError, match="root"):
         squall.Communicator().broadcast(np.zeros(10, np.float32), comm.size)

@@ -29,6 +29,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -664,6 +665,66 @@ TEST_SUITE("compressed_collectives") {
       double want = 0;
       for (int q = 0; q < 3; ++q) want += low_rank_input(q, 12, 10)[i];
       REQUIRE(std::fabs(records[0].out[0][i] - want / 3) <= 1e-4);
+    }
+  }
+
+  TEST_CASE("powersgd: a state's own view (each rank a rank-1 16 x 25 layer) sums exactly") {
+    // at rank 4 the sum of P <= 4 rank-1 matrices is exact in their 16 x 25 view; the same
+    // elements in the default 20 x 20 view are not of rank 4, which shows the view is used
+    const squall::powersgd_compressor c{.rank = 4, .seed = 6};
+    const std::size_t count = 400;
+    const auto layer = [](int r) {
+      std::vector<float> m(count);
+      for (std::size_t i = 0; i < 16; ++i) {
+        for (std::size_t j = 0; j < 25; ++j) {
+          m[i * 25 + j] = static_cast<float>(std::sin(0.3 * static_cast<double>(i * (r + 1)) + r) *
+                                             std::cos(0.45 * static_cast<double>(j) * (r + 2)));
+        }
+      }
+      return m;
+    };
+    for (int p = 1; p <= 4; ++p) {
+      CAPTURE(p);
+      std::vector<double> want(count, 0.0);
+      for (int q = 0; q < p; ++q) {
+        const auto m = layer(q);
+        for (std::size_t i = 0; i < count; ++i) want[i] += m[i];
+      }
+      std::vector<std::vector<float>> own(static_cast<std::size_t>(p));
+      std::vector<std::vector<float>> square(static_cast<std::size_t>(p));
+      std::atomic<int> refused{0};
+      run_ranks(p, [&](inproc_transport& t) {
+        const int r = t.rank();
+        squall::communicator<inproc_transport, squall::ring_topology, squall::powersgd_compressor>
+            comm(std::move(t), squall::ring_topology{}, c);
+        auto own_state = comm.make_state<float>(count, squall::powersgd_shape::of(count, 25));
+        auto square_state = comm.make_state<float>(count);
+        auto& mine = own[static_cast<std::size_t>(r)];
+        for (int step = 0; step < 2; ++step) {  // fresh and warm-started
+          mine = layer(r);
+          comm.allreduce(squall::host_view<float>(mine), own_state);
+        }
+        auto& sq = square[static_cast<std::size_t>(r)];
+        sq = layer(r);
+        comm.allreduce(squall::host_view<float>(sq), square_state);
+        try {
+          (void)comm.make_state<float>(count, squall::powersgd_shape{17, 25});
+        } catch (const squall::invalid_argument&) {
+          ++refused;
+        }
+      });
+      CHECK(refused == p);
+      double largest = 0, square_error = 0;
+      for (const double x : want) largest = std::max(largest, std::fabs(x));
+      for (int r = 0; r < p; ++r) {
+        REQUIRE(own[static_cast<std::size_t>(r)] == own[0]);
+        for (std::size_t i = 0; i < count; ++i) {
+          REQUIRE(std::fabs(own[static_cast<std::size_t>(r)][i] - want[i]) <= 1e-4 * largest);
+          square_error =
+              std::max(square_error, std::fabs(square[static_cast<std::size_t>(r)][i] - want[i]));
+        }
+      }
+      CHECK(square_error > 0.01 * largest);
     }
   }
 

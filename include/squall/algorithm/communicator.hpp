@@ -133,6 +133,16 @@ class communicator {
     return state_type<T>(compressor_, count, backend());
   }
 
+  /// The same with a low-rank compressor (PowerSGD) viewing the tensor as `view`: a layer's
+  /// own matrix, `powersgd_shape::of(count, columns)` (a weight of shape (out, in, k, k) as
+  /// out x in k k, as torch's PowerSGD hook does), not the default near-square view of the
+  /// flat tensor. Throws `invalid_argument` unless view.covers(count).
+  template <real_gradient T>
+  state_type<T> make_state(std::size_t count,
+                           powersgd_shape view) const requires uses_low_rank<Compressor> {
+    return state_type<T>(compressor_, count, view, backend());
+  }
+
   /// Measures `automatic_topology`'s model on these ranks and keeps it (a collective call):
   /// float sums of 4 KiB to `up_to` bytes in steps of 4 with each candidate schedule, the
   /// best of 5 trials, the slowest rank's time, agreed so every rank holds the same model.

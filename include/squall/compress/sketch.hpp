@@ -252,6 +252,16 @@ static_assert(compressor<count_sketch_compressor<5, 65536>>);
 struct powersgd_shape {
   std::size_t rows = 0;     ///< m
   std::size_t columns = 0;  ///< c
+
+  /// The view of `count` elements in rows of `columns`: m = ceil(count / c) (0 for count 0).
+  static powersgd_shape of(std::size_t count, std::size_t columns) {
+    return {columns == 0 ? 0 : count / columns + (count % columns != 0), columns};
+  }
+  /// Whether this is a view of `count` elements: m = ceil(count / c), and c > 0 unless
+  /// count is 0.
+  bool covers(std::size_t count) const {
+    return columns == 0 ? rows == 0 && count == 0 : rows == of(count, columns).rows;
+  }
 };
 
 /// PowerSGD's state for one tensor, owned by the caller: Q (c x r, row-major), warm-started
@@ -402,28 +412,54 @@ struct powersgd_compressor {
     return powersgd_state<T, B>(shape(count), rank, seed, b);
   }
 
-  /// 32 + (m + c) r sizeof(element) bytes; throws `invalid_argument` for a rank outside
-  /// 1..65535, an element type other than float or double, or on overflow.
+  /// A fresh state that views tensors of `count` elements as `view` instead of shape(count):
+  /// a layer's own matrix (a weight of shape (out, in, ...) as out x (in ...): torch's
+  /// PowerSGD hook's view), whose low-rank structure the square view mixes up. Every call
+  /// with the state then uses that view (the factors' sizes carry it). Throws
+  /// `invalid_argument` unless view.covers(count).
+  template <real_gradient T, class B = host_backend>
+  powersgd_state<T, B> make_state(std::size_t count, powersgd_shape view, const B& b = {}) const {
+    check_rank();
+    if (!view.covers(count)) {
+      throw invalid_argument({.operation = name}, "a " + std::to_string(view.rows) + " x " +
+                                                      std::to_string(view.columns) + " view of " +
+                                                      std::to_string(count) +
+                                                      " elements (rows must be ceil(" +
+                                                      std::to_string(count) + " / columns))");
+    }
+    return powersgd_state<T, B>(view, rank, seed, b);
+  }
+
+  /// 32 + (m + c) r sizeof(element) bytes for the default view, shape(count); throws
+  /// `invalid_argument` for a rank outside 1..65535, an element type other than float or
+  /// double, or on overflow.
   std::size_t max_payload_bytes(dtype type, std::size_t count) const {
+    return payload_bytes(type, shape(count));
+  }
+
+  /// 32 + (m + c) r sizeof(element) bytes for the view `s` (a state's `shape()`).
+  std::size_t payload_bytes(dtype type, powersgd_shape s) const {
     check_rank();
     if (type != dtype::float32 && type != dtype::float64) {
       throw invalid_argument({.operation = name}, "elements of " + std::string(to_string(type)) +
                                                       " (float32 or float64 only)");
     }
-    const powersgd_shape s = shape(count);
     const std::size_t limit = std::numeric_limits<std::size_t>::max();
     const std::size_t bytes = size_of(type);
     if (s.rows > limit - s.columns || (s.rows + s.columns) > (limit - body_offset) / bytes / rank) {
-      throw invalid_argument({.operation = name},
-                             "payload size of " + std::to_string(count) + " elements overflows");
+      throw invalid_argument({.operation = name}, "payload size of a " + std::to_string(s.rows) +
+                                                      " x " + std::to_string(s.columns) +
+                                                      " view overflows");
     }
     return body_offset + (s.rows + s.columns) * rank * bytes;
   }
 
   // ---- the pieces (a collective sums P after `multiply` and Q after `multiply_transposed`)
+  // The view is the factors': c = Q's count / r, m = P's count / r (shape(count) for a state
+  // of the default view, a state's own view otherwise), and must cover the tensor.
 
-  /// P = M Q: `in` viewed as m x c (shape(in.count())), Q c x r, P m x r, row-major.
-  /// Throws `invalid_argument` if a size disagrees.
+  /// P = M Q: `in` viewed as m x c, Q c x r, P m x r, row-major. Throws `invalid_argument`
+  /// if a size disagrees.
   template <class B, real_gradient T>
   void multiply(const B& backend, buffer_view<const T, typename B::memory_space> in,
                 buffer_view<const T, typename B::memory_space> q,
@@ -465,33 +501,35 @@ struct powersgd_compressor {
 
   // ---- one-rank encode / decode
 
-  /// One power iteration, warm-started: P = M Q_state, orthogonalize P, Q = M^T P; stores Q in
-  /// `state` and writes header, m, c, P, Q to `payload`; returns the payload's size. Throws
-  /// `invalid_argument` if `state` was made for another shape or rank, or `payload` is small.
+  /// One power iteration, warm-started: P = M Q_state, orthogonalize P, Q = M^T P, in the
+  /// state's view; stores Q in `state` and writes header, m, c, P, Q to `payload`
+  /// (`payload_bytes(type, state.shape())`); returns the payload's size. Throws
+  /// `invalid_argument` if `state` is not a view of in.count() elements at this rank, or
+  /// `payload` is small.
   template <class B, real_gradient T, class S>
   std::size_t encode(const B& backend, powersgd_state<T, S>& state,
                      buffer_view<const T, typename B::memory_space> in,
                      buffer_view<std::byte, typename B::memory_space> payload) const {
-    const powersgd_shape s = shape(in.count());
-    if (state.rows() != s.rows || state.columns() != s.columns || state.rank() != rank) {
-      throw invalid_argument(
-          {.operation = name},
-          "state for " + std::to_string(state.rows()) + " x " + std::to_string(state.columns()) +
-              " rank " + std::to_string(state.rank()) + " used for " + std::to_string(s.rows) +
-              " x " + std::to_string(s.columns) + " rank " + std::to_string(rank));
+    if (!state.shape().covers(in.count()) || state.rank() != rank) {
+      throw invalid_argument({.operation = name}, "state for " + std::to_string(state.rows()) +
+                                                      " x " + std::to_string(state.columns()) +
+                                                      " rank " + std::to_string(state.rank()) +
+                                                      " used for " + std::to_string(in.count()) +
+                                                      " elements at rank " + std::to_string(rank));
     }
     using M = typename B::memory_space;
     static_assert(std::same_as<typename S::memory_space, M> ||
                       std::same_as<typename S::memory_space, host_memory>,
                   "squall: a powersgd_state in another backend's memory");
     if constexpr (std::same_as<typename S::memory_space, M>) {
-      return iterate(backend, in, state.q(), payload);
+      return iterate(backend, in, state.shape(), state.q(), payload);
     } else {
       // a host state with a device backend: Q goes through backend scratch and comes back
       const std::size_t n = state.q().count();
       auto q = allocate_scratch<T>(backend, n);
       store_bytes(backend, reinterpret_cast<std::byte*>(q.data()), state.q().data(), n * sizeof(T));
-      const std::size_t written = iterate(backend, in, buffer_view<T, M>(q.data(), n), payload);
+      const std::size_t written =
+          iterate(backend, in, state.shape(), buffer_view<T, M>(q.data(), n), payload);
       load_bytes(backend, state.q().data(), reinterpret_cast<const std::byte*>(q.data()),
                  n * sizeof(T));
       return written;
@@ -509,12 +547,12 @@ struct powersgd_compressor {
     const std::size_t n = s.columns * rank;
     auto q = allocate_scratch<T>(backend, n);
     powersgd_random_factor(backend, seed, {stream.step, shared_rank}, q.data(), n);
-    return iterate(backend, in, buffer_view<T, typename B::memory_space>(q.data(), n), payload);
+    return iterate(backend, in, s, buffer_view<T, typename B::memory_space>(q.data(), n), payload);
   }
 
   /// Writes P Q^T truncated to out.count(). Throws `invalid_argument` unless the payload is a
-  /// PowerSGD payload of out.count() elements of `T` with this rank, m and c equal to
-  /// shape(out.count()), and exactly 32 + (m + c) r sizeof(T) bytes.
+  /// PowerSGD payload of out.count() elements of `T` with this rank, an m x c view of them
+  /// (the default view or a state's own), and exactly 32 + (m + c) r sizeof(T) bytes.
   template <class B, real_gradient T>
   void decode(const B& backend, buffer_view<const std::byte, typename B::memory_space> payload,
               buffer_view<T, typename B::memory_space> out) const {
@@ -537,14 +575,12 @@ struct powersgd_compressor {
     std::uint64_t c = 0;
     std::memcpy(&m, head + payload_header::bytes, 8);
     std::memcpy(&c, head + payload_header::bytes + 8, 8);
-    const powersgd_shape s = shape(out.count());
-    if (m != s.rows || c != s.columns) {
+    const powersgd_shape s{static_cast<std::size_t>(m), static_cast<std::size_t>(c)};
+    if (!s.covers(out.count())) {
       throw invalid_argument(where, "a " + std::to_string(m) + " x " + std::to_string(c) +
-                                        " view where " + std::to_string(out.count()) +
-                                        " elements make " + std::to_string(s.rows) + " x " +
-                                        std::to_string(s.columns));
+                                        " view of " + std::to_string(out.count()) + " elements");
     }
-    const std::size_t size = max_payload_bytes(dtype_of<T>, out.count());
+    const std::size_t size = payload_bytes(dtype_of<T>, s);
     if (payload.count() != size) {
       throw invalid_argument(where, "payload of " + std::to_string(payload.count()) +
                                         " bytes where the factors take " + std::to_string(size));
@@ -569,16 +605,16 @@ struct powersgd_compressor {
     }
   }
 
-  // The shape of `count` elements, checking Q's (c r) and P's (m r) element counts.
+  // The factors' view (c = Q's count / r, m = P's count / r), checked to cover `count`.
   powersgd_shape checked_shape(std::size_t count, std::size_t q_count, std::size_t p_count) const {
     check_rank();
-    const powersgd_shape s = shape(count);
-    if (q_count != s.columns * rank || p_count != s.rows * rank) {
+    const powersgd_shape s{p_count / rank, q_count / rank};
+    if (q_count % rank != 0 || p_count % rank != 0 || !s.covers(count)) {
       throw invalid_argument({.operation = name}, "Q of " + std::to_string(q_count) + " and P of " +
-                                                      std::to_string(p_count) + " elements for a " +
-                                                      std::to_string(s.rows) + " x " +
-                                                      std::to_string(s.columns) + " view at rank " +
-                                                      std::to_string(rank));
+                                                      std::to_string(p_count) +
+                                                      " elements at rank " + std::to_string(rank) +
+                                                      " are not factors of a view of " +
+                                                      std::to_string(count) + " elements");
     }
     return s;
   }
@@ -586,12 +622,11 @@ struct powersgd_compressor {
   // P = M q; orthogonalize; Q = M^T P into `q` (the warm start); payload = header, m, c, P, Q.
   template <class B, class T>
   std::size_t iterate(const B& backend, buffer_view<const T, typename B::memory_space> in,
-                      buffer_view<T, typename B::memory_space> q,
+                      powersgd_shape s, buffer_view<T, typename B::memory_space> q,
                       buffer_view<std::byte, typename B::memory_space> payload) const {
     using M = typename B::memory_space;
-    const std::size_t size = max_payload_bytes(dtype_of<T>, in.count());
+    const std::size_t size = payload_bytes(dtype_of<T>, s);
     detail::require_room(name, payload.count(), size);
-    const powersgd_shape s = shape(in.count());
     const std::size_t p_count = s.rows * rank;
     auto p = allocate_scratch<T>(backend, p_count);
     powersgd_multiply(backend, in, s.rows, s.columns, rank, q.data(), p.data());

@@ -173,6 +173,15 @@ class compression_state {
       own_.emplace(detail::make_own_state<T>(inner_of(c), count, b));
     }
   }
+  /// A fresh state whose low-rank compressor (PowerSGD) views the tensor as `view` (a layer's
+  /// own matrix) instead of its default near-square view. Throws `invalid_argument` unless
+  /// view.covers(count).
+  compression_state(const C& c, std::size_t count, powersgd_shape view,
+                    const Backend& b = {}) requires uses_low_rank<C> : count_(count),
+                                                                       backend_(b) {
+    if constexpr (is_error_feedback<C>) residual_.emplace(count, b);
+    own_.emplace(inner_of(c).template make_state<T>(count, view, b));
+  }
   /// A fresh state for a default-constructed `C`.
   explicit compression_state(std::size_t count, const Backend& b = {})
       : compression_state(C{}, count, b) {}

@@ -50,21 +50,25 @@ void lowrank_allreduce(Dense& dense, const C& compressor,
                 "squall: this low-rank compressor keeps Q in host memory (its make_state<T>(count) "
                 "takes no backend): give it make_state<T>(count, backend) for this Backend");
   const std::size_t count = data.count();
-  const auto shape = c.shape(count);
-  if (ps.rows() != shape.rows || ps.columns() != shape.columns || ps.rank() != c.rank) {
+  // the state's view: the default (c.shape(count)) or the one it was made with (a layer's
+  // own matrix); m = ceil(count / c) either way
+  const std::size_t rows = ps.rows();
+  const std::size_t columns = ps.columns();
+  const bool covers = columns == 0 ? rows == 0 && count == 0 : rows == div_up(count, columns);
+  if (!covers || ps.rank() != c.rank) {
     throw invalid_argument({.operation = "compressed allreduce", .rank = dense.rank()},
                            "a low-rank state of " + std::to_string(ps.rows()) + " x " +
                                std::to_string(ps.columns()) + " rank " + std::to_string(ps.rank()) +
-                               " used for " + std::to_string(shape.rows) + " x " +
-                               std::to_string(shape.columns) + " rank " + std::to_string(c.rank));
+                               " used for " + std::to_string(count) + " elements at rank " +
+                               std::to_string(c.rank));
   }
   if (count == 0) {
     dense.settle();
     return;
   }
   const auto& b = dense.backend();
-  const std::size_t p_count = shape.rows * c.rank;
-  const std::size_t q_count = shape.columns * c.rank;
+  const std::size_t p_count = rows * c.rank;
+  const std::size_t q_count = columns * c.rank;
   const std::size_t q_at = align_up(p_count * sizeof(T), 16) / sizeof(T);
   const view factors = w.factors.template elements<T>(b, q_at + q_count);
   const view p = factors.subview(0, p_count);
