@@ -46,6 +46,8 @@ def main():
     p.add_argument("--batch", type=int, default=64, help="per rank")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--train", type=int, default=60000, help="training images used")
+    p.add_argument("--seed", type=int, default=0, help="the model's initialization and the "
+                   "epochs' shuffles")
     p.add_argument("--hooks", default="default,fp16,powersgd,none,cast:bf16,topk:0.01+ef,"
                    "powersgd:4+ef", help="default, fp16, powersgd (torch's), or a squall "
                    "compressor name (squall's hook; none: its dense allreduce; PowerSGD per "
@@ -72,7 +74,7 @@ def main():
         print("%-16s %5s %9s %8s %14s" % ("hook", "epoch", "accuracy", "s/epoch",
                                            "bytes/step/rank"))
     for hook in args.hooks.split(","):
-        torch.manual_seed(0)
+        torch.manual_seed(args.seed)
         model = model_of()
         ddp = nn.parallel.DistributedDataParallel(model)
         n_params = sum(q.numel() for q in model.parameters())
@@ -91,7 +93,7 @@ def main():
             ddp.register_comm_hook(state, sqt.allreduce_hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
         for epoch in range(1, args.epochs + 1):
-            order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
+            order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(1000 * args.seed + epoch))
             sent_before = state.bytes_sent if state is not None else 0
             dist.barrier()
             start = time.perf_counter()
