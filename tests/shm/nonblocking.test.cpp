@@ -8,6 +8,7 @@
 #include <squall/algorithm/buckets.hpp>
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/cast.hpp>
+#include <squall/compress/sketch.hpp>
 #include <squall/topology/automatic.hpp>
 #include <squall/transport/launch.hpp>
 #include <squall/transport/shm.hpp>
@@ -343,6 +344,91 @@ TEST_SUITE("shm_nonblocking") {
           if (std::string(e.what()).find("tensor 1") == std::string::npos) {
             return wrong(me.rank, "wait() did not name the first tensor not ready");
           }
+        }
+        return 0;
+      });
+    }
+  }
+
+  TEST_CASE("gradient buckets per tensor with PowerSGD: each weight in its own view, exact") {
+    // Two weights, each rank's of rank 1 in its own view (so the sum over <= 3 ranks is exact
+    // at rank 4), a bias and a 4 x 512 weight that rank-4 factors would not shrink twofold
+    // (both dense: small integers, exact sums), in 8 KiB buckets: {16 x 25, 16, 32 x 48},
+    // {4 x 512}. The same tensors in whole buckets are not exact: the view is what matters.
+    for (int ranks = 1; ranks <= 3; ++ranks) {
+      CAPTURE(ranks);
+      test::expect_ranks_succeed(ranks, [](const shm_job& me) {
+        using low_rank_comm = squall::communicator<shm_transport, squall::automatic_topology,
+                                                   squall::powersgd_compressor>;
+        low_rank_comm comm(shm_transport(me), {}, squall::powersgd_compressor{.rank = 4});
+        const std::vector<std::size_t> sizes = {16 * 25, 16, 32 * 48, 4 * 512};
+        const std::vector<std::size_t> columns = {25, 0, 48, 512};
+        squall::gradient_buckets<low_rank_comm> per_tensor(comm, sizes, columns, 8 << 10, false);
+        squall::gradient_buckets<low_rank_comm> whole(comm, sizes, 8 << 10, false);
+        if (per_tensor.bucket_count() != 2 || per_tensor.bucket_of(2) != 0 ||
+            per_tensor.compressed_tensors() != 2 || whole.compressed_tensors() != 4) {
+          return wrong(me.rank, "bucket assignment or compressed tensors");
+        }
+        // rank r's weight w (rows x cols): sin(0.3 i (r + 1) + r + w) cos(0.45 j (r + 2))
+        const auto weight = [](int r, std::size_t rows, std::size_t cols, int w) {
+          std::vector<float> m(rows * cols);
+          for (std::size_t i = 0; i < rows; ++i) {
+            for (std::size_t j = 0; j < cols; ++j) {
+              m[i * cols + j] =
+                  static_cast<float>(std::sin(0.3 * static_cast<double>(i) * (r + 1) + r + w) *
+                                     std::cos(0.45 * static_cast<double>(j) * (r + 2)));
+            }
+          }
+          return m;
+        };
+        const auto fill = [&](squall::gradient_buckets<low_rank_comm>& b, int rank) {
+          b.ready(0, squall::host_view<const float>(weight(rank, 16, 25, 0)));
+          b.ready(3, squall::host_view<const float>(input(rank, sizes[3], 3)));
+          b.ready(1, squall::host_view<const float>(input(rank, sizes[1], 1)));
+          b.ready(2, squall::host_view<const float>(weight(rank, 32, 48, 2)));
+        };
+        double worst_whole = 0;
+        for (int step = 0; step < 2; ++step) {
+          fill(per_tensor, me.rank);
+          per_tensor.wait();
+          fill(whole, me.rank);
+          whole.wait();
+          for (const std::size_t t : {std::size_t{0}, std::size_t{2}}) {
+            const std::size_t rows = t == 0 ? 16 : 32;
+            const std::size_t cols = t == 0 ? 25 : 48;
+            std::vector<double> want(sizes[t], 0.0);
+            double largest = 0;
+            for (int r = 0; r < me.size; ++r) {
+              const auto m = weight(r, rows, cols, static_cast<int>(t));
+              for (std::size_t k = 0; k < want.size(); ++k) want[k] += m[k];
+            }
+            for (const double x : want) largest = std::max(largest, std::fabs(x));
+            for (std::size_t k = 0; k < want.size(); ++k) {
+              if (std::fabs(per_tensor.gradient(t)[k] - want[k]) > 1e-4 * largest) {
+                return wrong(me.rank, "a weight's low-rank sum in its own view");
+              }
+              worst_whole =
+                  std::max(worst_whole, std::fabs(whole.gradient(t)[k] - want[k]) / largest);
+            }
+          }
+          for (const std::size_t t : {std::size_t{1}, std::size_t{3}}) {
+            for (std::size_t k = 0; k < sizes[t]; ++k) {
+              if (per_tensor.gradient(t)[k] != sum_at(me.size, k, static_cast<int>(t))) {
+                return wrong(me.rank, "a dense part's sum");
+              }
+            }
+          }
+        }
+        if (!(worst_whole > 0.01)) return wrong(me.rank, "the whole bucket was exact too");
+        try {
+          squall::gradient_buckets<low_rank_comm> bad(comm, sizes, {25, 0, 48}, 8 << 10);
+          return wrong(me.rank, "3 column counts for 4 tensors were accepted");
+        } catch (const squall::invalid_argument&) {
+        }
+        try {
+          squall::gradient_buckets<low_rank_comm> bad(comm, sizes, {25, 17, 48, 512}, 8 << 10);
+          return wrong(me.rank, "rows of 17 for a tensor of 16 were accepted");
+        } catch (const squall::invalid_argument&) {
         }
         return 0;
       });
