@@ -22,7 +22,8 @@
 // squall off for the whole job and say so). Handled, among the collectives
 // SQUALL_MPI_COLLECTIVES names:
 // - allreduce and reduce_scatter_block: every element of the signature one of float, double,
-//   int32 or int64 (MPI_INT, MPI_INT32_T, MPI_LONG, ... by size), op MPI_SUM, MPI_MIN or
+//   int32 or int64 (MPI_INT, MPI_INT32_T, MPI_LONG, ... by size; Fortran's MPI_REAL,
+//   MPI_DOUBLE_PRECISION, MPI_INTEGER and their sized forms too), op MPI_SUM, MPI_MIN or
 //   MPI_MAX, at least SQUALL_MPI_MIN_BYTES bytes in all;
 // - allgather and bcast: any signature whose bytes per rank are a multiple of 4, at least
 //   SQUALL_MPI_MIN_BYTES bytes in all (the data moves as 32-bit words, no arithmetic); by
@@ -34,9 +35,10 @@
 //   squall holds the communicator (as barrier; MPI_COMM_WORLD from MPI_Init);
 // - never: intercommunicators, user-defined ops, MPI_PROD and the logical, bitwise and
 //   MAXLOC/MINLOC ops, mixed-type signatures, the other non-blocking forms (MPI_Ibarrier,
-//   the -v forms, MPI_Ireduce and friends), MPI_Init not called
-//   through this library (then it stays off), and Fortran callers (Open MPI's Fortran
-//   bindings call PMPI_* directly, so the profiling interface never sees them).
+//   the -v forms, MPI_Ireduce and friends), MPI_Init not called through this library (then
+//   it stays off), Fortran callers of `use mpi_f08` or of an MPI whose Fortran MPI_IN_PLACE
+//   this library does not know (mpif.h and `use mpi` under Open MPI are taken: the Fortran
+//   section at the end).
 //
 // Environment (read at MPI_Init; every rank must agree):
 //   SQUALL_MPI_ENABLE     1 (default) or 0: everything falls through.
@@ -87,6 +89,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>  // dlsym: the MPI's own Fortran bindings
 #include <exception>
 #include <functional>
 #include <map>
@@ -325,11 +328,16 @@ enum class base { none, f32, f64, i32, i64 };
 base named_base(MPI_Datatype type) {
   if (type == MPI_FLOAT) return base::f32;
   if (type == MPI_DOUBLE) return base::f64;
+  // Fortran's (the handles a Fortran caller's types convert to), by their size
+  const bool is_real =
+      type == MPI_REAL || type == MPI_DOUBLE_PRECISION || type == MPI_REAL4 || type == MPI_REAL8;
   const bool is_int = type == MPI_INT || type == MPI_INT32_T || type == MPI_INT64_T ||
-                      type == MPI_LONG || type == MPI_LONG_LONG || type == MPI_LONG_LONG_INT;
-  if (!is_int) return base::none;
+                      type == MPI_LONG || type == MPI_LONG_LONG || type == MPI_LONG_LONG_INT ||
+                      type == MPI_INTEGER || type == MPI_INTEGER4 || type == MPI_INTEGER8;
+  if (!is_int && !is_real) return base::none;
   int size = 0;
   PMPI_Type_size(type, &size);
+  if (is_real) return size == 4 ? base::f32 : size == 8 ? base::f64 : base::none;
   return size == 4 ? base::i32 : size == 8 ? base::i64 : base::none;
 }
 
@@ -1788,6 +1796,138 @@ SQUALL_MPI_EXPORT int squall_mpi_counts(unsigned long long* handled, unsigned lo
   if (passed != nullptr) *passed = p;
   if (compressed != nullptr) *compressed = l.compressed;
   return l.on ? 1 : 0;
+}
+
+}  // extern "C"
+
+// ---- Fortran: mpif.h and `use mpi` -------------------------------------------------------------
+//
+// Open MPI's Fortran bindings (`mpi_allreduce_` in libmpi_mpifh, what gfortran calls for
+// mpif.h and `use mpi`) call PMPI_* directly, so a Fortran program never reaches the C
+// functions above. These take gfortran's names of the same calls, convert the handles and
+// Fortran's MPI_IN_PLACE, and call them; MPI_Init, MPI_Init_thread and MPI_Finalize call the
+// MPI's own binding (found after this library: dlsym RTLD_NEXT) and start or stop squall as
+// the C forms do. Where this library does not know the MPI's Fortran MPI_IN_PLACE and
+// MPI_BOTTOM (Open MPI's common blocks `mpi_fortran_in_place_` and `mpi_fortran_bottom_`),
+// and for any buffer that is MPI_BOTTOM, a call goes to the MPI's own binding unchanged.
+// `use mpi_f08` (Open MPI's `ompi_*_f` entry points) and other compilers' name manglings are
+// not taken: they reach MPI as before.
+
+namespace {
+
+/// The MPI's own Fortran binding `name` (the next definition after this library's).
+template <class F>
+F fortran_binding(const char* name) {
+  void* f = dlsym(RTLD_NEXT, name);
+  if (f == nullptr) {
+    std::fprintf(stderr, "squall_mpi: the MPI library has no Fortran binding %s\n", name);
+    std::abort();
+  }
+  return reinterpret_cast<F>(f);
+}
+
+/// Fortran's MPI_IN_PLACE and MPI_BOTTOM (their addresses), where this MPI is known.
+struct fortran_sentinels {
+  const void* in_place = nullptr;
+  const void* bottom = nullptr;
+  bool known() const { return in_place != nullptr && bottom != nullptr; }
+};
+
+const fortran_sentinels& sentinels() {
+  static const fortran_sentinels s{dlsym(RTLD_DEFAULT, "mpi_fortran_in_place_"),
+                                   dlsym(RTLD_DEFAULT, "mpi_fortran_bottom_")};
+  return s;
+}
+
+/// Whether a Fortran call with these buffers can go to the C function: the sentinels known
+/// and no buffer MPI_BOTTOM.
+bool fortran_takes(const void* a, const void* b = nullptr) {
+  const fortran_sentinels& s = sentinels();
+  return s.known() && a != s.bottom && b != s.bottom;
+}
+
+const void* fortran_send(const void* buffer) {
+  return buffer == sentinels().in_place ? MPI_IN_PLACE : buffer;
+}
+
+}  // namespace
+
+extern "C" {
+
+SQUALL_MPI_EXPORT void mpi_init_(MPI_Fint* ierr) {
+  static const auto mpi = fortran_binding<void (*)(MPI_Fint*)>("mpi_init_");
+  mpi(ierr);
+  if (*ierr == MPI_SUCCESS) start();
+}
+
+SQUALL_MPI_EXPORT void mpi_init_thread_(MPI_Fint* required, MPI_Fint* provided, MPI_Fint* ierr) {
+  static const auto mpi =
+      fortran_binding<void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*)>("mpi_init_thread_");
+  mpi(required, provided, ierr);
+  if (*ierr == MPI_SUCCESS) start();
+}
+
+SQUALL_MPI_EXPORT void mpi_finalize_(MPI_Fint* ierr) {
+  static const auto mpi = fortran_binding<void (*)(MPI_Fint*)>("mpi_finalize_");
+  stop();
+  mpi(ierr);
+}
+
+SQUALL_MPI_EXPORT void mpi_allreduce_(void* sendbuf, void* recvbuf, MPI_Fint* count,
+                                      MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
+                                      MPI_Fint* ierr) {
+  if (!fortran_takes(sendbuf, recvbuf)) {
+    static const auto mpi = fortran_binding<void (*)(void*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*,
+                                                     MPI_Fint*, MPI_Fint*)>("mpi_allreduce_");
+    mpi(sendbuf, recvbuf, count, datatype, op, comm, ierr);
+    return;
+  }
+  *ierr = MPI_Allreduce(fortran_send(sendbuf), recvbuf, *count, MPI_Type_f2c(*datatype),
+                        MPI_Op_f2c(*op), MPI_Comm_f2c(*comm));
+}
+
+SQUALL_MPI_EXPORT void mpi_reduce_scatter_block_(void* sendbuf, void* recvbuf, MPI_Fint* recvcount,
+                                                 MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
+                                                 MPI_Fint* ierr) {
+  if (!fortran_takes(sendbuf, recvbuf)) {
+    static const auto mpi =
+        fortran_binding<void (*)(void*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*,
+                                 MPI_Fint*)>("mpi_reduce_scatter_block_");
+    mpi(sendbuf, recvbuf, recvcount, datatype, op, comm, ierr);
+    return;
+  }
+  *ierr = MPI_Reduce_scatter_block(fortran_send(sendbuf), recvbuf, *recvcount,
+                                   MPI_Type_f2c(*datatype), MPI_Op_f2c(*op), MPI_Comm_f2c(*comm));
+}
+
+SQUALL_MPI_EXPORT void mpi_allgather_(void* sendbuf, MPI_Fint* sendcount, MPI_Fint* sendtype,
+                                      void* recvbuf, MPI_Fint* recvcount, MPI_Fint* recvtype,
+                                      MPI_Fint* comm, MPI_Fint* ierr) {
+  if (!fortran_takes(sendbuf, recvbuf)) {
+    static const auto mpi =
+        fortran_binding<void (*)(void*, MPI_Fint*, MPI_Fint*, void*, MPI_Fint*, MPI_Fint*,
+                                 MPI_Fint*, MPI_Fint*)>("mpi_allgather_");
+    mpi(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, ierr);
+    return;
+  }
+  *ierr = MPI_Allgather(fortran_send(sendbuf), *sendcount, MPI_Type_f2c(*sendtype), recvbuf,
+                        *recvcount, MPI_Type_f2c(*recvtype), MPI_Comm_f2c(*comm));
+}
+
+SQUALL_MPI_EXPORT void mpi_bcast_(void* buffer, MPI_Fint* count, MPI_Fint* datatype, MPI_Fint* root,
+                                  MPI_Fint* comm, MPI_Fint* ierr) {
+  if (!fortran_takes(buffer)) {
+    static const auto mpi =
+        fortran_binding<void (*)(void*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*)>(
+            "mpi_bcast_");
+    mpi(buffer, count, datatype, root, comm, ierr);
+    return;
+  }
+  *ierr = MPI_Bcast(buffer, *count, MPI_Type_f2c(*datatype), *root, MPI_Comm_f2c(*comm));
+}
+
+SQUALL_MPI_EXPORT void mpi_barrier_(MPI_Fint* comm, MPI_Fint* ierr) {
+  *ierr = MPI_Barrier(MPI_Comm_f2c(*comm));
 }
 
 }  // extern "C"
