@@ -887,11 +887,12 @@ void hold_world() {
   inside = was_inside;
 }
 
-/// After PMPI_Init(_thread): reads the settings and agrees them across MPI_COMM_WORLD. Every
-/// rank takes part, whatever its settings: the hashes' max equals a rank's own hash, and the
-/// complements' max its complement, only when all hashes are equal.
+/// After PMPI_Init(_thread), once: reads the settings and agrees them across MPI_COMM_WORLD.
+/// Every rank takes part, whatever its settings: the hashes' max equals a rank's own hash, and
+/// the complements' max its complement, only when all hashes are equal.
 void start() {
   library& l = lib();
+  if (l.keyval != MPI_KEYVAL_INVALID) return;  // a Fortran binding that calls MPI_Init itself
   l.settings = config::from_environment();
   const std::uint64_t mine = l.settings.hash();
   std::array<std::uint64_t, 2> hashes = {mine, ~mine};

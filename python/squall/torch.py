@@ -134,9 +134,10 @@ def allreduce_hook(state, bucket):
     gradients = None
     if state.per_layer:
         gradients = bucket.gradients()
+        begin, end = tensor.data_ptr(), tensor.data_ptr() + 4 * tensor.numel()
         for gradient in gradients:  # views of the buffer, which the future returns
-            if gradient.data_ptr() < tensor.data_ptr() or not gradient.is_contiguous() or \
-                    gradient.data_ptr() + 4 * gradient.numel() > tensor.data_ptr() + 4 * tensor.numel():
+            at = gradient.data_ptr()
+            if at < begin or at + 4 * gradient.numel() > end or not gradient.is_contiguous():
                 raise RuntimeError("squall.torch.allreduce_hook: a bucket gradient that is not "
                                    "a contiguous view of the bucket's buffer")
     return state.start(bucket.index(), tensor, gradients)
