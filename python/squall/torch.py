@@ -130,7 +130,8 @@ def allreduce_hook(state, bucket):
     each of its gradients (per layer)."""
     tensor = bucket.buffer()
     if tensor.dtype != torch.float32:
-        raise TypeError("squall.torch.allreduce_hook: float32 gradients only, not %s" % tensor.dtype)
+        raise TypeError("squall.torch.allreduce_hook: float32 gradients only, not %s"
+                        % tensor.dtype)
     gradients = None
     if state.per_layer:
         gradients = bucket.gradients()
