@@ -36,8 +36,8 @@
 // - never: intercommunicators, user-defined ops, MPI_PROD and the logical, bitwise and
 //   MAXLOC/MINLOC ops, mixed-type signatures, the other non-blocking forms (MPI_Ibarrier,
 //   the -v forms, MPI_Ireduce and friends), MPI_Init not called through this library (then
-//   it stays off), Fortran callers of `use mpi_f08` or of an MPI whose Fortran MPI_IN_PLACE
-//   this library does not know (mpif.h and `use mpi` under Open MPI are taken: the Fortran
+//   it stays off), Fortran callers of an MPI whose Fortran MPI_IN_PLACE this library does
+//   not know (mpif.h, `use mpi` and `use mpi_f08` under Open MPI are taken: the Fortran
 //   section at the end).
 //
 // Environment (read at MPI_Init; every rank must agree):
@@ -1801,18 +1801,19 @@ SQUALL_MPI_EXPORT int squall_mpi_counts(unsigned long long* handled, unsigned lo
 
 }  // extern "C"
 
-// ---- Fortran: mpif.h and `use mpi` -------------------------------------------------------------
+// ---- Fortran: mpif.h, `use mpi` and `use mpi_f08`
+// ------------------------------------------------
 //
-// Open MPI's Fortran bindings (`mpi_allreduce_` in libmpi_mpifh, what gfortran calls for
-// mpif.h and `use mpi`) call PMPI_* directly, so a Fortran program never reaches the C
-// functions above. These take gfortran's names of the same calls, convert the handles and
-// Fortran's MPI_IN_PLACE, and call them; MPI_Init, MPI_Init_thread and MPI_Finalize call the
-// MPI's own binding (found after this library: dlsym RTLD_NEXT) and start or stop squall as
-// the C forms do. Where this library does not know the MPI's Fortran MPI_IN_PLACE and
-// MPI_BOTTOM (Open MPI's common blocks `mpi_fortran_in_place_` and `mpi_fortran_bottom_`),
+// Open MPI's Fortran bindings call PMPI_* directly (`mpi_allreduce_` in libmpi_mpifh, what
+// gfortran calls for mpif.h and `use mpi`, is a weak alias of `ompi_allreduce_f`, which
+// `use mpi_f08`'s `mpi_allreduce_f08_` calls too), so a Fortran program never reaches the C
+// functions above. These take both names of the calls squall takes, convert the handles and
+// Fortran's MPI_IN_PLACE and call the C forms; MPI_Init, MPI_Init_thread and MPI_Finalize call
+// the MPI's own binding (the next definition after this library: dlsym RTLD_NEXT) and start
+// or stop squall as the C forms do. Where this library does not know the MPI's Fortran
+// MPI_IN_PLACE and MPI_BOTTOM (Open MPI's `mpi_fortran_in_place_` and `mpi_fortran_bottom_`),
 // and for any buffer that is MPI_BOTTOM, a call goes to the MPI's own binding unchanged.
-// `use mpi_f08` (Open MPI's `ompi_*_f` entry points) and other compilers' name manglings are
-// not taken: they reach MPI as before.
+// Other compilers' name manglings are not taken: they reach MPI as before.
 
 namespace {
 
@@ -1851,84 +1852,162 @@ const void* fortran_send(const void* buffer) {
   return buffer == sentinels().in_place ? MPI_IN_PLACE : buffer;
 }
 
-}  // namespace
+using init_f = void (*)(MPI_Fint*);
+using init_thread_f = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*);
+using reduce_f = void (*)(void*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*);
+using allgather_f = void (*)(void*, MPI_Fint*, MPI_Fint*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*,
+                             MPI_Fint*);
+using bcast_f = void (*)(void*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*);
 
-extern "C" {
-
-SQUALL_MPI_EXPORT void mpi_init_(MPI_Fint* ierr) {
-  static const auto mpi = fortran_binding<void (*)(MPI_Fint*)>("mpi_init_");
-  mpi(ierr);
+// The calls, each given its name's own binding (`mpi()`, looked up on first use).
+template <class Binding>
+void fortran_init(Binding mpi, MPI_Fint* ierr) {
+  mpi()(ierr);
   if (*ierr == MPI_SUCCESS) start();
 }
 
-SQUALL_MPI_EXPORT void mpi_init_thread_(MPI_Fint* required, MPI_Fint* provided, MPI_Fint* ierr) {
-  static const auto mpi =
-      fortran_binding<void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*)>("mpi_init_thread_");
-  mpi(required, provided, ierr);
+template <class Binding>
+void fortran_init_thread(Binding mpi, MPI_Fint* required, MPI_Fint* provided, MPI_Fint* ierr) {
+  mpi()(required, provided, ierr);
   if (*ierr == MPI_SUCCESS) start();
 }
 
-SQUALL_MPI_EXPORT void mpi_finalize_(MPI_Fint* ierr) {
-  static const auto mpi = fortran_binding<void (*)(MPI_Fint*)>("mpi_finalize_");
+template <class Binding>
+void fortran_finalize(Binding mpi, MPI_Fint* ierr) {
   stop();
-  mpi(ierr);
+  mpi()(ierr);
 }
 
-SQUALL_MPI_EXPORT void mpi_allreduce_(void* sendbuf, void* recvbuf, MPI_Fint* count,
-                                      MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
-                                      MPI_Fint* ierr) {
-  if (!fortran_takes(sendbuf, recvbuf)) {
-    static const auto mpi = fortran_binding<void (*)(void*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*,
-                                                     MPI_Fint*, MPI_Fint*)>("mpi_allreduce_");
-    mpi(sendbuf, recvbuf, count, datatype, op, comm, ierr);
-    return;
-  }
+template <class Binding>
+void fortran_allreduce(Binding mpi, void* sendbuf, void* recvbuf, MPI_Fint* count,
+                       MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm, MPI_Fint* ierr) {
+  if (!fortran_takes(sendbuf, recvbuf))
+    return mpi()(sendbuf, recvbuf, count, datatype, op, comm, ierr);
   *ierr = MPI_Allreduce(fortran_send(sendbuf), recvbuf, *count, MPI_Type_f2c(*datatype),
                         MPI_Op_f2c(*op), MPI_Comm_f2c(*comm));
 }
 
-SQUALL_MPI_EXPORT void mpi_reduce_scatter_block_(void* sendbuf, void* recvbuf, MPI_Fint* recvcount,
-                                                 MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
-                                                 MPI_Fint* ierr) {
+template <class Binding>
+void fortran_reduce_scatter_block(Binding mpi, void* sendbuf, void* recvbuf, MPI_Fint* recvcount,
+                                  MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
+                                  MPI_Fint* ierr) {
   if (!fortran_takes(sendbuf, recvbuf)) {
-    static const auto mpi =
-        fortran_binding<void (*)(void*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*,
-                                 MPI_Fint*)>("mpi_reduce_scatter_block_");
-    mpi(sendbuf, recvbuf, recvcount, datatype, op, comm, ierr);
-    return;
+    return mpi()(sendbuf, recvbuf, recvcount, datatype, op, comm, ierr);
   }
   *ierr = MPI_Reduce_scatter_block(fortran_send(sendbuf), recvbuf, *recvcount,
                                    MPI_Type_f2c(*datatype), MPI_Op_f2c(*op), MPI_Comm_f2c(*comm));
 }
 
-SQUALL_MPI_EXPORT void mpi_allgather_(void* sendbuf, MPI_Fint* sendcount, MPI_Fint* sendtype,
-                                      void* recvbuf, MPI_Fint* recvcount, MPI_Fint* recvtype,
-                                      MPI_Fint* comm, MPI_Fint* ierr) {
+template <class Binding>
+void fortran_allgather(Binding mpi, void* sendbuf, MPI_Fint* sendcount, MPI_Fint* sendtype,
+                       void* recvbuf, MPI_Fint* recvcount, MPI_Fint* recvtype, MPI_Fint* comm,
+                       MPI_Fint* ierr) {
   if (!fortran_takes(sendbuf, recvbuf)) {
-    static const auto mpi =
-        fortran_binding<void (*)(void*, MPI_Fint*, MPI_Fint*, void*, MPI_Fint*, MPI_Fint*,
-                                 MPI_Fint*, MPI_Fint*)>("mpi_allgather_");
-    mpi(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, ierr);
-    return;
+    return mpi()(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, ierr);
   }
   *ierr = MPI_Allgather(fortran_send(sendbuf), *sendcount, MPI_Type_f2c(*sendtype), recvbuf,
                         *recvcount, MPI_Type_f2c(*recvtype), MPI_Comm_f2c(*comm));
 }
 
-SQUALL_MPI_EXPORT void mpi_bcast_(void* buffer, MPI_Fint* count, MPI_Fint* datatype, MPI_Fint* root,
-                                  MPI_Fint* comm, MPI_Fint* ierr) {
-  if (!fortran_takes(buffer)) {
-    static const auto mpi =
-        fortran_binding<void (*)(void*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*)>(
-            "mpi_bcast_");
-    mpi(buffer, count, datatype, root, comm, ierr);
-    return;
-  }
+template <class Binding>
+void fortran_bcast(Binding mpi, void* buffer, MPI_Fint* count, MPI_Fint* datatype, MPI_Fint* root,
+                   MPI_Fint* comm, MPI_Fint* ierr) {
+  if (!fortran_takes(buffer)) return mpi()(buffer, count, datatype, root, comm, ierr);
   *ierr = MPI_Bcast(buffer, *count, MPI_Type_f2c(*datatype), *root, MPI_Comm_f2c(*comm));
 }
 
-SQUALL_MPI_EXPORT void mpi_barrier_(MPI_Fint* comm, MPI_Fint* ierr) {
-  *ierr = MPI_Barrier(MPI_Comm_f2c(*comm));
+void fortran_barrier(MPI_Fint* comm, MPI_Fint* ierr) { *ierr = MPI_Barrier(MPI_Comm_f2c(*comm)); }
+
+}  // namespace
+
+// The binding of `name`, looked up once, on first use.
+#define SQUALL_MPI_FORTRAN_BINDING(type, name)         \
+  [] {                                                 \
+    static const type f = fortran_binding<type>(name); \
+    return f;                                          \
+  }
+
+extern "C" {
+
+// gfortran's names (mpif.h, `use mpi`), then Open MPI's (`use mpi_f08`)
+SQUALL_MPI_EXPORT void mpi_init_(MPI_Fint* ierr) {
+  fortran_init(SQUALL_MPI_FORTRAN_BINDING(init_f, "mpi_init_"), ierr);
+}
+SQUALL_MPI_EXPORT void ompi_init_f(MPI_Fint* ierr) {
+  fortran_init(SQUALL_MPI_FORTRAN_BINDING(init_f, "ompi_init_f"), ierr);
+}
+
+SQUALL_MPI_EXPORT void mpi_init_thread_(MPI_Fint* required, MPI_Fint* provided, MPI_Fint* ierr) {
+  fortran_init_thread(SQUALL_MPI_FORTRAN_BINDING(init_thread_f, "mpi_init_thread_"), required,
+                      provided, ierr);
+}
+SQUALL_MPI_EXPORT void ompi_init_thread_f(MPI_Fint* required, MPI_Fint* provided, MPI_Fint* ierr) {
+  fortran_init_thread(SQUALL_MPI_FORTRAN_BINDING(init_thread_f, "ompi_init_thread_f"), required,
+                      provided, ierr);
+}
+
+SQUALL_MPI_EXPORT void mpi_finalize_(MPI_Fint* ierr) {
+  fortran_finalize(SQUALL_MPI_FORTRAN_BINDING(init_f, "mpi_finalize_"), ierr);
+}
+SQUALL_MPI_EXPORT void ompi_finalize_f(MPI_Fint* ierr) {
+  fortran_finalize(SQUALL_MPI_FORTRAN_BINDING(init_f, "ompi_finalize_f"), ierr);
+}
+
+SQUALL_MPI_EXPORT void mpi_allreduce_(void* sendbuf, void* recvbuf, MPI_Fint* count,
+                                      MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
+                                      MPI_Fint* ierr) {
+  fortran_allreduce(SQUALL_MPI_FORTRAN_BINDING(reduce_f, "mpi_allreduce_"), sendbuf, recvbuf, count,
+                    datatype, op, comm, ierr);
+}
+SQUALL_MPI_EXPORT void ompi_allreduce_f(void* sendbuf, void* recvbuf, MPI_Fint* count,
+                                        MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
+                                        MPI_Fint* ierr) {
+  fortran_allreduce(SQUALL_MPI_FORTRAN_BINDING(reduce_f, "ompi_allreduce_f"), sendbuf, recvbuf,
+                    count, datatype, op, comm, ierr);
+}
+
+SQUALL_MPI_EXPORT void mpi_reduce_scatter_block_(void* sendbuf, void* recvbuf, MPI_Fint* recvcount,
+                                                 MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
+                                                 MPI_Fint* ierr) {
+  fortran_reduce_scatter_block(SQUALL_MPI_FORTRAN_BINDING(reduce_f, "mpi_reduce_scatter_block_"),
+                               sendbuf, recvbuf, recvcount, datatype, op, comm, ierr);
+}
+SQUALL_MPI_EXPORT void ompi_reduce_scatter_block_f(void* sendbuf, void* recvbuf,
+                                                   MPI_Fint* recvcount, MPI_Fint* datatype,
+                                                   MPI_Fint* op, MPI_Fint* comm, MPI_Fint* ierr) {
+  fortran_reduce_scatter_block(SQUALL_MPI_FORTRAN_BINDING(reduce_f, "ompi_reduce_scatter_block_f"),
+                               sendbuf, recvbuf, recvcount, datatype, op, comm, ierr);
+}
+
+SQUALL_MPI_EXPORT void mpi_allgather_(void* sendbuf, MPI_Fint* sendcount, MPI_Fint* sendtype,
+                                      void* recvbuf, MPI_Fint* recvcount, MPI_Fint* recvtype,
+                                      MPI_Fint* comm, MPI_Fint* ierr) {
+  fortran_allgather(SQUALL_MPI_FORTRAN_BINDING(allgather_f, "mpi_allgather_"), sendbuf, sendcount,
+                    sendtype, recvbuf, recvcount, recvtype, comm, ierr);
+}
+SQUALL_MPI_EXPORT void ompi_allgather_f(void* sendbuf, MPI_Fint* sendcount, MPI_Fint* sendtype,
+                                        void* recvbuf, MPI_Fint* recvcount, MPI_Fint* recvtype,
+                                        MPI_Fint* comm, MPI_Fint* ierr) {
+  fortran_allgather(SQUALL_MPI_FORTRAN_BINDING(allgather_f, "ompi_allgather_f"), sendbuf, sendcount,
+                    sendtype, recvbuf, recvcount, recvtype, comm, ierr);
+}
+
+SQUALL_MPI_EXPORT void mpi_bcast_(void* buffer, MPI_Fint* count, MPI_Fint* datatype, MPI_Fint* root,
+                                  MPI_Fint* comm, MPI_Fint* ierr) {
+  fortran_bcast(SQUALL_MPI_FORTRAN_BINDING(bcast_f, "mpi_bcast_"), buffer, count, datatype, root,
+                comm, ierr);
+}
+SQUALL_MPI_EXPORT void ompi_bcast_f(void* buffer, MPI_Fint* count, MPI_Fint* datatype,
+                                    MPI_Fint* root, MPI_Fint* comm, MPI_Fint* ierr) {
+  fortran_bcast(SQUALL_MPI_FORTRAN_BINDING(bcast_f, "ompi_bcast_f"), buffer, count, datatype, root,
+                comm, ierr);
+}
+
+SQUALL_MPI_EXPORT void mpi_barrier_(MPI_Fint* comm, MPI_Fint* ierr) { fortran_barrier(comm, ierr); }
+SQUALL_MPI_EXPORT void ompi_barrier_f(MPI_Fint* comm, MPI_Fint* ierr) {
+  fortran_barrier(comm, ierr);
 }
 
 }  // extern "C"
+
+#undef SQUALL_MPI_FORTRAN_BINDING

@@ -1,11 +1,16 @@
 ! SPDX-License-Identifier: Apache-2.0
-! An unmodified Fortran MPI program (`use mpi`, gfortran) for libsquall_mpi.so's Fortran
-! bindings (ctest collective.fortran_interposed.np*): allreduce (out of place and in place,
+! An unmodified Fortran MPI program (`use mpi`, or `use mpi_f08` built with SQUALL_F08;
+! gfortran) for libsquall_mpi.so's Fortran bindings (ctest collective.fortran_interposed.np*
+! and collective.fortran_f08_interposed.np*): allreduce (out of place and in place,
 ! double sums and integer maxima), reduce_scatter_block, allgather (and in place), bcast from
 ! the last rank and barrier, each checked against the result computed here in full (small
 ! integers: exact in any order). Prints one line per check; stops with status 1 on a wrong one.
 program fortran_collectives
+#ifdef SQUALL_F08
+  use mpi_f08
+#else
   use mpi
+#endif
   implicit none
   integer, parameter :: n = 30000
   integer :: ierr, rank, size, i, r
