@@ -8,13 +8,20 @@
 //
 //   mpiexec -n P env LD_PRELOAD=libsquall_mpi.so squall-mpi-bench [--op allreduce|iallreduce|
 //       allgather|iallgather|reduce_scatter|ireduce_scatter|bcast|ibcast|barrier] [-b 4K]
-//       [-e 256M] [-f 4] [--reps 5]
+//       [-e 256M] [-f 4] [--reps 5] [--warmup N] [--cold BYTES]
 //
 // Sizes from -b to -e, each -f times the last. Per size (bytes of the whole result, as nccl-tests
 // counts): the time of one call (best of
 // --reps timed loops, each the slowest rank's mean), busbw of the squall column, the ratio MPI
 // time / squall time (> 1: squall faster), and #wrong: elements of the squall result that
 // differ from PMPI's (the data are small integers, so every sum is exact in any order).
+//
+// As osu_allreduce, each timed loop follows untimed warm-up calls of the same column (--warmup,
+// default 10, as OSU's skip for large messages): the
+// columns alternate, so without them a loop's first calls would pay for the caches the other
+// library's loop left. --cold BYTES measures the opposite case, a call after the program's own
+// work: before every call each rank writes BYTES of other memory (untimed, then a barrier),
+// and the call alone is timed.
 #include <mpi.h>
 
 #include <algorithm>
@@ -106,6 +113,8 @@ int main(int argc, char** argv) {
   std::string op = "allreduce";
   std::size_t first = 4096, last = std::size_t{256} << 20;
   int reps = 5;
+  int warmup = 10;
+  std::size_t cold = 0;  // bytes written between calls; 0: calls back to back
   std::size_t factor_step = 4;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
@@ -119,6 +128,10 @@ int main(int argc, char** argv) {
       factor_step = std::max<std::size_t>(2, std::strtoull(argv[i + 1], nullptr, 10));
     } else if (flag == "--reps") {
       reps = std::max(1, std::atoi(argv[i + 1]));
+    } else if (flag == "--warmup") {
+      warmup = std::max(0, std::atoi(argv[i + 1]));
+    } else if (flag == "--cold") {
+      cold = parse_bytes(argv[i + 1]);
     } else {
       if (rank == 0) std::fprintf(stderr, "squall-mpi-bench: unknown flag %s\n", argv[i]);
       MPI_Abort(MPI_COMM_WORLD, 2);
@@ -131,6 +144,7 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const bool interposed = dlsym(RTLD_DEFAULT, "squall_mpi_counts") != nullptr;
+  std::vector<char> junk(cold);
   if (op == "barrier") {  // libsquall_mpi takes a barrier once a call it took made its state
     std::vector<float> warm(1 << 20, 1.0f);
     MPI_Allreduce(MPI_IN_PLACE, warm.data(), static_cast<int>(warm.size()), MPI_FLOAT, MPI_SUM,
@@ -148,6 +162,11 @@ int main(int argc, char** argv) {
     std::printf("# squall-mpi-bench: %s of float32 sums, %d ranks on %s; squall column: %s\n",
                 op.c_str(), size, host,
                 interposed ? "libsquall_mpi.so (interposed MPI_*)" : "MPI_* (not interposed)");
+    if (cold == 0) {
+      std::printf("# calls back to back after %d warm-up calls\n", warmup);
+    } else {
+      std::printf("# cold: %zu bytes written before every call\n", cold);
+    }
     std::printf("%12s %11s %11s %11s %10s %9s %7s\n", "bytes", "count", "MPI us", "squall us",
                 "busbw GB/s", "MPI/squall", "#wrong");
   }
@@ -179,10 +198,25 @@ int main(int argc, char** argv) {
     for (int r = 0; r < reps; ++r) {
       for (int which = 0; which < 2; ++which) {
         std::vector<float>& target = which == 0 ? reference : out;
-        MPI_Barrier(MPI_COMM_WORLD);
-        const double start = MPI_Wtime();
-        for (int i = 0; i < iterations; ++i) run_op(op, in, target, count, which == 0, size);
-        double seconds = (MPI_Wtime() - start) / iterations;
+        double seconds = 0;
+        if (cold == 0) {
+          for (int i = 0; i < warmup; ++i) {
+            run_op(op, in, target, count, which == 0, size);
+          }
+          PMPI_Barrier(MPI_COMM_WORLD);
+          const double start = MPI_Wtime();
+          for (int i = 0; i < iterations; ++i) run_op(op, in, target, count, which == 0, size);
+          seconds = (MPI_Wtime() - start) / iterations;
+        } else {
+          for (int i = 0; i < iterations; ++i) {
+            std::memset(junk.data(), (r + i) & 0xff, junk.size());
+            PMPI_Barrier(MPI_COMM_WORLD);
+            const double start = MPI_Wtime();
+            run_op(op, in, target, count, which == 0, size);
+            seconds += MPI_Wtime() - start;
+          }
+          seconds /= iterations;
+        }
         MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         best[which] = std::min(best[which], seconds);
       }
