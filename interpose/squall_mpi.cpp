@@ -36,8 +36,8 @@
 // - never: intercommunicators, user-defined ops, MPI_PROD and the logical, bitwise and
 //   MAXLOC/MINLOC ops, mixed-type signatures, the other non-blocking forms (MPI_Ibarrier,
 //   the -v forms, MPI_Ireduce and friends), MPI_Init not called through this library (then
-//   it stays off), Fortran callers of an MPI whose Fortran MPI_IN_PLACE this library does
-//   not know (mpif.h, `use mpi` and `use mpi_f08` under Open MPI are taken: the Fortran
+//   it stays off), MPICH's `use mpi_f08` callers (mpif.h, `use mpi` and `use mpi_f08`
+//   under Open MPI and mpif.h and `use mpi` under MPICH are taken: the Fortran
 //   section at the end).
 //
 // Environment (read at MPI_Init; every rank must agree):
@@ -48,6 +48,9 @@
 //                         MPI_Ireduce_scatter_block and MPI_Ibcast handled (default 256K: below
 //                         it the progress thread's hand-off made MPI_Iallreduce slower than
 //                         Open MPI's).
+//   SQUALL_MPI_WINDOW_COPY_BYTES  squall's collective_tuning::window_copy_bytes on shared
+//                         memory (default 2M; 0: cross-memory reads from 64 KiB, which some
+//                         machines copy faster: docs/performance.md).
 //   SQUALL_MPI_TOPOLOGY   automatic (default), ring, tree, direct or halving_doubling.
 //   SQUALL_MPI_TRANSPORT  auto (default: shared memory on one host; across hosts the allreduce
 //                         in tiers, the rest on MPI), shm or mpi (mpi_transport alone, even on
@@ -157,6 +160,10 @@ struct config {
   /// hand-off to squall's progress thread and the polling wait cost more than squall saves
   /// (squall-mpi-bench --op iallreduce: 0.45-0.86x of Open MPI's time at 16-64 KiB, P = 2).
   std::uint64_t iallreduce_min_bytes = std::uint64_t{256} << 10;
+  /// SQUALL_MPI_WINDOW_COPY_BYTES: `collective_tuning::window_copy_bytes` of squall's
+  /// shared-memory communicators (which copy cheaper, the windows or cross-memory reads, is
+  /// the machine's: docs/performance.md).
+  std::uint64_t window_copy_bytes = squall::collective_tuning{}.window_copy_bytes;
   std::string topology = "automatic";
   std::string transport = "auto";
   /// SQUALL_RANKS_PER_NODE: that many consecutive ranks of a communicator form one node (to
@@ -219,6 +226,7 @@ struct config {
     };
     bytes("SQUALL_MPI_MIN_BYTES", c.min_bytes);
     bytes("SQUALL_MPI_IALLREDUCE_MIN_BYTES", c.iallreduce_min_bytes);
+    bytes("SQUALL_MPI_WINDOW_COPY_BYTES", c.window_copy_bytes);
     if (const char* text = std::getenv("SQUALL_MPI_TOPOLOGY")) {
       c.topology = text;
       try {
@@ -290,11 +298,11 @@ struct config {
   /// What every rank must hold alike: every setting, since each changes a route or, with
   /// `stats`, a collective at MPI_Finalize.
   std::uint64_t hash() const {
-    std::string text = std::to_string(enable) + "/" + std::to_string(min_bytes) + "/" +
-                       std::to_string(iallreduce_min_bytes) + "/" + topology + "/" + transport +
-                       "/" + std::to_string(ranks_per_node) + "/" + compressor + "/" +
-                       std::to_string(verbose) + std::to_string(stats) +
-                       std::to_string(bcast_by_default) + "/";
+    std::string text =
+        std::to_string(enable) + "/" + std::to_string(min_bytes) + "/" +
+        std::to_string(iallreduce_min_bytes) + "/" + std::to_string(window_copy_bytes) + "/" +
+        topology + "/" + transport + "/" + std::to_string(ranks_per_node) + "/" + compressor + "/" +
+        std::to_string(verbose) + std::to_string(stats) + std::to_string(bcast_by_default) + "/";
     for (const bool take : takes) text += take ? '1' : '0';
     for (const std::string& name : compress_only) text += "/" + name;
     return squall::detail::fnv1a64(text.data(), text.size());
@@ -724,6 +732,8 @@ comm_state& make_state(MPI_Comm comm) {
   const bool hierarchical = l.settings.transport == "auto" && !one_node && widths[0] > 1;
   const squall::automatic_topology topology{.model =
                                                 squall::cost_model::of_name(l.settings.topology)};
+  squall::collective_tuning tuning;
+  tuning.window_copy_bytes = static_cast<std::size_t>(l.settings.window_copy_bytes);
   // Compress here only if every rank's name of the communicator is on the list (names are
   // set per rank, so they are agreed).
   const std::vector<std::string>& only = l.settings.compress_only;
@@ -739,9 +749,10 @@ comm_state& make_state(MPI_Comm comm) {
     using transport_type = decltype(transport);
     const auto with = [&]<class C>(C compressor) {
       using holder = squall_communicator<transport_type, C>;
-      target = holder{std::make_unique<typename holder::type>(std::move(transport), topology,
-                                                              std::move(compressor)),
-                      {}};
+      target = holder{
+          std::make_unique<typename holder::type>(std::move(transport), topology,
+                                                  std::move(compressor), squall::options{}, tuning),
+          {}};
     };
     if (compressing) {
       squall::visit_elementwise_compressor(squall::parse_compressor(l.settings.compressor), with);
@@ -769,7 +780,7 @@ comm_state& make_state(MPI_Comm comm) {
     PMPI_Comm_split(state->own, color, rank, &t->cross_comm);
     t->node = {std::make_unique<
                    squall_communicator<squall::shm_transport, squall::identity_compressor>::type>(
-                   shm_over(node), topology),
+                   shm_over(node), topology, squall::options{}, tuning),
                {}};
     if (t->cross_comm != MPI_COMM_NULL) {
       install(t->cross, squall::mpi_transport(t->cross_comm), compress == 1);
@@ -788,12 +799,16 @@ comm_state& make_state(MPI_Comm comm) {
     const std::string bcasts = !l.settings.bcast_by_default ? ""
                                : state->one_host            ? ", MPI_Bcast up to 1 MiB"
                                                             : ", MPI_Bcast left to MPI";
+    const std::string windows =
+        l.settings.window_copy_bytes == squall::collective_tuning{}.window_copy_bytes
+            ? ""
+            : ", window copies up to " + std::to_string(l.settings.window_copy_bytes) + " bytes";
     std::fprintf(stderr,
                  "squall_mpi: communicator '%s' (%d ranks): squall's collectives over %s, "
-                 "topology %s, for calls of >= %llu bytes%s%s; the rest goes to MPI\n",
+                 "topology %s, for calls of >= %llu bytes%s%s%s; the rest goes to MPI\n",
                  name_of(comm).c_str(), size, state->transport.c_str(), l.settings.topology.c_str(),
                  static_cast<unsigned long long>(l.settings.min_bytes), bcasts.c_str(),
-                 compressed.c_str());
+                 compressed.c_str(), windows.c_str());
   }
   comm_state& result = *state;
   {
@@ -1813,7 +1828,9 @@ SQUALL_MPI_EXPORT int squall_mpi_counts(unsigned long long* handled, unsigned lo
 // or stop squall as the C forms do. Where this library does not know the MPI's Fortran
 // MPI_IN_PLACE and MPI_BOTTOM (Open MPI's `mpi_fortran_in_place_` and `mpi_fortran_bottom_`),
 // and for any buffer that is MPI_BOTTOM, a call goes to the MPI's own binding unchanged.
-// Other compilers' name manglings are not taken: they reach MPI as before.
+// MPICH's mpif.h and `use mpi` bindings go that way and are still taken: they call the C
+// MPI_* functions above (its `use mpi_f08` bindings call PMPI_* from internal functions, and
+// are not). Other compilers' name manglings are not taken: they reach MPI as before.
 
 namespace {
 
