@@ -7,13 +7,15 @@
 //                [--transport shm|mpi] [--dtype float|double|int32|int64|float16|bfloat16]
 //                [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] [--chunk BYTES]
 //                [--peer-memory BYTES] [--window-copy BYTES] [--non-temporal BYTES]
+//                [--whole-reduce BYTES]
 //                [--no-check] [--registered] [--fresh] [--calibrate] [--csv FILE] [--json FILE]
 //                [--compressor none|cast:bf16|topk:0.01+ef|qsgd:4|powersgd:4|...[,..]]
 //                [--aggregation automatic|linear|low_rank|per_hop|gtopk|gather]
 //                [--link-rate 1gbit]
 //
-// --chunk, --peer-memory, --window-copy and --non-temporal override collective_tuning's
-// chunk_bytes, peer_memory_bytes, window_copy_bytes and non_temporal_bytes (0: never).
+// --chunk, --peer-memory, --window-copy, --non-temporal and --whole-reduce override
+// collective_tuning's chunk_bytes, peer_memory_bytes, window_copy_bytes, non_temporal_bytes
+// and whole_reduce_bytes (0: never).
 // --registered (shm, dense): each communicator's input and output are registered memory
 // (shm_transport::allocate, every rank maps them: plain loads and stores between ranks,
 // issue 22), not the heap; the time to allocate and map them is printed once.
@@ -101,6 +103,7 @@ const std::vector<std::string> all_topologies = {
       "hierarchical|automatic[,...]] [--transport shm|mpi] [--dtype float|double|int32|"
       "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
       "[--chunk BYTES] [--peer-memory BYTES] [--window-copy BYTES] [--non-temporal BYTES] "
+      "[--whole-reduce BYTES] "
       "[--no-check] [--registered] [--fresh] "
       "[--calibrate] "
       "[--csv FILE] [--json FILE] "
@@ -177,6 +180,8 @@ settings parse(int argc, char** argv) {
       s.peer_memory = parse_size(value());
     else if (a == "--window-copy")
       s.window_copy = static_cast<long long>(parse_size(value()));
+    else if (a == "--whole-reduce")
+      s.whole_reduce = static_cast<long long>(parse_size(value()));
     else if (a == "--non-temporal")
       s.non_temporal = static_cast<long long>(parse_size(value()));
     else if (a == "--no-check")
@@ -551,6 +556,9 @@ std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string&
   if (s_.chunk != 0) tuning.chunk_bytes = s_.chunk;
   if (s_.peer_memory != 0) tuning.peer_memory_bytes = s_.peer_memory;
   if (s_.window_copy >= 0) tuning.window_copy_bytes = static_cast<std::size_t>(s_.window_copy);
+  if (s_.whole_reduce >= 0) {
+    tuning.whole_reduce_bytes = static_cast<std::size_t>(s_.whole_reduce);
+  }
   if (s_.non_temporal >= 0) tuning.non_temporal_bytes = static_cast<std::size_t>(s_.non_temporal);
   tuning.aggregation = s_.aggregation;
   tuning = spec.tuned(tuning);

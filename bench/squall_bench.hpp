@@ -44,6 +44,7 @@ struct settings {
   std::size_t chunk = 0;        // 0: the default collective_tuning
   std::size_t peer_memory = 0;  // 0: the default collective_tuning
   long long window_copy = -1;   // < 0: the default collective_tuning
+  long long whole_reduce = -1;  // < 0: the default collective_tuning
   long long non_temporal = -1;  // < 0: the default collective_tuning
   bool check = true;
   bool registered = false;  // --registered: shm buffers every rank maps (issue 22)

@@ -377,6 +377,16 @@ class dense_core {
         return;
       }
     }
+    if constexpr (direct_transport<Transport>) {
+      if (s.one_shot && size() == 2 && bytes <= tuning_.whole_reduce_bytes &&
+          fits_half_window(bytes)) {
+        settle();
+        executor().allreduce_windows_whole(reinterpret_cast<const std::byte*>(in),
+                                           reinterpret_cast<std::byte*>(out), count, r,
+                                           window_round_, check_after_barrier());
+        return;
+      }
+    }
     if (in != out && count != 0) {
       r.copy(reinterpret_cast<std::byte*>(out), reinterpret_cast<const std::byte*>(in),
              count * r.element_bytes);

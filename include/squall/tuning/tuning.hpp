@@ -52,6 +52,15 @@ struct collective_tuning {
   /// 1.22-1.52x at 3 and 1.10-1.59x at 4, but 0.87-0.99x at 2 (it keeps the peer-memory
   /// path). 0: never.
   std::size_t window_copy_bytes = std::size_t{2} << 20;
+  /// An allreduce of two ranks whose input is at most this many bytes (and that fits half a
+  /// window, below `peer_memory_bytes`) runs in one barrier: both ranks publish their inputs
+  /// and each reduces the whole result out of both windows (`allreduce_windows_whole`; a + b
+  /// is b + a, so the same bits as the slices), instead of reducing its half and copying the
+  /// other's back after a second barrier. Measured with squall-bench `--whole-reduce` on the
+  /// 2-core Intel VM, three runs, us: 16 KiB 5.2 / 5.5 / 4.8 before, 4.4 / 5.1 / 4.7 after,
+  /// 32 KiB 9.1 / 9.8 / 8.5 against 7.7 / 8.5 / 8.0; at 3 and 4 ranks, where every rank
+  /// would read P inputs instead of one slice of each, it was as fast or slower. 0: never.
+  std::size_t whole_reduce_bytes = std::size_t{64} << 10;
   /// From this many bytes of output a peer-memory collective writes its outputs (its own, and
   /// the peers' where it reaches them through registered memory) with non-temporal stores:
   /// each reduced piece is made in a cache-sized scratch and streamed out, so no output line

@@ -239,6 +239,28 @@ class executor {
     }
   }
 
+  /// The one-barrier allreduce through the windows, for small inputs (`count` elements that
+  /// fit half a window; two ranks or more): this rank's input into its window, a barrier, then
+  /// the whole result reduced out of every window into `out`, the windows taken in rank order
+  /// 0, 1, ..., P - 1 on every rank (so every rank computes the same bits). One barrier and no
+  /// copy back where `run_one_shot` has two barriers and copies every reduced slice back, for
+  /// every rank reading all P inputs rather than its slice of them: the cheaper trade at two
+  /// ranks (`collective_tuning::whole_reduce_bytes`). `in` may be `out`. `after_barrier()` as
+  /// in `run_one_shot`.
+  template <class Check>
+  void allreduce_windows_whole(const std::byte* in, std::byte* out, std::size_t count,
+                               const reducer& r, std::size_t& round,
+                               Check&& after_barrier) requires direct_transport<Transport> {
+    const int size = transport_.size();
+    const std::size_t bytes = count * r.element_bytes;
+    const std::size_t half = publish(in, bytes, r, round, true, after_barrier);
+    r.reduce(out, window_of(0, half), window_of(1, half), count);  // two ranks or more
+    for (int q = 2; q < size; ++q) r.reduce_into(out, window_of(q, half), count);
+    r.settle();
+    const auto others = static_cast<std::uint64_t>(size - 1) * bytes;
+    wire_.count(others, others);  // the peers read this rank's input; it reads theirs
+  }
+
   /// Allgather through the windows (direct transports; a block that fits half a window):
   /// this rank's block into its window, a barrier, then every peer's block out of its window
   /// into `out`. One barrier, where `run_one_shot`'s rounds have two: the window's halves
