@@ -163,7 +163,9 @@ struct config {
   /// SQUALL_MPI_WINDOW_COPY_BYTES: `collective_tuning::window_copy_bytes` of squall's
   /// shared-memory communicators (which copy cheaper, the windows or cross-memory reads, is
   /// the machine's: docs/performance.md).
-  std::uint64_t window_copy_bytes = squall::collective_tuning{}.window_copy_bytes;
+  static constexpr std::uint64_t default_window_copy_bytes =
+      squall::collective_tuning{}.window_copy_bytes;
+  std::uint64_t window_copy_bytes = default_window_copy_bytes;
   std::string topology = "automatic";
   std::string transport = "auto";
   /// SQUALL_RANKS_PER_NODE: that many consecutive ranks of a communicator form one node (to
@@ -800,7 +802,7 @@ comm_state& make_state(MPI_Comm comm) {
                                : state->one_host            ? ", MPI_Bcast up to 1 MiB"
                                                             : ", MPI_Bcast left to MPI";
     const std::string windows =
-        l.settings.window_copy_bytes == squall::collective_tuning{}.window_copy_bytes
+        l.settings.window_copy_bytes == config::default_window_copy_bytes
             ? ""
             : ", window copies up to " + std::to_string(l.settings.window_copy_bytes) + " bytes";
     std::fprintf(stderr,
