@@ -41,8 +41,11 @@
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 /// Lets g++ if-convert (and so vectorize) loops of floating-point selects and conversions by
 /// assuming no floating-point operation traps, which squall never enables (-fno-trapping-math
-/// for this function only; results are unchanged). Empty elsewhere.
-#define SQUALL_NO_TRAPPING_MATH __attribute__((optimize("no-trapping-math")))
+/// for this function only; results are unchanged), and keeps every product rounded before a
+/// sum (-ffp-contract=off: g++ contracts by default in C++, and would fuse them into FMAs in
+/// the x86-64-v3 clone of `SQUALL_HOST_CLONES` only, so the bits would depend on the CPU and
+/// differ from the baseline clone's and the CUDA twins'). Empty elsewhere.
+#define SQUALL_NO_TRAPPING_MATH __attribute__((optimize("no-trapping-math", "fp-contract=off")))
 #else
 #define SQUALL_NO_TRAPPING_MATH
 #endif
