@@ -12,6 +12,7 @@
 #include <squall/compress/by_name.hpp>
 #include <squall/compress/homomorphic.hpp>
 #include <squall/compress/linear_body.hpp>
+#include <squall/kernels/host/homomorphic_phases.hpp>
 
 #include <doctest/doctest.h>
 
@@ -22,6 +23,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>  // pair
 #include <vector>
 
 #include "../support/compressed_reference.hpp"
@@ -51,6 +53,119 @@ double scale_of(const std::vector<std::byte>& payload) {
   return s;
 }
 
+// ---- the CUDA kernels' phases (kernels/host/homomorphic_phases.hpp), thread by thread --------
+// What kernels/cuda/homomorphic.cuh runs on each CUDA block, with the barriers made sequence
+// points: every thread finishes a phase before any starts the next. `threads` is the block's
+// size (the kernels use 256; others show that no phase depends on it).
+namespace phase = squall::kernels::hq_phase;
+
+template <class F>
+void each_thread(unsigned threads, F&& f) {
+  for (unsigned t = 0; t < threads; ++t) f(t);
+}
+
+template <class T>
+T norm_of_block(std::size_t n) {
+  return static_cast<T>(1) / std::sqrt(static_cast<T>(n));
+}
+
+template <class T>
+void rotate_block(unsigned threads, std::vector<T>& v, std::size_t length, T norm) {
+  for (std::size_t h = 1; h < length; h *= 2) {
+    each_thread(threads, [&](unsigned t) {
+      phase::butterflies(t, threads, v.data(), length, h, phase::stage_scale(h, length, norm));
+    });
+  }
+}
+
+/// hq_encode_kernel's words; a word written twice where `alone` said it was the block's own,
+/// or stored over another block's bits, fails the test.
+template <class T>
+std::vector<std::uint64_t> phases_encode(const squall::kernels::hq_shape& s, const T* in,
+                                         double scale, std::uint64_t seed,
+                                         squall::random_stream stream, unsigned threads,
+                                         std::size_t& first_bad) {
+  const std::uint32_t levels = squall::kernels::hq_levels(s.bits);
+  const T inverse_step = scale > 0 ? static_cast<T>(levels / scale) : T{0};
+  std::vector<std::uint64_t> words(s.words(), 0);
+  std::vector<int> writes(s.words(), 0);
+  first_bad = s.count;
+  for (std::size_t k = 0; k < s.blocks(); ++k) {
+    const std::size_t first = k * squall::kernels::hq_max_block;
+    const std::size_t length = phase::block_length(s.count, k, s.rotate);
+    REQUIRE(length == s.block_length(k));
+    std::vector<std::uint32_t> signs(phase::sign_words);
+    std::vector<std::uint32_t> draws(phase::draw_words<T>);
+    std::vector<T> v(length);
+    std::vector<std::uint8_t> codes(length);
+    each_thread(threads, [&](unsigned t) {
+      if (s.rotate) phase::signs(t, threads, s.seed, s.step, k, length, signs.data());
+      phase::draws<T>(t, threads, seed, stream, first, length, draws.data());
+    });
+    each_thread(threads, [&](unsigned t) {
+      phase::load(t, threads, in, s.count, first, length, s.rotate, signs.data(), v.data());
+    });
+    for (std::size_t j = 0; j < length && first + j < s.count; ++j) {
+      if (!std::isfinite(in[first + j])) first_bad = std::min(first_bad, first + j);
+    }
+    if (s.rotate) {
+      rotate_block(threads, v, length,
+                   norm_of_block<T>(k + 1 == s.blocks() ? length : squall::kernels::hq_max_block));
+    }
+    each_thread(threads, [&](unsigned t) {
+      phase::codes(t, threads, v.data(), length, draws.data(), inverse_step, levels, codes.data());
+    });
+    each_thread(threads, [&](unsigned t) {
+      phase::pack(t, threads, codes.data(), first, length, s.padded(), s.field, s.words(),
+                  [&](std::size_t w, std::uint64_t bits, bool alone) {
+                    REQUIRE(w < words.size());
+                    if (alone) {
+                      REQUIRE(writes[w] == 0);
+                      words[w] = bits;
+                    } else {
+                      REQUIRE((words[w] & bits) == 0);
+                      words[w] |= bits;
+                    }
+                    ++writes[w];
+                  });
+    });
+  }
+  return words;
+}
+
+/// hq_decode_kernel's values.
+template <class T>
+std::vector<T> phases_decode(const squall::kernels::hq_shape& s, const std::uint64_t* words,
+                             std::uint64_t contributions, double scale, unsigned threads,
+                             std::size_t& first_bad) {
+  const std::uint32_t levels = squall::kernels::hq_levels(s.bits);
+  const auto offset = static_cast<T>(static_cast<double>(contributions * levels));
+  const auto step = static_cast<T>(scale / levels);
+  std::vector<T> out(s.count, T(7));
+  first_bad = s.count;
+  for (std::size_t k = 0; k < s.blocks(); ++k) {
+    const std::size_t first = k * squall::kernels::hq_max_block;
+    const std::size_t length = phase::block_length(s.count, k, s.rotate);
+    std::vector<std::uint32_t> signs(phase::sign_words);
+    std::vector<T> v(length);
+    each_thread(threads, [&](unsigned t) {
+      if (s.rotate) phase::signs(t, threads, s.seed, s.step, k, length, signs.data());
+      phase::unpack(t, threads, words, first, length, s.field, contributions * 2u * levels, offset,
+                    step, v.data(), [&](std::size_t e) {
+                      first_bad = std::min(first_bad, e < s.count ? e : s.count - 1);
+                    });
+    });
+    if (s.rotate) {
+      rotate_block(threads, v, length,
+                   norm_of_block<T>(k + 1 == s.blocks() ? length : squall::kernels::hq_max_block));
+    }
+    const std::size_t n = std::min(length, s.count - first);
+    each_thread(threads, [&](unsigned t) {
+      phase::store(t, threads, v.data(), n, s.rotate, signs.data(), step, out.data() + first);
+    });
+  }
+  return out;
+}
 }  // namespace
 
 TEST_SUITE("homomorphic") {
@@ -108,6 +223,71 @@ TEST_SUITE("homomorphic") {
         const T norm8 = T(1) / std::sqrt(T(8));
         for (std::size_t i = 0; i < n; ++i) {
           REQUIRE(squall::test::bits_of(z[i] * norm8) == squall::test::bits_of(w[i]));
+        }
+      }
+    }
+  }
+
+  TEST_CASE_TEMPLATE(
+      "the CUDA kernels' phases, thread by thread, write the host kernels' words and values", T,
+      float, double) {
+    for (const std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{1000},
+                                std::size_t{1024}, std::size_t{1025}, std::size_t{5000}}) {
+      for (const bool rotate : {true, false}) {
+        for (const auto& [bits, ranks] :
+             {std::pair{2u, 1u}, std::pair{4u, 3u}, std::pair{4u, 4u}, std::pair{8u, 1000u}}) {
+          CAPTURE(n);
+          CAPTURE(rotate);
+          CAPTURE(bits);
+          CAPTURE(ranks);
+          const squall::kernels::hq_shape s{.count = n,
+                                            .rotate = rotate,
+                                            .seed = 11,
+                                            .step = 4,
+                                            .bits = bits,
+                                            .field = squall::kernels::hq_field_bits(bits, ranks)};
+          auto x = squall::test::normal_values<T>(n, 40 + n);
+          if (n == 5000) x[3000] = std::numeric_limits<T>::quiet_NaN();  // codes 0, element named
+          double max_abs = 0;
+          double rms = 0;
+          squall::kernels::hq_range(squall::host_backend{}, s, x.data(), false, max_abs, rms);
+          const double scale = n == 5000 ? 3.0 : max_abs;
+          const squall::random_stream stream{4, 2};
+          std::vector<std::uint64_t> expected(s.words());
+          const std::size_t bad = squall::kernels::hq_encode(
+              squall::host_backend{}, s, x.data(), scale, 9, stream, true, expected.data());
+          for (const unsigned threads : {256u, 96u}) {
+            CAPTURE(threads);
+            std::size_t got_bad = 0;
+            const auto words = phases_encode(s, x.data(), scale, 9, stream, threads, got_bad);
+            REQUIRE(words == expected);
+            CHECK(got_bad == bad);
+          }
+          // a sum of `ranks` such payloads (the same codes added: fields up to ranks x 2L)
+          std::vector<std::uint64_t> sum(expected.size(), 0);
+          for (std::size_t w = 0; w < sum.size(); ++w) sum[w] = expected[w] * ranks;
+          for (const double decode_scale : {scale, std::numeric_limits<double>::quiet_NaN()}) {
+            std::vector<T> host(n);
+            const std::size_t host_bad = squall::kernels::hq_decode(
+                squall::host_backend{}, s, sum.data(), ranks, decode_scale, host.data());
+            REQUIRE(host_bad == n);
+            std::size_t got_bad = 0;
+            const auto got = phases_decode<T>(s, sum.data(), ranks, decode_scale, 256, got_bad);
+            CHECK(got_bad == n);
+            for (std::size_t i = 0; i < n; ++i) {
+              REQUIRE(squall::test::bits_of(got[i]) == squall::test::bits_of(host[i]));
+            }
+          }
+          // fields above n x 2L: the sum of `ranks` payloads claimed to be one rank's
+          if (ranks > 1) {
+            std::vector<T> host(n);
+            const std::size_t host_bad = squall::kernels::hq_decode(
+                squall::host_backend{}, s, sum.data(), 1, scale, host.data());
+            std::size_t got_bad = 0;
+            phases_decode<T>(s, sum.data(), 1, scale, 256, got_bad);
+            if (n >= 1000) CHECK(host_bad < n);  // (a lone element may code as 0)
+            CHECK(got_bad == host_bad);
+          }
         }
       }
     }

@@ -12,6 +12,7 @@
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/cast.hpp>
 #include <squall/compress/error_feedback.hpp>
+#include <squall/compress/homomorphic.hpp>
 #include <squall/compress/quantize.hpp>
 #include <squall/compress/sparsify.hpp>
 #include <squall/cuda.cuh>
@@ -119,6 +120,9 @@ TEST_SUITE("cuda") {
       staged_compressed(p, squall::int8_compressor{}, squall::aggregation::gather);
       staged_compressed(p, squall::error_feedback<squall::topk_compressor>{{.ratio = 0.01}},
                         squall::aggregation::gather);
+      // hq's integer words summed by the topology; unclipped, so the scale is the exact max
+      // |y| on both backends (a clipped range's rms may differ in its last bits)
+      staged_compressed(p, squall::homomorphic_compressor{.clip = 0}, squall::aggregation::linear);
     }
   }
 

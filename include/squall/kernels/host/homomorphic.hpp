@@ -4,8 +4,8 @@
 /// Hadamard rotation in blocks, stochastic rounding of every rotated value to a code in
 /// [0, 2L] against a scale all ranks agreed, and the codes packed into fields of 64-bit words
 /// wide enough that the words of P ranks add as integers without a carry crossing a field.
-/// The per-element math (`hq_code`, the field widths) is `SQUALL_HOST_DEVICE`, for a CUDA
-/// twin (not written yet).
+/// The per-element math (`hq_code`, the field widths) is `SQUALL_HOST_DEVICE`, shared with the
+/// CUDA twins (kernels/cuda/homomorphic.cuh, in phases of kernels/host/homomorphic_phases.hpp).
 
 #include <squall/backend/host.hpp>
 #include <squall/core/config.hpp>
@@ -275,7 +275,8 @@ struct hq_block_sums {
   bool finite = true;
 };
 template <class T>
-SQUALL_HOST_CLONES hq_block_sums hq_sums_wide(const T* SQUALL_RESTRICT x, std::size_t n) {
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES hq_block_sums hq_sums_wide(const T* SQUALL_RESTRICT x,
+                                                                      std::size_t n) {
   // (typedef: g++ drops the attribute from an alias of a dependent type)
   typedef T values __attribute__((vector_size(32)));
   typedef double doubles __attribute__((vector_size(32)));
@@ -330,8 +331,8 @@ SQUALL_HOST_CLONES hq_block_sums hq_sums_wide(const T* SQUALL_RESTRICT x, std::s
 /// (measured 2.3-4.7 GB/s with them, 9-13 GB/s without, 16 Mi floats in blocks of 1024).
 /// Exact only while the squares stay normal floats and the sums finite: the caller checks the
 /// largest.
-SQUALL_HOST_CLONES inline hq_block_sums hq_sums_narrow(const float* SQUALL_RESTRICT x,
-                                                       std::size_t n) {
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES inline hq_block_sums hq_sums_narrow(
+    const float* SQUALL_RESTRICT x, std::size_t n) {
   typedef float values __attribute__((vector_size(32)));
   // (named vectors, no arrays of them: g++ keeps arrays of vectors on the stack)
   values largest = {};

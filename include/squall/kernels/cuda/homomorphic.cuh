@@ -1,0 +1,327 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// CUDA twins of kernels/host/homomorphic.hpp (`hq_range`, `hq_encode`, `hq_decode`): the same
+/// signatures over device memory, one CUDA block of `hq_threads` per rotation block of up to
+/// 1,024 elements, held in shared memory while it is signed, rotated (the Walsh-Hadamard
+/// transform a stage at a time, a barrier after each), coded and packed. The work of each
+/// thread between two barriers is a phase of kernels/host/homomorphic_phases.hpp, which the
+/// host tests run thread by thread against the host kernels, so the device writes the host's
+/// words and values bit for bit: the same signs and draws (Philox), the same sums in the same
+/// order, the same per-element code (`hq_code`, its product rounded before the shift).
+///
+/// The range is not the host's to the last bit: its sums of squares (the rms the clip scales)
+/// run in another order, in double, so the agreed scale may differ in its last bits from what
+/// the host computes on the same tensor (the collective agrees one range over the ranks, so
+/// every rank codes against the same). Where the host must wait: `hq_range` reads the range
+/// back (the ranks agree it before anyone encodes), `hq_decode` reads whether every field was
+/// in range, and `hq_encode` only with `find_bad`. Compiled for sm_80 and sm_90; not run on a
+/// GPU yet (README, "compiled, not run").
+
+#include <squall/backend/cuda.cuh>
+#include <squall/core/random.hpp>
+#include <squall/kernels/cuda/quantize.cuh>  // first_index_slot
+#include <squall/kernels/cuda/reduce.cuh>    // device_scratch, read_back
+#include <squall/kernels/host/homomorphic.hpp>
+#include <squall/kernels/host/homomorphic_phases.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+namespace squall::kernels {
+namespace detail {
+
+inline constexpr unsigned hq_threads = 256;
+
+/// What `hq_range_kernel` leaves per rotation block: its bound on (or exact) max |y|, its
+/// sum of squares, and whether its sum of |x| was finite.
+struct hq_block_range {
+  double top;
+  double squares;
+  int finite;
+};
+
+/// Where a rotation block's signs come from and how its transform is scaled.
+struct hq_rotation {
+  bool rotate;
+  std::uint64_t seed;
+  std::uint64_t step;
+};
+
+/// Block-wide sums (and a max) over the `hq_threads` threads, in shared memory; every thread
+/// gets the results. The order is fixed (a tree over thread indices), so a run repeats its bits.
+struct hq_block_totals {
+  double largest;
+  double l1;
+  double l2;
+};
+__device__ inline hq_block_totals hq_reduce_block(hq_block_totals mine, double* scratch) {
+  const unsigned t = threadIdx.x;
+  scratch[t] = mine.largest;
+  scratch[hq_threads + t] = mine.l1;
+  scratch[2 * hq_threads + t] = mine.l2;
+  __syncthreads();
+  for (unsigned half = hq_threads / 2; half > 0; half /= 2) {
+    if (t < half) {
+      const double a = scratch[t + half];
+      scratch[t] = a > scratch[t] ? a : scratch[t];  // a NaN is not taken (the sums carry it)
+      scratch[hq_threads + t] = __dadd_rn(scratch[hq_threads + t], scratch[hq_threads + t + half]);
+      scratch[2 * hq_threads + t] =
+          __dadd_rn(scratch[2 * hq_threads + t], scratch[2 * hq_threads + t + half]);
+    }
+    __syncthreads();
+  }
+  const hq_block_totals total{scratch[0], scratch[hq_threads], scratch[2 * hq_threads]};
+  __syncthreads();  // the scratch is free again
+  return total;
+}
+
+/// Per rotation block: |x| statistics of its elements and, for the exact max (rotation, no
+/// bound), the block rotated in shared memory.
+template <class T>
+__global__ void __launch_bounds__(hq_threads)
+    hq_range_kernel(const T* in, std::size_t count, hq_rotation r, bool bound_only, T norm_full,
+                    T norm_last, hq_block_range* partial) {
+  __shared__ T v[hq_max_block];
+  __shared__ std::uint32_t signs[hq_phase::sign_words];
+  __shared__ double scratch[3 * hq_threads];
+  const unsigned t = threadIdx.x;
+  const std::size_t blocks = (count + hq_max_block - 1) / hq_max_block;
+  for (std::size_t k = blockIdx.x; k < blocks; k += gridDim.x) {
+    const std::size_t first = k * hq_max_block;
+    const std::size_t length = hq_phase::block_length(count, k, r.rotate);
+    const std::size_t n = length < count - first ? length : count - first;
+    hq_block_totals mine{0, 0, 0};
+    for (std::size_t j = t; j < n; j += hq_threads) {
+      const double a = fabs(static_cast<double>(in[first + j]));
+      mine.largest = a > mine.largest ? a : mine.largest;
+      mine.l1 = __dadd_rn(mine.l1, a);
+      mine.l2 = __dadd_rn(mine.l2, __dmul_rn(a, a));
+    }
+    const hq_block_totals x = hq_reduce_block(mine, scratch);
+    double top = x.largest;
+    if (r.rotate && bound_only) {
+      const double root = sqrt(static_cast<double>(length));
+      const double l2 = sqrt(x.l2);
+      top = x.l1 / root < l2 ? x.l1 / root : l2;
+    } else if (r.rotate) {
+      hq_phase::signs(t, hq_threads, r.seed, r.step, k, length, signs);
+      __syncthreads();
+      hq_phase::load(t, hq_threads, in, count, first, length, true, signs, v);
+      __syncthreads();
+      const T norm = k + 1 == blocks ? norm_last : norm_full;
+      for (std::size_t h = 1; h < length; h *= 2) {
+        hq_phase::butterflies(t, hq_threads, v, length, h, hq_phase::stage_scale(h, length, norm));
+        __syncthreads();
+      }
+      hq_block_totals rotated{0, 0, 0};
+      for (std::size_t j = t; j < length; j += hq_threads) {
+        const double a = fabs(static_cast<double>(v[j]));
+        rotated.largest = a > rotated.largest ? a : rotated.largest;
+      }
+      top = hq_reduce_block(rotated, scratch).largest;
+    }
+    if (t == 0) partial[k] = {top, x.l2, isfinite(x.l1) ? 1 : 0};
+  }
+}
+
+/// The blocks' ranges into (max |y|, rms): one CUDA block, a fixed order.
+__global__ void __launch_bounds__(hq_threads)
+    hq_range_total_kernel(const hq_block_range* partial, std::size_t blocks, std::size_t padded,
+                          double* out) {
+  __shared__ double scratch[3 * hq_threads];
+  hq_block_totals mine{0, 0, 0};  // l1 counts the blocks whose sums were not finite
+  for (std::size_t k = threadIdx.x; k < blocks; k += hq_threads) {
+    const hq_block_range b = partial[k];
+    mine.largest = b.top > mine.largest ? b.top : mine.largest;
+    mine.l2 = __dadd_rn(mine.l2, b.squares);
+    mine.l1 += b.finite != 0 ? 0.0 : 1.0;
+  }
+  const hq_block_totals total = hq_reduce_block(mine, scratch);
+  if (threadIdx.x == 0) {
+    out[0] = total.l1 == 0 ? total.largest : __longlong_as_double(0x7ff8000000000000ll);
+    out[1] = padded == 0 ? 0.0 : sqrt(total.l2 / static_cast<double>(padded));
+  }
+}
+
+/// Per rotation block: signs and draws from Philox into shared memory, the block loaded,
+/// signed and rotated there, coded, and its words written (stored where the block holds every
+/// element of the word, ORed into the zeroed words where it shares one with a neighbour).
+template <class T>
+__global__ void __launch_bounds__(hq_threads)
+    hq_encode_kernel(const T* in, std::size_t count, hq_rotation r, std::uint64_t seed,
+                     random_stream stream, T inverse_step, std::uint32_t levels, unsigned field,
+                     std::size_t padded, std::size_t total_words, T norm_full, T norm_last,
+                     std::uint64_t* words, unsigned long long* first_bad) {
+  __shared__ T v[hq_max_block];
+  __shared__ std::uint32_t signs[hq_phase::sign_words];
+  __shared__ std::uint32_t draws[hq_phase::draw_words<T>];
+  __shared__ std::uint8_t codes[hq_max_block];
+  const unsigned t = threadIdx.x;
+  const std::size_t blocks = (count + hq_max_block - 1) / hq_max_block;
+  for (std::size_t k = blockIdx.x; k < blocks; k += gridDim.x) {
+    const std::size_t first = k * hq_max_block;
+    const std::size_t length = hq_phase::block_length(count, k, r.rotate);
+    if (r.rotate) hq_phase::signs(t, hq_threads, r.seed, r.step, k, length, signs);
+    hq_phase::draws<T>(t, hq_threads, seed, stream, first, length, draws);
+    __syncthreads();
+    hq_phase::load(t, hq_threads, in, count, first, length, r.rotate, signs, v);
+    if (first_bad != nullptr) {
+      for (std::size_t j = t; j < length && first + j < count; j += hq_threads) {
+        if (!isfinite(in[first + j])) {
+          atomicMin(first_bad, static_cast<unsigned long long>(first + j));
+        }
+      }
+    }
+    __syncthreads();
+    if (r.rotate) {
+      const T norm = k + 1 == blocks ? norm_last : norm_full;
+      for (std::size_t h = 1; h < length; h *= 2) {
+        hq_phase::butterflies(t, hq_threads, v, length, h, hq_phase::stage_scale(h, length, norm));
+        __syncthreads();
+      }
+    }
+    hq_phase::codes(t, hq_threads, v, length, draws, inverse_step, levels, codes);
+    __syncthreads();
+    hq_phase::pack(t, hq_threads, codes, first, length, padded, field, total_words,
+                   [&](std::size_t w, std::uint64_t bits, bool alone) {
+                     if (alone) {
+                       words[w] = bits;
+                     } else if (bits != 0) {
+                       atomicOr(reinterpret_cast<unsigned long long*>(words + w),
+                                static_cast<unsigned long long>(bits));
+                     }
+                   });
+    __syncthreads();  // the shared arrays are the next block's
+  }
+}
+
+/// Per rotation block: the summed fields unpacked to values in shared memory, rotated back and
+/// signed on the way out; a field above n x 2L recorded by atomicMin.
+template <class T>
+__global__ void __launch_bounds__(hq_threads)
+    hq_decode_kernel(const std::uint64_t* words, std::size_t count, hq_rotation r,
+                     unsigned field, std::uint64_t top, T offset, T step, T norm_full,
+                     T norm_last, T* out, unsigned long long* first_bad) {
+  __shared__ T v[hq_max_block];
+  __shared__ std::uint32_t signs[hq_phase::sign_words];
+  const unsigned t = threadIdx.x;
+  const std::size_t blocks = (count + hq_max_block - 1) / hq_max_block;
+  for (std::size_t k = blockIdx.x; k < blocks; k += gridDim.x) {
+    const std::size_t first = k * hq_max_block;
+    const std::size_t length = hq_phase::block_length(count, k, r.rotate);
+    if (r.rotate) hq_phase::signs(t, hq_threads, r.seed, r.step, k, length, signs);
+    hq_phase::unpack(t, hq_threads, words, first, length, field, top, offset, step, v,
+                     [&](std::size_t e) {
+                       atomicMin(first_bad,
+                                 static_cast<unsigned long long>(e < count ? e : count - 1));
+                     });
+    __syncthreads();
+    if (r.rotate) {
+      const T norm = k + 1 == blocks ? norm_last : norm_full;
+      for (std::size_t h = 1; h < length; h *= 2) {
+        hq_phase::butterflies(t, hq_threads, v, length, h, hq_phase::stage_scale(h, length, norm));
+        __syncthreads();
+      }
+    }
+    const std::size_t n = length < count - first ? length : count - first;
+    hq_phase::store(t, hq_threads, v, n, r.rotate, signs, step, out + first);
+    __syncthreads();  // the shared arrays are the next block's
+  }
+}
+
+/// A CUDA block per rotation block, up to 2^20 (then grid-stride).
+inline unsigned hq_grid(std::size_t blocks) {
+  constexpr std::size_t most = std::size_t{1} << 20;
+  return static_cast<unsigned>(blocks < most ? blocks : most);
+}
+
+/// 1 / sqrt(n) in T, as `hq_hadamard` computes it.
+template <class T>
+T hq_norm(std::size_t n) {
+  return static_cast<T>(1) / std::sqrt(static_cast<T>(n));
+}
+
+inline hq_rotation rotation_of(const hq_shape& s) { return {s.rotate, s.seed, s.step}; }
+
+}  // namespace detail
+
+/// Device twin of the host `hq_range`: the same bound or exact max and rms, the sums in
+/// another order (see the file comment); waits for the stream once, to read them.
+template <class T>
+void hq_range(const cuda_backend& backend, const hq_shape& s, const T* in, bool bound_only,
+              double& max_abs, double& rms) {
+  max_abs = 0;
+  rms = 0;
+  if (s.count == 0) return;
+  squall::detail::device_guard guard(backend.device);
+  const std::size_t blocks = s.blocks();
+  device_scratch<detail::hq_block_range> partial(backend, blocks);
+  device_scratch<double> out(backend, 2);
+  detail::hq_range_kernel<T><<<detail::hq_grid(blocks), detail::hq_threads, 0, backend.stream>>>(
+      in, s.count, detail::rotation_of(s), bound_only, detail::hq_norm<T>(hq_max_block),
+      detail::hq_norm<T>(s.block_length(blocks - 1)), partial.data());
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+  detail::hq_range_total_kernel<<<1, detail::hq_threads, 0, backend.stream>>>(
+      partial.data(), blocks, s.padded(), out.data());
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+  double range[2] = {};
+  SQUALL_CUDA_CHECK(cudaMemcpyAsync(range, out.data(), sizeof range, cudaMemcpyDeviceToHost,
+                                    backend.stream));
+  SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend.stream));
+  max_abs = range[0];
+  rms = range[1];
+}
+
+/// Device twin of the host `hq_encode`: the same words (zeroed on the stream, then written by
+/// `hq_encode_kernel`). With `find_bad`, waits for the stream once and returns the first
+/// non-finite element (or `count`); without, returns `count` and does not wait.
+template <class T>
+std::size_t hq_encode(const cuda_backend& backend, const hq_shape& s, const T* in, double scale,
+                      std::uint64_t seed, random_stream stream, bool find_bad,
+                      std::uint64_t* words) {
+  if (s.count == 0) return 0;
+  squall::detail::device_guard guard(backend.device);
+  const std::uint32_t levels = hq_levels(s.bits);
+  const T inverse_step = scale > 0 ? static_cast<T>(levels / scale) : T{0};
+  const std::size_t blocks = s.blocks();
+  SQUALL_CUDA_CHECK(cudaMemsetAsync(words, 0, s.words() * sizeof(std::uint64_t), backend.stream));
+  const auto launch = [&](unsigned long long* first_bad) {
+    detail::hq_encode_kernel<T>
+        <<<detail::hq_grid(blocks), detail::hq_threads, 0, backend.stream>>>(
+            in, s.count, detail::rotation_of(s), seed, stream, inverse_step, levels, s.field,
+            s.padded(), s.words(), detail::hq_norm<T>(hq_max_block),
+            detail::hq_norm<T>(s.block_length(blocks - 1)), words, first_bad);
+    SQUALL_CUDA_CHECK(cudaGetLastError());
+  };
+  if (!find_bad) {
+    launch(nullptr);
+    return s.count;
+  }
+  detail::first_index_slot first_bad(backend, s.count);
+  launch(first_bad.get());
+  return first_bad.read();
+}
+
+/// Device twin of the host `hq_decode`: returns the first element whose field is above n x 2L
+/// (or `count`), so it waits for the stream once.
+template <class T>
+std::size_t hq_decode(const cuda_backend& backend, const hq_shape& s, const std::uint64_t* words,
+                      std::uint64_t contributions, double scale, T* out) {
+  if (s.count == 0) return 0;
+  squall::detail::device_guard guard(backend.device);
+  const std::uint32_t levels = hq_levels(s.bits);
+  const std::size_t blocks = s.blocks();
+  detail::first_index_slot first_bad(backend, s.count);
+  detail::hq_decode_kernel<T><<<detail::hq_grid(blocks), detail::hq_threads, 0, backend.stream>>>(
+      words, s.count, detail::rotation_of(s), s.field, contributions * 2u * levels,
+      static_cast<T>(static_cast<double>(contributions * levels)), static_cast<T>(scale / levels),
+      detail::hq_norm<T>(hq_max_block), detail::hq_norm<T>(s.block_length(blocks - 1)), out,
+      first_bad.get());
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+  return first_bad.read();
+}
+
+}  // namespace squall::kernels

@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+/// The CUDA kernels of homomorphic quantization (kernels/cuda/homomorphic.cuh) as phases of one
+/// rotation block of up to `hq_max_block` elements: each phase is the work of thread `t` of
+/// `threads`, and a kernel runs a phase on every thread of a CUDA block with a barrier between
+/// phases, on the block's values in shared memory. The phases are `SQUALL_HOST_DEVICE`, so the
+/// host tests run them thread by thread (tests/compress/homomorphic.test.cpp) and compare what
+/// they write with the host kernels (kernels/host/homomorphic.hpp) bit for bit: the device's
+/// schedule (the Hadamard transform a stage at a time, the draws and signs from Philox words
+/// computed once per block, each 64-bit word assembled from the codes of the block it lies in)
+/// is tested where no GPU is. What the host cannot run is the glue: the barriers, the atomic
+/// OR of a word shared by two blocks, and the launch.
+
+#include <squall/core/config.hpp>
+#include <squall/core/random.hpp>
+#include <squall/kernels/host/homomorphic.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace squall::kernels::hq_phase {
+
+/// Elements of rotation block `k` of `count` after padding (`hq_shape::block_length`).
+SQUALL_HOST_DEVICE constexpr std::size_t block_length(std::size_t count, std::size_t k,
+                                                      bool rotate) {
+  const std::size_t rest = count - k * hq_max_block;
+  if (rest >= hq_max_block) return hq_max_block;
+  if (!rotate) return rest;
+  std::size_t n = 1;
+  while (n < rest) n *= 2;
+  return n;
+}
+
+/// Philox words of a block: the signs' (one bit an element) and the draws' (16 or 32 bits).
+inline constexpr std::size_t sign_words = hq_max_block / 32;
+template <class T>
+inline constexpr std::size_t draw_words = hq_max_block * hq_draw_bits<T> / 32;
+
+/// The rotation's sign words of block `k` (`length` elements): those of `hq_sign_words`, the
+/// Philox blocks of the shared stream (seed, step) split over the threads.
+SQUALL_HOST_DEVICE inline void signs(unsigned t, unsigned threads, std::uint64_t seed,
+                                     std::uint64_t step, std::size_t k, std::size_t length,
+                                     std::uint32_t* words) {
+  const std::uint64_t first = k * hq_max_block / 128;  // 128 sign bits a Philox block
+  for (std::size_t b = t; b < (length + 127) / 128; b += threads) {
+    const philox_block r = philox(seed, random_stream{step, shared_rank}, first + b);
+    for (unsigned w = 0; w < 4; ++w) words[4 * b + w] = r.word[w];
+  }
+}
+
+/// The rounding's draws of the block starting at element `first` (`length` elements): the
+/// Philox words `hq_encode` reads, split over the threads.
+template <class T>
+SQUALL_HOST_DEVICE inline void draws(unsigned t, unsigned threads, std::uint64_t seed,
+                                     random_stream stream, std::size_t first, std::size_t length,
+                                     std::uint32_t* words) {
+  constexpr std::size_t per_block = 16 / sizeof(hq_draw<T>);  // draws of one Philox block
+  for (std::size_t b = t; b < (length + per_block - 1) / per_block; b += threads) {
+    const philox_block r = philox(seed, stream, first / per_block + b);
+    for (unsigned w = 0; w < 4; ++w) words[4 * b + w] = r.word[w];
+  }
+}
+
+/// Element j's draw: unit j of `hq_draw<T>` in `words` (the low half of a word first).
+template <class T>
+SQUALL_HOST_DEVICE inline std::uint32_t draw_of(const std::uint32_t* words, std::size_t j) {
+  if constexpr (hq_draw_bits<T> == 16) {
+    return (words[j / 2] >> (16 * (j % 2))) & 0xffffu;
+  } else {
+    return words[j];
+  }
+}
+
+/// The block's values into `v`: the input from element `first` (zero past `count`), with
+/// the rotation's sign applied where `rotate` (as `detail::hq_apply_signs`: times +1 or -1).
+template <class T>
+SQUALL_HOST_DEVICE inline void load(unsigned t, unsigned threads, const T* in, std::size_t count,
+                                    std::size_t first, std::size_t length, bool rotate,
+                                    const std::uint32_t* sign_bits, T* v) {
+  for (std::size_t j = t; j < length; j += threads) {
+    const T x = first + j < count ? in[first + j] : T(0);
+    v[j] = rotate ? x * (T(1) - static_cast<T>(2 * ((sign_bits[j / 32] >> (j % 32)) & 1u))) : x;
+  }
+}
+
+/// One stage of the Walsh-Hadamard transform of `length` values: pairs (i, i + h), the sum in
+/// the lower and the difference in the upper, each times `scale` (1, or 1 / sqrt(length) on
+/// the last stage). Stage by stage with the scale on the last, as `hq_hadamard` computes.
+template <class T>
+SQUALL_HOST_DEVICE inline void butterflies(unsigned t, unsigned threads, T* v, std::size_t length,
+                                           std::size_t h, T scale) {
+  for (std::size_t p = t; p < length / 2; p += threads) {
+    const std::size_t i = p / h * 2 * h + p % h;
+    const T a = v[i];
+    const T b = v[i + h];
+    v[i] = (a + b) * scale;
+    v[i + h] = (a - b) * scale;
+  }
+}
+
+/// The codes of the block's rotated values against 1 / step (`hq_code`; the product rounded
+/// before the shift, as on the host).
+template <class T>
+SQUALL_HOST_DEVICE inline void codes(unsigned t, unsigned threads, const T* v, std::size_t length,
+                                     const std::uint32_t* draw_bits, T inverse_step,
+                                     std::uint32_t levels, std::uint8_t* out) {
+  for (std::size_t j = t; j < length; j += threads) {
+#if defined(__CUDA_ARCH__)
+    T scaled;
+    if constexpr (std::is_same_v<T, float>) {
+      scaled = __fmul_rn(v[j], inverse_step);
+    } else {
+      scaled = __dmul_rn(v[j], inverse_step);
+    }
+#else
+    const T scaled = v[j] * inverse_step;
+#endif
+    out[j] = hq_code<T>(scaled, levels, draw_of<T>(draw_bits, j));
+  }
+}
+
+/// The words of fields that hold elements of the block starting at `first` (`length`
+/// elements; `padded` in the whole tensor, `total` words): [begin, end) and whether word w
+/// holds elements of another block as well (then it is ORed in, not stored).
+struct word_span {
+  std::size_t begin;
+  std::size_t end;
+};
+SQUALL_HOST_DEVICE inline word_span words_of(std::size_t first, std::size_t length,
+                                             unsigned per_word, std::size_t total) {
+  const std::size_t group = std::size_t{per_word} * hq_group_words;
+  const std::size_t begin = first / group * hq_group_words;
+  const std::size_t end = ((first + length - 1) / group + 1) * hq_group_words;
+  return {begin, end < total ? end : total};
+}
+
+/// Element of field `f` of word `w` (the inverse of `hq_place_of`).
+SQUALL_HOST_DEVICE constexpr std::size_t element_of(std::size_t w, unsigned f, unsigned per_word) {
+  return w / hq_group_words * (std::size_t{per_word} * hq_group_words) + f * hq_group_words +
+         w % hq_group_words;
+}
+
+/// The words of the block (`words_of`), each assembled from the codes of its elements in the
+/// block (`codes`, indexed from `first`) and passed to `put(w, bits, alone)`: `alone` when no
+/// element of the word lies in another block (every element of the word below `padded` is
+/// in this one), so it may be stored; else it must be ORed into the word.
+template <class Put>
+SQUALL_HOST_DEVICE inline void pack(unsigned t, unsigned threads, const std::uint8_t* codes,
+                                    std::size_t first, std::size_t length, std::size_t padded,
+                                    unsigned field, std::size_t total, Put&& put) {
+  const unsigned per_word = 64 / field;
+  const word_span span = words_of(first, length, per_word, total);
+  for (std::size_t w = span.begin + t; w < span.end; w += threads) {
+    std::uint64_t bits = 0;
+    bool alone = true;
+    for (unsigned f = 0; f < per_word; ++f) {
+      const std::size_t e = element_of(w, f, per_word);
+      if (e >= padded) break;  // elements of a word grow with f
+      if (e < first || e >= first + length) {
+        alone = false;
+        continue;
+      }
+      bits |= std::uint64_t{codes[e - first]} << (f * field);
+    }
+    put(w, bits, alone);
+  }
+}
+
+/// The block's values from the summed fields: (field - n L) x step for element `first` + j,
+/// into `v`; a field above `top` (n x 2L) is reported by `bad(element)`.
+template <class T, class Bad>
+SQUALL_HOST_DEVICE inline void unpack(unsigned t, unsigned threads, const std::uint64_t* words,
+                                      std::size_t first, std::size_t length, unsigned field,
+                                      std::uint64_t top, T offset, T step, T* v, Bad&& bad) {
+  const unsigned per_word = 64 / field;
+  const std::uint64_t mask = (std::uint64_t{1} << field) - 1;
+  for (std::size_t j = t; j < length; j += threads) {
+    const hq_place p = hq_place_of(first + j, per_word);
+    const std::uint64_t sum = (words[p.word] >> (p.field * field)) & mask;
+    if (sum > top) bad(first + j);
+    v[j] = (static_cast<T>(static_cast<std::uint32_t>(sum)) - offset) * step;
+  }
+}
+
+/// The block's `n` values (`n` <= length: the padding is not written) out from `v`, with the
+/// rotation's signs applied where `rotate`; a NaN `step` (a NaN on some rank made the scale
+/// NaN) writes that NaN itself, as the host's arithmetic on it does (a GPU's gives its
+/// canonical NaN).
+template <class T>
+SQUALL_HOST_DEVICE inline void store(unsigned t, unsigned threads, const T* v, std::size_t n,
+                                     bool rotate, const std::uint32_t* sign_bits, T step,
+                                     T* out) {
+  const bool nan = step != step;  // NOLINT(misc-redundant-expression): NaN test
+  for (std::size_t j = t; j < n; j += threads) {
+    const T y =
+        rotate ? v[j] * (T(1) - static_cast<T>(2 * ((sign_bits[j / 32] >> (j % 32)) & 1u))) : v[j];
+    out[j] = nan ? step : y;
+  }
+}
+
+/// The scale of the stage at distance `h` of a transform of `length` values: 1, or `norm`
+/// (1 / sqrt(length)) on the last; the stages run h = 1, 2, ..., length / 2, a barrier after
+/// each.
+template <class T>
+SQUALL_HOST_DEVICE constexpr T stage_scale(std::size_t h, std::size_t length, T norm) {
+  return 2 * h == length ? norm : T(1);
+}
+
+}  // namespace squall::kernels::hq_phase
