@@ -4,13 +4,14 @@
 // size mismatch on both sides), the dense collectives on cuda_backend over it and, staged,
 // over shm_transport against the serial reference (bitwise), and the compressed allreduce on
 // the device over both against the same run on host_backend over shm in the same processes
-// (bitwise). Each case starts its ranks as processes: this test executable again, under
-// squall-run (a process that has used CUDA cannot fork one that uses it too), told by
-// SQUALL_CUDA_TEST_RANKS to run the case's rank body.
+// (bitwise; over cuda_ipc also gtopk, per_hop and hq, which do not stage). Each case starts its
+// ranks as processes: this test executable again, under squall-run (a process that has used CUDA
+// cannot fork one that uses it too), told by SQUALL_CUDA_TEST_RANKS to run the case's rank body.
 
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/cast.hpp>
 #include <squall/compress/error_feedback.hpp>
+#include <squall/compress/homomorphic.hpp>
 #include <squall/compress/quantize.hpp>
 #include <squall/compress/sparsify.hpp>
 #include <squall/cuda.cuh>
@@ -240,5 +241,14 @@ TEST_SUITE("cuda") {
     test::compressed_suite([](const std::string& name) { return ipc(name); }, host);
     test::compressed_suite(
         [](const std::string& name) { return shm_transport(job(name + "-staged")); }, host);
+    // the aggregations that do not stage: over device memory only
+    const auto device = [](const std::string& name) { return ipc(name); };
+    test::compressed_over(device, host, "-gtopk",
+                          squall::error_feedback<squall::topk_compressor>{{.ratio = 0.01}},
+                          squall::aggregation::gtopk);
+    test::compressed_over(device, host, "-perhop", squall::int8_compressor{},
+                          squall::aggregation::per_hop);
+    test::compressed_over(device, host, "-hq", squall::homomorphic_compressor{.clip = 0},
+                          squall::aggregation::linear);
   })
 }

@@ -22,6 +22,7 @@
 #include <squall/topology/ring.hpp>
 #include <squall/topology/tree.hpp>
 #include <squall/transport/mpi.hpp>
+#include <squall/transport/mpi_device.hpp>
 #include <squall/transport/shm.hpp>
 
 #include <doctest/doctest.h>
@@ -32,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>  // setenv, unsetenv
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -42,6 +44,7 @@
 #include "../support/collective_checks.hpp"
 #include "../support/collective_data.hpp"
 #include "../support/data.hpp"
+#include "../support/deferred_backend.hpp"
 #include "../support/mpi_types.hpp"
 #include "../support/result_hash.hpp"
 #include "../support/topologies.hpp"
@@ -460,6 +463,28 @@ void shared_checks() {
   CHECK(found.ok());
 }
 
+/// Device pointers handed to MPI as they are (`device_mpi_transport`, what a CUDA-aware MPI
+/// takes) with kernels that run late, as on a stream: the deferred device backend, whose
+/// "device" buffers are host memory that any MPI carries, queues every reduction and copy
+/// until an ordering point and poisons what it will overwrite, so a message posted before
+/// the kernels that wrote its bytes, or a receive into a buffer a queued kernel still reads,
+/// gives a wrong answer here. The shared dense checks against the serial reference.
+template <class Topology>
+void device_pointer_checks() {
+  using backend = test::deferred_device_backend;
+  using transport = squall::device_mpi_transport<backend>;
+  CAPTURE(std::string(Topology::name));
+  const backend on;  // the transport's and the communicator's: copies share one queue
+  squall::communicator<transport, Topology, squall::identity_compressor, backend> comm(
+      transport(squall::mpi_transport(MPI_COMM_WORLD, transport_options()), on),
+      make_topology<Topology>(world_size()), transport_options(), {}, on);
+  test::findings found;
+  test::check_dense_collectives(comm, found);
+  INFO(found.text());
+  CHECK(found.ok());
+  CHECK(on.synchronizations() > 0);
+}
+
 }  // namespace
 
 #define SQUALL_TOPOLOGIES                                                 \
@@ -491,5 +516,27 @@ TEST_SUITE("mpi_collectives") {
   TEST_CASE_TEMPLATE("allgather, reduce_scatter, broadcast match MPI, over shm_transport", Topology,
                      SQUALL_TOPOLOGIES) {
     others_against_mpi<over_shm, Topology>();
+  }
+  TEST_CASE_TEMPLATE(
+      "device pointers to MPI directly (device_mpi_transport), kernels deferred: every "
+      "collective equals the serial reference",
+      Topology, squall::ring_topology, squall::tree_topology, squall::direct_topology,
+      squall::halving_doubling_topology) {
+    device_pointer_checks<Topology>();
+  }
+  TEST_CASE("device_mpi_transport: SQUALL_MPI_CUDA_AWARE decides, a bad value is named") {
+    // (the variable is this process's: every rank sets the same, so all agree)
+    setenv("SQUALL_MPI_CUDA_AWARE", "1", 1);
+    CHECK(squall::mpi_cuda_aware());
+    CHECK(squall::query_mpi_device_support().source == "SQUALL_MPI_CUDA_AWARE");
+    setenv("SQUALL_MPI_CUDA_AWARE", "0", 1);
+    CHECK_FALSE(squall::mpi_cuda_aware());
+    setenv("SQUALL_MPI_CUDA_AWARE", "yes", 1);
+    CHECK_THROWS_WITH_AS(squall::mpi_cuda_aware(), doctest::Contains("SQUALL_MPI_CUDA_AWARE=yes"),
+                         squall::invalid_argument);
+    unsetenv("SQUALL_MPI_CUDA_AWARE");
+    // this machine's MPI has no GPU support built in: its own answer is no
+    const squall::mpi_device_support asked = squall::query_mpi_device_support();
+    MESSAGE("MPI takes CUDA device pointers: " << asked.cuda << " (" << asked.source << ")");
   }
 }

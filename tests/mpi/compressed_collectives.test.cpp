@@ -18,6 +18,7 @@
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/cast.hpp>
 #include <squall/compress/error_feedback.hpp>
+#include <squall/compress/homomorphic.hpp>
 #include <squall/compress/quantize.hpp>
 #include <squall/compress/sketch.hpp>
 #include <squall/compress/sparsify.hpp>
@@ -27,6 +28,7 @@
 #include <squall/topology/ring.hpp>
 #include <squall/topology/tree.hpp>
 #include <squall/transport/mpi.hpp>
+#include <squall/transport/mpi_device.hpp>
 
 #include <doctest/doctest.h>
 #include <mpi.h>
@@ -43,6 +45,7 @@
 #include "../support/collective_data.hpp"
 #include "../support/compressed_reference.hpp"
 #include "../support/data.hpp"
+#include "../support/deferred_backend.hpp"
 #include "../support/requantize_reference.hpp"
 #include "../support/result_hash.hpp"
 #include "../support/topologies.hpp"
@@ -320,6 +323,43 @@ void check_powersgd() {
   }
 }
 
+/// The compressed allreduce on device memory handed to MPI as it is (`device_mpi_transport`,
+/// what a CUDA-aware MPI takes) with kernels that run late (the deferred device backend; its
+/// buffers are host memory, which any MPI carries), against the same steps on host_backend
+/// over mpi_transport in the same processes: results and saved states bitwise. The
+/// aggregations that move payloads over the transport themselves and so do not run staged:
+/// gtopk (top-k with error feedback) and per_hop (int8), and hq's integer sum (linear).
+template <class Topology, class C>
+void device_pointers_equal_host(const C& c, squall::aggregation how) {
+  using backend = test::deferred_device_backend;
+  using transport = squall::device_mpi_transport<backend>;
+  const squall::collective_tuning tuning{.aggregation = how};
+  const squall::options opts{.deadline = 120s};
+  const backend on;
+  squall::communicator<transport, Topology, C, backend> device(
+      transport(squall::mpi_transport(MPI_COMM_WORLD, opts), on),
+      test::make_topology<Topology>(world_size()), c, opts, tuning, on);
+  squall::communicator<squall::mpi_transport, Topology, C> host(
+      squall::mpi_transport(MPI_COMM_WORLD, opts), test::make_topology<Topology>(world_size()), c,
+      opts, tuning);
+  for (const std::size_t count : {std::size_t{1}, std::size_t{1009}, std::size_t{70001}}) {
+    const std::string label = squall::compressor_label<C>() + " (" +
+                              std::string(squall::to_string(how)) + ") on " +
+                              std::string(Topology::name) + ", " + std::to_string(count);
+    auto on_device = device.template make_state<float>(count);
+    auto on_host = host.template make_state<float>(count);
+    for (int s = 0; s < 3; ++s) {
+      const std::vector<float> in = input_of(world_rank(), s, count, false);
+      std::vector<float> a = in;
+      std::vector<float> b = in;
+      device.allreduce(squall::device_view<float>(a.data(), count), on_device);
+      host.allreduce(squall::host_view<float>(b), on_host);
+      if (a != b) fail(label + ": the device-memory result differs at step " + std::to_string(s));
+    }
+    if (on_device.save() != on_host.save()) fail(label + ": saved states differ");
+  }
+}
+
 }  // namespace
 
 #define SQUALL_MPI_TOPOLOGIES                                            \
@@ -347,6 +387,18 @@ TEST_SUITE("mpi_compressed_collectives") {
 
   TEST_CASE_TEMPLATE("powersgd: exact on inputs of rank 1", Topology, SQUALL_MPI_TOPOLOGIES) {
     check_powersgd<Topology>();
+    CHECK(nobody_failed());
+  }
+
+  TEST_CASE_TEMPLATE(
+      "device pointers to MPI directly (device_mpi_transport), kernels deferred: gtopk, per_hop "
+      "and hq's integer sum equal the host's",
+      Topology, squall::ring_topology, squall::tree_topology) {
+    using topk_ef = squall::error_feedback<squall::topk_compressor>;
+    device_pointers_equal_host<Topology>(topk_ef{{.ratio = 0.01}}, squall::aggregation::gtopk);
+    device_pointers_equal_host<Topology>(squall::int8_compressor{}, squall::aggregation::per_hop);
+    device_pointers_equal_host<Topology>(squall::homomorphic_compressor{.bits = 4},
+                                         squall::aggregation::linear);
     CHECK(nobody_failed());
   }
 }

@@ -145,7 +145,7 @@ void run_on_processes(const C& c, bool exact, Check check,
   const shared_hashes deferred;
   const shared_hashes staged;
   const squall::aggregation how =
-      squall::detail::aggregation_of<C, Topology>(tuning, 0, ranks, false, false);
+      squall::detail::aggregation_of<C, Topology>(tuning, 0, ranks, false);
   const bool stages = how != squall::aggregation::per_hop && how != squall::aggregation::gtopk;
   run_on_processes_with<Topology, C, squall::host_backend>(host, c, exact, check, tuning);
   constexpr bool deferred_too = test::with_deferred;

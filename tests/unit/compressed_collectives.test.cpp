@@ -169,7 +169,7 @@ std::vector<rank_record<T>> run_compressed(
                                  std::same_as<Topology, squall::direct_topology>;
     if constexpr (staged_here) {
       const squall::aggregation how =
-          squall::detail::aggregation_of<C, Topology>(gathering<C>(tuning), 0, p, false, false);
+          squall::detail::aggregation_of<C, Topology>(gathering<C>(tuning), 0, p, false);
       if (how == squall::aggregation::per_hop || how == squall::aggregation::gtopk) return host;
       require_same_records(
           host, run_compressed_on<Topology, C, T, Op, squall::test::deferred_device_backend>(

@@ -158,9 +158,8 @@ class communicator {
   /// Throws `invalid_argument` where the tuning asks for one the compressor does not allow
   /// or that cannot run here.
   squall::aggregation aggregation() const {
-    return detail::aggregation_of<Compressor, Topology>(
-        dense_.tuning(), rank(), size(), core_type::staged,
-        std::same_as<typename Backend::memory_space, device_memory>);
+    return detail::aggregation_of<Compressor, Topology>(dense_.tuning(), rank(), size(),
+                                                        core_type::staged);
   }
 
   /// The bytes this rank moved in its last collective (counted from its start).

@@ -89,15 +89,13 @@ chunk_plan overlap_plan(aggregation how, const collective_tuning& tuning, const 
 /// `allowed`, on `size` ranks, where per-hop requantization runs or not (`per_hop_runs`, with
 /// `per_hop_why` saying why not), over a staged core or not (`staged`: the backend's memory
 /// is not the transport's; per_hop and gtopk move payloads over the transport themselves and
-/// do not run there), on device memory or not (`device`: gTop-k's merge of index sets runs on
-/// the host only): `tuning.aggregation` when the compressor allows it and it runs here;
+/// do not run there): `tuning.aggregation` when the compressor allows it and it runs here;
 /// `automatic`: the compressor's first allowed aggregation that runs here. Throws
 /// `invalid_argument` naming the compressor and what it allows for one it does not, and
 /// saying why for one that cannot run here. Not a template (see `aggregation_of`).
 inline aggregation choose_aggregation(const collective_tuning& tuning, aggregation_set allowed,
                                       std::string_view compressor, bool per_hop_runs,
-                                      const std::string& per_hop_why, bool staged, bool device,
-                                      int rank) {
+                                      const std::string& per_hop_why, bool staged, int rank) {
   const error_context where{.operation = "compressed allreduce", .rank = rank};
   const auto why_not = [&](aggregation a) -> std::string {
     if (staged && (a == aggregation::per_hop || a == aggregation::gtopk)) {
@@ -106,10 +104,6 @@ inline aggregation choose_aggregation(const collective_tuning& tuning, aggregati
              "whose memory the Transport does not carry): linear, low_rank and gather do";
     }
     if (a == aggregation::per_hop && !per_hop_runs) return per_hop_why;
-    if (a == aggregation::gtopk && device) {
-      return "aggregation gtopk merges index sets with host kernels and does not run on device "
-             "memory: gather does";
-    }
     return {};
   };
   const aggregation asked = tuning.aggregation;
@@ -133,8 +127,7 @@ inline aggregation choose_aggregation(const collective_tuning& tuning, aggregati
 /// a staged core or not (`choose_aggregation`); states at compile time what `C`'s traits
 /// promise.
 template <class C, class Topology>
-aggregation aggregation_of(const collective_tuning& tuning, int rank, int size, bool staged,
-                           bool device) {
+aggregation aggregation_of(const collective_tuning& tuning, int rank, int size, bool staged) {
   using Inner = inner_compressor_t<C>;
   constexpr aggregation_set allowed = compression_traits<Inner>::aggregations;
   if constexpr (allowed.contains(aggregation::linear)) {
@@ -148,7 +141,7 @@ aggregation aggregation_of(const collective_tuning& tuning, int rank, int size, 
   std::string why;
   const bool per_hop =
       allowed.contains(aggregation::per_hop) && per_hop_runs<Topology, Inner>(size, &why);
-  return choose_aggregation(tuning, allowed, Inner::name, per_hop, why, staged, device, rank);
+  return choose_aggregation(tuning, allowed, Inner::name, per_hop, why, staged, rank);
 }
 
 /// Runs `how` (from `aggregation_of`) on `data` in the chunks of `plan` (`overlap_plan`);
@@ -183,8 +176,7 @@ void compressed_allreduce(aggregation how, const chunk_plan& plan, Dense& dense,
       }
       break;
     case aggregation::gtopk:
-      if constexpr (allowed.contains(aggregation::gtopk) && !Dense::staged &&
-                    std::same_as<typename Dense::memory_space, host_memory>) {
+      if constexpr (allowed.contains(aggregation::gtopk) && !Dense::staged) {
         sparse_merge_allreduce(dense, c, w.payload, w.sparse_merge, data, state, w.clock);
         return;
       }

@@ -68,7 +68,8 @@
 
 #include <algorithm>  // max, min
 #include <array>
-#include <cstddef>  // byte, size_t
+#include <concepts>  // same_as
+#include <cstddef>   // byte, size_t
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -114,6 +115,7 @@ struct gtopk_buffers {
   scratch_bytes<Backend> merged;     ///< a merge's union: indices, then values of T, aligned
   scratch_bytes<Backend> positions;  ///< select_topk's positions in the union (u64)
   std::array<scratch_bytes<Backend>, gtopk_max_merges> dropped;  ///< what merge i cut off
+  scratch_bytes<Backend> heads;  ///< on device memory: the heads in and out (2 x 16 bytes)
 };
 
 /// The buffers of both element types, owned by the communicator.
@@ -215,8 +217,29 @@ void gtopk_tree(wire<Transport>& link, const Backend& b, gtopk_set local,
   std::array<std::size_t, gtopk_max_merges> dropped_n{};  // entries merge i cut off
   std::size_t merges = 0;
   using completion = typename wire<Transport>::completion_type;
+  using memory = typename Backend::memory_space;
   gtopk_head head_in;
   gtopk_head head_out;
+  // The heads travel in the transport's memory: the structs themselves on the host; on a
+  // device, 32 bytes of scratch, stored before a send (stream-ordered) and loaded after a
+  // receive.
+  constexpr bool on_host = std::same_as<memory, host_memory>;
+  std::byte* heads = on_host ? nullptr : w.heads.reserve(b, 2 * sizeof(gtopk_head));
+  const auto in_bytes = [&]() -> buffer_view<std::byte, memory> {
+    if constexpr (on_host) {
+      return head_in.bytes();
+    } else {
+      return {heads, sizeof(gtopk_head)};
+    }
+  };
+  const auto out_bytes = [&]() -> buffer_view<const std::byte, memory> {
+    if constexpr (on_host) {
+      return head_out.bytes();
+    } else {
+      store_bytes(b, heads + sizeof(gtopk_head), &head_out, sizeof head_out);
+      return {heads + sizeof(gtopk_head), sizeof(gtopk_head)};
+    }
+  };
   std::optional<completion> got;
   std::optional<completion> sent_head;
   std::optional<completion> sent_body;
@@ -226,36 +249,36 @@ void gtopk_tree(wire<Transport>& link, const Backend& b, gtopk_set local,
   // receives, never both, so a receive never overwrites a set in flight.
   walk_steps(
       binomial_tree_steps(link.rank(), link.size()),
-      step_hooks{.post_recv =
-                     [&](const step& st) { got.emplace(link.recv(st.recv_from, head_in.bytes())); },
-                 .post_send =
-                     [&](const step& st) {
-                       head_out = {.n = s.n, .cap = s.cap};
-                       sent_head.emplace(link.send(st.send_to, head_out.bytes()));
-                       const std::size_t body = s.n * (sizeof(Index) + sizeof(T));
-                       if (body != 0) sent_body.emplace(link.send(st.send_to, {s.at, body}));
-                     },
-                 .finish_recv =
-                     [&](const step& st) {
-                       got->wait();
-                       got.reset();
-                       if (st.action == step_action::reduce) {
-                         const gtopk_set in = gtopk_recv_body<Index, T>(link, b, st.recv_from,
-                                                                        head_in, w.incoming, count);
-                         s = gtopk_merge<Index>(b, w, s, in, w.dropped[merges], dropped_n[merges]);
-                         ++merges;
-                       } else {
-                         s = gtopk_recv_body<Index, T>(link, b, st.recv_from, head_in, w.current,
-                                                       count);
-                       }
-                     },
-                 .end_step =
-                     [&](const step&) {
-                       if (sent_head) sent_head->wait();
-                       if (sent_body) sent_body->wait();
-                       sent_head.reset();
-                       sent_body.reset();
-                     }});
+      step_hooks{
+          .post_recv = [&](const step& st) { got.emplace(link.recv(st.recv_from, in_bytes())); },
+          .post_send =
+              [&](const step& st) {
+                head_out = {.n = s.n, .cap = s.cap};
+                sent_head.emplace(link.send(st.send_to, out_bytes()));
+                const std::size_t body = s.n * (sizeof(Index) + sizeof(T));
+                if (body != 0) sent_body.emplace(link.send(st.send_to, {s.at, body}));
+              },
+          .finish_recv =
+              [&](const step& st) {
+                got->wait();
+                got.reset();
+                if constexpr (!on_host) load_bytes(b, &head_in, heads, sizeof head_in);
+                if (st.action == step_action::reduce) {
+                  const gtopk_set in =
+                      gtopk_recv_body<Index, T>(link, b, st.recv_from, head_in, w.incoming, count);
+                  s = gtopk_merge<Index>(b, w, s, in, w.dropped[merges], dropped_n[merges]);
+                  ++merges;
+                } else {
+                  s = gtopk_recv_body<Index, T>(link, b, st.recv_from, head_in, w.current, count);
+                }
+              },
+          .end_step =
+              [&](const step&) {
+                if (sent_head) sent_head->wait();
+                if (sent_body) sent_body->wait();
+                sent_head.reset();
+                sent_body.reset();
+              }});
   // step 4: error feedback, then the result
   if (!residual.empty()) {
     sparse_add_back<Index>(b, residual, local.at, local.n, s.at, s.n,

@@ -2,7 +2,7 @@
 #pragma once
 /// Host kernels of gTop-k's sparse sets (algorithm/detail/gtopk.hpp): the union of two sets,
 /// the cut of a union to its cap largest magnitudes, and error feedback's add-back. The CUDA
-/// twin comes with the CUDA backend issue.
+/// twins are kernels/cuda/sparse_merge.cuh.
 ///
 /// A set in *wire layout* is `n` indices (`Index`: u32, or u64 above 2^32 elements), strictly
 /// increasing, then `n` values of `T`, both unaligned: the body of a sparse payload after its
