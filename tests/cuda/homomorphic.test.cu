@@ -137,15 +137,13 @@ TEST_SUITE("cuda") {
     word |= ((std::uint64_t{1} << field) - 1) << (at.field * field);
     std::memcpy(w, &word, 8);
     std::vector<T> out(clean.size());
-    const std::string refused = message([&] {
-      plain.decode(host_backend{}, host_view<const std::byte>(good), host_view<T>(out));
-    });
+    const std::string refused = message(
+        [&] { plain.decode(host_backend{}, host_view<const std::byte>(good), host_view<T>(out)); });
     CHECK(refused.find("2000") != std::string::npos);
     test::device_vector<std::byte> d_good(good);
     test::device_vector<T> d_out(out);
     CHECK(message([&] {
-            plain.decode(cuda_backend{}, device_view<const std::byte>(d_good.view()),
-                         d_out.view());
+            plain.decode(cuda_backend{}, device_view<const std::byte>(d_good.view()), d_out.view());
           }) == refused);
   }
 }

@@ -111,12 +111,11 @@ requires(!std::same_as<typename Backend::memory_space, host_memory>) class devic
     SQUALL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &lacking, 1, MPI_INT, MPI_MIN, inner_.comm()));
     if (lacking != inner_.size()) {
       throw invalid_argument(
-          where,
-          "the MPI of rank " + std::to_string(lacking) + " does not take " +
-              std::string(Backend::name) + " device pointers (" +
-              (lacking == inner_.rank() ? std::string(mine.source) + " says no"
-                                        : std::string("its query says no")) +
-              "; SQUALL_MPI_CUDA_AWARE=1 if it does; mpi_transport stages them instead)");
+          where, "the MPI of rank " + std::to_string(lacking) + " does not take " +
+                     std::string(Backend::name) + " device pointers (" +
+                     (lacking == inner_.rank() ? std::string(mine.source) + " says no"
+                                               : std::string("its query says no")) +
+                     "; SQUALL_MPI_CUDA_AWARE=1 if it does; mpi_transport stages them instead)");
     }
   }
 

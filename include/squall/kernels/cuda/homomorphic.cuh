@@ -202,9 +202,9 @@ __global__ void __launch_bounds__(hq_threads)
 /// signed on the way out; a field above n x 2L recorded by atomicMin.
 template <class T>
 __global__ void __launch_bounds__(hq_threads)
-    hq_decode_kernel(const std::uint64_t* words, std::size_t count, hq_rotation r,
-                     unsigned field, std::uint64_t top, T offset, T step, T norm_full,
-                     T norm_last, T* out, unsigned long long* first_bad) {
+    hq_decode_kernel(const std::uint64_t* words, std::size_t count, hq_rotation r, unsigned field,
+                     std::uint64_t top, T offset, T step, T norm_full, T norm_last, T* out,
+                     unsigned long long* first_bad) {
   __shared__ T v[hq_max_block];
   __shared__ std::uint32_t signs[hq_phase::sign_words];
   const unsigned t = threadIdx.x;
@@ -213,11 +213,10 @@ __global__ void __launch_bounds__(hq_threads)
     const std::size_t first = k * hq_max_block;
     const std::size_t length = hq_phase::block_length(count, k, r.rotate);
     if (r.rotate) hq_phase::signs(t, hq_threads, r.seed, r.step, k, length, signs);
-    hq_phase::unpack(t, hq_threads, words, first, length, field, top, offset, step, v,
-                     [&](std::size_t e) {
-                       atomicMin(first_bad,
-                                 static_cast<unsigned long long>(e < count ? e : count - 1));
-                     });
+    hq_phase::unpack(
+        t, hq_threads, words, first, length, field, top, offset, step, v, [&](std::size_t e) {
+          atomicMin(first_bad, static_cast<unsigned long long>(e < count ? e : count - 1));
+        });
     __syncthreads();
     if (r.rotate) {
       const T norm = k + 1 == blocks ? norm_last : norm_full;
@@ -268,8 +267,8 @@ void hq_range(const cuda_backend& backend, const hq_shape& s, const T* in, bool 
       partial.data(), blocks, s.padded(), out.data());
   SQUALL_CUDA_CHECK(cudaGetLastError());
   double range[2] = {};
-  SQUALL_CUDA_CHECK(cudaMemcpyAsync(range, out.data(), sizeof range, cudaMemcpyDeviceToHost,
-                                    backend.stream));
+  SQUALL_CUDA_CHECK(
+      cudaMemcpyAsync(range, out.data(), sizeof range, cudaMemcpyDeviceToHost, backend.stream));
   SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend.stream));
   max_abs = range[0];
   rms = range[1];
@@ -289,11 +288,10 @@ std::size_t hq_encode(const cuda_backend& backend, const hq_shape& s, const T* i
   const std::size_t blocks = s.blocks();
   SQUALL_CUDA_CHECK(cudaMemsetAsync(words, 0, s.words() * sizeof(std::uint64_t), backend.stream));
   const auto launch = [&](unsigned long long* first_bad) {
-    detail::hq_encode_kernel<T>
-        <<<detail::hq_grid(blocks), detail::hq_threads, 0, backend.stream>>>(
-            in, s.count, detail::rotation_of(s), seed, stream, inverse_step, levels, s.field,
-            s.padded(), s.words(), detail::hq_norm<T>(hq_max_block),
-            detail::hq_norm<T>(s.block_length(blocks - 1)), words, first_bad);
+    detail::hq_encode_kernel<T><<<detail::hq_grid(blocks), detail::hq_threads, 0, backend.stream>>>(
+        in, s.count, detail::rotation_of(s), seed, stream, inverse_step, levels, s.field,
+        s.padded(), s.words(), detail::hq_norm<T>(hq_max_block),
+        detail::hq_norm<T>(s.block_length(blocks - 1)), words, first_bad);
     SQUALL_CUDA_CHECK(cudaGetLastError());
   };
   if (!find_bad) {

@@ -52,7 +52,7 @@ __device__ inline bool sparse_has(const std::byte* indices, std::size_t n, Index
   return at < n && load_unaligned<Index>(indices + at * sizeof(Index)) == index;
 }
 
-#define SQUALL_SPARSE_FOR_EACH(j, n)                                                       \
+#define SQUALL_SPARSE_FOR_EACH(j, n)                                                        \
   for (std::size_t j = static_cast<std::size_t>(blockIdx.x) * select_threads + threadIdx.x; \
        j < (n); j += static_cast<std::size_t>(gridDim.x) * select_threads)
 
@@ -149,18 +149,18 @@ std::size_t sparse_union(const cuda_backend& backend, const std::byte* a, std::s
   device_scratch<unsigned long long> before(backend, a_n + b_n + 2);
   unsigned long long* a_flags = flags.data();
   unsigned long long* b_flags = flags.data() + a_n + 1;
-  SQUALL_CUDA_CHECK(cudaMemsetAsync(flags.data(), 0, flags.count() * sizeof(unsigned long long),
-                                    backend.stream));
+  SQUALL_CUDA_CHECK(
+      cudaMemsetAsync(flags.data(), 0, flags.count() * sizeof(unsigned long long), backend.stream));
   if (a_n != 0) {
     detail::sparse_shared_kernel<Index>
         <<<detail::select_grid(a_n), detail::select_threads, 0, backend.stream>>>(a, a_n, b, b_n,
-                                                                                 a_flags);
+                                                                                  a_flags);
     SQUALL_CUDA_CHECK(cudaGetLastError());
   }
   if (b_n != 0) {
     detail::sparse_shared_kernel<Index>
         <<<detail::select_grid(b_n), detail::select_threads, 0, backend.stream>>>(b, b_n, a, a_n,
-                                                                                 b_flags);
+                                                                                  b_flags);
     SQUALL_CUDA_CHECK(cudaGetLastError());
   }
   unsigned long long* a_before = before.data();
@@ -186,8 +186,8 @@ std::size_t sparse_union(const cuda_backend& backend, const std::byte* a, std::s
 /// Device twin of the host `sparse_keep_largest`: the same kept and dropped sets.
 template <class Index, real_gradient T>
 std::size_t sparse_keep_largest(const cuda_backend& backend, const std::byte* indices,
-                                device_view<const T> values, std::size_t cap,
-                                std::byte* positions, std::byte* kept, std::byte* dropped) {
+                                device_view<const T> values, std::size_t cap, std::byte* positions,
+                                std::byte* kept, std::byte* dropped) {
   const std::size_t m = values.count();
   squall::detail::device_guard guard(backend.device);
   if (m <= cap) {
@@ -211,9 +211,8 @@ std::size_t sparse_keep_largest(const cuda_backend& backend, const std::byte* in
 
 /// Device twin of the host `sparse_add_back`.
 template <class Index, real_gradient T>
-void sparse_add_back(const cuda_backend& backend, device_view<T> residual,
-                     const std::byte* entries, std::size_t n, const std::byte* set,
-                     std::size_t set_n, membership where) {
+void sparse_add_back(const cuda_backend& backend, device_view<T> residual, const std::byte* entries,
+                     std::size_t n, const std::byte* set, std::size_t set_n, membership where) {
   if (n == 0) return;
   squall::detail::device_guard guard(backend.device);
   detail::sparse_add_back_kernel<Index, T>

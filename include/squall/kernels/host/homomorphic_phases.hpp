@@ -35,7 +35,7 @@ SQUALL_HOST_DEVICE constexpr std::size_t block_length(std::size_t count, std::si
 /// Philox words of a block: the signs' (one bit an element) and the draws' (16 or 32 bits).
 inline constexpr std::size_t sign_words = hq_max_block / 32;
 template <class T>
-inline constexpr std::size_t draw_words = hq_max_block * hq_draw_bits<T> / 32;
+inline constexpr std::size_t draw_words = hq_max_block* hq_draw_bits<T> / 32;
 
 /// The rotation's sign words of block `k` (`length` elements): those of `hq_sign_words`, the
 /// Philox blocks of the shared stream (seed, step) split over the threads.
@@ -189,8 +189,7 @@ SQUALL_HOST_DEVICE inline void unpack(unsigned t, unsigned threads, const std::u
 /// canonical NaN).
 template <class T>
 SQUALL_HOST_DEVICE inline void store(unsigned t, unsigned threads, const T* v, std::size_t n,
-                                     bool rotate, const std::uint32_t* sign_bits, T step,
-                                     T* out) {
+                                     bool rotate, const std::uint32_t* sign_bits, T step, T* out) {
   const bool nan = step != step;  // NOLINT(misc-redundant-expression): NaN test
   for (std::size_t j = t; j < n; j += threads) {
     const T y =

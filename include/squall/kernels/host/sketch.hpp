@@ -258,8 +258,9 @@ namespace detail {
 
 /// sum_j a[j] b[j] in double, with eight partial sums g++ vectorizes without fast-math.
 template <class T>
-SQUALL_HOST_CLONES double dot_to_double(const T* SQUALL_RESTRICT a, const double* SQUALL_RESTRICT b,
-                                        std::size_t n) {
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES double dot_to_double(const T* SQUALL_RESTRICT a,
+                                                                const double* SQUALL_RESTRICT b,
+                                                                std::size_t n) {
   double part[8] = {};
   std::size_t j = 0;
   for (; j + 8 <= n; j += 8) {
@@ -271,8 +272,9 @@ SQUALL_HOST_CLONES double dot_to_double(const T* SQUALL_RESTRICT a, const double
 
 /// acc[j] += x a[j], in double.
 template <class T>
-SQUALL_HOST_CLONES void axpy_to_double(double x, const T* SQUALL_RESTRICT a,
-                                       double* SQUALL_RESTRICT acc, std::size_t n) {
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void axpy_to_double(double x, const T* SQUALL_RESTRICT a,
+                                                               double* SQUALL_RESTRICT acc,
+                                                               std::size_t n) {
   for (std::size_t j = 0; j < n; ++j) acc[j] += x * static_cast<double>(a[j]);
 }
 
