@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/compressed_reference.hpp"  // what_of
 #include "../support/cuda_codec_twin.cuh"
 #include "../support/cuda_device.cuh"
 #include "../support/data.hpp"
@@ -102,23 +103,15 @@ TEST_SUITE("cuda") {
     g[1234] = std::numeric_limits<T>::quiet_NaN();
     const squall::homomorphic_compressor c{.check_finite = true};
     const squall::agreed_range agreed{.max_abs = 4, .rms = 1, .ranks = 1};
-    const auto message = [&](auto&& f) {
-      try {
-        f();
-      } catch (const squall::invalid_argument& e) {
-        return std::string(e.what());
-      }
-      return std::string("no exception");
-    };
     std::vector<std::byte> payload(c.max_payload_bytes(squall::dtype_of<T>, g.size(), 1));
-    const std::string expected = message([&] {
+    const std::string expected = test::what_of([&] {
       c.encode(host_backend{}, host_view<const T>(g), host_view<std::byte>(payload),
                squall::random_stream{}, agreed);
     });
     CHECK(expected.find("1234") != std::string::npos);
     test::device_vector<T> in(g);
     test::device_vector<std::byte> d_payload(payload);
-    CHECK(message([&] {
+    CHECK(test::what_of([&] {
             c.encode(cuda_backend{}, device_view<const T>(in.view()), d_payload.view(),
                      squall::random_stream{}, agreed);
           }) == expected);
@@ -137,12 +130,12 @@ TEST_SUITE("cuda") {
     word |= ((std::uint64_t{1} << field) - 1) << (at.field * field);
     std::memcpy(w, &word, 8);
     std::vector<T> out(clean.size());
-    const std::string refused = message(
+    const std::string refused = test::what_of(
         [&] { plain.decode(host_backend{}, host_view<const std::byte>(good), host_view<T>(out)); });
     CHECK(refused.find("2000") != std::string::npos);
     test::device_vector<std::byte> d_good(good);
     test::device_vector<T> d_out(out);
-    CHECK(message([&] {
+    CHECK(test::what_of([&] {
             plain.decode(cuda_backend{}, device_view<const std::byte>(d_good.view()), d_out.view());
           }) == refused);
   }

@@ -78,6 +78,17 @@ __device__ inline hq_block_totals hq_reduce_block(hq_block_totals mine, double* 
   return total;
 }
 
+/// The Walsh-Hadamard transform of the block's `length` values in shared memory, a stage at a
+/// time (`hq_phase::butterflies`), a barrier after each; the last stage scaled by `norm`.
+template <class T>
+__device__ inline void hq_rotate_shared(T* v, std::size_t length, T norm) {
+  for (std::size_t h = 1; h < length; h *= 2) {
+    hq_phase::butterflies(threadIdx.x, hq_threads, v, length, h,
+                          hq_phase::stage_scale(h, length, norm));
+    __syncthreads();
+  }
+}
+
 /// Per rotation block: |x| statistics of its elements and, for the exact max (rotation, no
 /// bound), the block rotated in shared memory.
 template <class T>
@@ -112,10 +123,7 @@ __global__ void __launch_bounds__(hq_threads)
       hq_phase::load(t, hq_threads, in, count, first, length, true, signs, v);
       __syncthreads();
       const T norm = k + 1 == blocks ? norm_last : norm_full;
-      for (std::size_t h = 1; h < length; h *= 2) {
-        hq_phase::butterflies(t, hq_threads, v, length, h, hq_phase::stage_scale(h, length, norm));
-        __syncthreads();
-      }
+      hq_rotate_shared(v, length, norm);
       hq_block_totals rotated{0, 0, 0};
       for (std::size_t j = t; j < length; j += hq_threads) {
         const double a = fabs(static_cast<double>(v[j]));
@@ -178,10 +186,7 @@ __global__ void __launch_bounds__(hq_threads)
     __syncthreads();
     if (r.rotate) {
       const T norm = k + 1 == blocks ? norm_last : norm_full;
-      for (std::size_t h = 1; h < length; h *= 2) {
-        hq_phase::butterflies(t, hq_threads, v, length, h, hq_phase::stage_scale(h, length, norm));
-        __syncthreads();
-      }
+      hq_rotate_shared(v, length, norm);
     }
     hq_phase::codes(t, hq_threads, v, length, draws, inverse_step, levels, codes);
     __syncthreads();
@@ -220,10 +225,7 @@ __global__ void __launch_bounds__(hq_threads)
     __syncthreads();
     if (r.rotate) {
       const T norm = k + 1 == blocks ? norm_last : norm_full;
-      for (std::size_t h = 1; h < length; h *= 2) {
-        hq_phase::butterflies(t, hq_threads, v, length, h, hq_phase::stage_scale(h, length, norm));
-        __syncthreads();
-      }
+      hq_rotate_shared(v, length, norm);
     }
     const std::size_t n = length < count - first ? length : count - first;
     hq_phase::store(t, hq_threads, v, n, r.rotate, signs, step, out + first);
