@@ -113,7 +113,9 @@ std::vector<std::uint64_t> phases_encode(const squall::kernels::hq_shape& s, con
                    norm_of_block<T>(k + 1 == s.blocks() ? length : squall::kernels::hq_max_block));
     }
     each_thread(threads, [&](unsigned t) {
-      phase::codes(t, threads, v.data(), length, draws.data(), inverse_step, levels, codes.data());
+      phase::codes(
+          t, threads, v.data(), length, draws.data(), [&](T y) { return y * inverse_step; }, levels,
+          codes.data());
     });
     each_thread(threads, [&](unsigned t) {
       phase::pack(t, threads, codes.data(), first, length, s.padded(), s.field, s.words(),

@@ -188,7 +188,16 @@ __global__ void __launch_bounds__(hq_threads)
       const T norm = k + 1 == blocks ? norm_last : norm_full;
       hq_rotate_shared(v, length, norm);
     }
-    hq_phase::codes(t, hq_threads, v, length, draws, inverse_step, levels, codes);
+    hq_phase::codes(
+        t, hq_threads, v, length, draws,
+        [=](T y) {
+          if constexpr (sizeof(T) == 4) {
+            return __fmul_rn(y, inverse_step);
+          } else {
+            return __dmul_rn(y, inverse_step);
+          }
+        },
+        levels, codes);
     __syncthreads();
     hq_phase::pack(t, hq_threads, codes, first, length, padded, field, total_words,
                    [&](std::size_t w, std::uint64_t bits, bool alone) {

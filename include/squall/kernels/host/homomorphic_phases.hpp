@@ -17,7 +17,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
 namespace squall::kernels::hq_phase {
 
@@ -99,24 +98,15 @@ SQUALL_HOST_DEVICE inline void butterflies(unsigned t, unsigned threads, T* v, s
   }
 }
 
-/// The codes of the block's rotated values against 1 / step (`hq_code`; the product rounded
-/// before the shift, as on the host).
-template <class T>
+/// The codes of the block's rotated values, each scaled by `scaled(y)` (y / step, the product
+/// rounded before `hq_code` adds the shift, as on the host: the device passes an
+/// uncontracted multiply, `__fmul_rn`).
+template <class T, class Scaled>
 SQUALL_HOST_DEVICE inline void codes(unsigned t, unsigned threads, const T* v, std::size_t length,
-                                     const std::uint32_t* draw_bits, T inverse_step,
+                                     const std::uint32_t* draw_bits, Scaled&& scaled,
                                      std::uint32_t levels, std::uint8_t* out) {
   for (std::size_t j = t; j < length; j += threads) {
-#if defined(__CUDA_ARCH__)
-    T scaled;
-    if constexpr (std::is_same_v<T, float>) {
-      scaled = __fmul_rn(v[j], inverse_step);
-    } else {
-      scaled = __dmul_rn(v[j], inverse_step);
-    }
-#else
-    const T scaled = v[j] * inverse_step;
-#endif
-    out[j] = hq_code<T>(scaled, levels, draw_of<T>(draw_bits, j));
+    out[j] = hq_code<T>(scaled(v[j]), levels, draw_of<T>(draw_bits, j));
   }
 }
 
