@@ -93,7 +93,6 @@ template <backend Backend>
 requires(!std::same_as<typename Backend::memory_space, host_memory>) class device_mpi_transport {
  public:
   using memory_space = typename Backend::memory_space;
-  using backend_type = Backend;
 
   /// `mpi_transport`'s (a cluster network's until calibrated).
   static constexpr link_costs costs = mpi_transport::costs;

@@ -68,8 +68,7 @@
 
 #include <algorithm>  // max, min
 #include <array>
-#include <concepts>  // same_as
-#include <cstddef>   // byte, size_t
+#include <cstddef>  // byte, size_t
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -115,7 +114,7 @@ struct gtopk_buffers {
   scratch_bytes<Backend> merged;     ///< a merge's union: indices, then values of T, aligned
   scratch_bytes<Backend> positions;  ///< select_topk's positions in the union (u64)
   std::array<scratch_bytes<Backend>, gtopk_max_merges> dropped;  ///< what merge i cut off
-  scratch_bytes<Backend> heads;  ///< on device memory: the heads in and out (2 x 16 bytes)
+  scratch_bytes<Backend> heads;  ///< the heads in and out (2 x 16 bytes)
 };
 
 /// The buffers of both element types, owned by the communicator.
@@ -155,7 +154,6 @@ gtopk_set gtopk_local_set(const Backend& b,
 struct gtopk_head {
   std::uint64_t n = 0;
   std::uint64_t cap = 0;
-  host_view<std::byte> bytes() { return {reinterpret_cast<std::byte*>(this), sizeof *this}; }
 };
 static_assert(sizeof(gtopk_head) == 16);
 
@@ -220,26 +218,11 @@ void gtopk_tree(wire<Transport>& link, const Backend& b, gtopk_set local,
   using memory = typename Backend::memory_space;
   gtopk_head head_in;
   gtopk_head head_out;
-  // The heads travel in the transport's memory: the structs themselves on the host; on a
-  // device, 32 bytes of scratch, stored before a send (stream-ordered) and loaded after a
-  // receive.
-  constexpr bool on_host = std::same_as<memory, host_memory>;
-  std::byte* heads = on_host ? nullptr : w.heads.reserve(b, 2 * sizeof(gtopk_head));
-  const auto in_bytes = [&]() -> buffer_view<std::byte, memory> {
-    if constexpr (on_host) {
-      return head_in.bytes();
-    } else {
-      return {heads, sizeof(gtopk_head)};
-    }
-  };
-  const auto out_bytes = [&]() -> buffer_view<const std::byte, memory> {
-    if constexpr (on_host) {
-      return head_out.bytes();
-    } else {
-      store_bytes(b, heads + sizeof(gtopk_head), &head_out, sizeof head_out);
-      return {heads + sizeof(gtopk_head), sizeof(gtopk_head)};
-    }
-  };
+  // The heads travel in the transport's memory, through 32 bytes of the backend's scratch:
+  // stored before a send (stream-ordered), loaded after a receive.
+  std::byte* heads = w.heads.reserve(b, 2 * sizeof(gtopk_head));
+  const buffer_view<std::byte, memory> in_bytes(heads, sizeof(gtopk_head));
+  const buffer_view<std::byte, memory> out_bytes(heads + sizeof(gtopk_head), sizeof(gtopk_head));
   std::optional<completion> got;
   std::optional<completion> sent_head;
   std::optional<completion> sent_body;
@@ -250,11 +233,12 @@ void gtopk_tree(wire<Transport>& link, const Backend& b, gtopk_set local,
   walk_steps(
       binomial_tree_steps(link.rank(), link.size()),
       step_hooks{
-          .post_recv = [&](const step& st) { got.emplace(link.recv(st.recv_from, in_bytes())); },
+          .post_recv = [&](const step& st) { got.emplace(link.recv(st.recv_from, in_bytes)); },
           .post_send =
               [&](const step& st) {
                 head_out = {.n = s.n, .cap = s.cap};
-                sent_head.emplace(link.send(st.send_to, out_bytes()));
+                store_bytes(b, out_bytes.data(), &head_out, sizeof head_out);
+                sent_head.emplace(link.send(st.send_to, out_bytes));
                 const std::size_t body = s.n * (sizeof(Index) + sizeof(T));
                 if (body != 0) sent_body.emplace(link.send(st.send_to, {s.at, body}));
               },
@@ -262,7 +246,7 @@ void gtopk_tree(wire<Transport>& link, const Backend& b, gtopk_set local,
               [&](const step& st) {
                 got->wait();
                 got.reset();
-                if constexpr (!on_host) load_bytes(b, &head_in, heads, sizeof head_in);
+                load_bytes(b, &head_in, in_bytes.data(), sizeof head_in);
                 if (st.action == step_action::reduce) {
                   const gtopk_set in =
                       gtopk_recv_body<Index, T>(link, b, st.recv_from, head_in, w.incoming, count);

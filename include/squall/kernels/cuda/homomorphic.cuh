@@ -43,6 +43,12 @@ struct hq_block_range {
   int finite;
 };
 
+/// The range `hq_range` reads back: max |y| (NaN if any sum was not finite) and the rms.
+struct hq_range_result {
+  double max_abs;
+  double rms;
+};
+
 /// Where a rotation block's signs come from and how its transform is scaled.
 struct hq_rotation {
   bool rotate;
@@ -79,9 +85,12 @@ __device__ inline hq_block_totals hq_reduce_block(hq_block_totals mine, double* 
 }
 
 /// The Walsh-Hadamard transform of the block's `length` values in shared memory, a stage at a
-/// time (`hq_phase::butterflies`), a barrier after each; the last stage scaled by `norm`.
+/// time (`hq_phase::butterflies`), a barrier after each; the last stage scaled by 1 /
+/// sqrt(length): `norm_full` for a whole block, else `norm_last` (the last block's, computed on
+/// the host as `hq_hadamard` computes it).
 template <class T>
-__device__ inline void hq_rotate_shared(T* v, std::size_t length, T norm) {
+__device__ inline void hq_rotate_shared(T* v, std::size_t length, T norm_full, T norm_last) {
+  const T norm = length == hq_max_block ? norm_full : norm_last;
   for (std::size_t h = 1; h < length; h *= 2) {
     hq_phase::butterflies(threadIdx.x, hq_threads, v, length, h,
                           hq_phase::stage_scale(h, length, norm));
@@ -122,8 +131,7 @@ __global__ void __launch_bounds__(hq_threads)
       __syncthreads();
       hq_phase::load(t, hq_threads, in, count, first, length, true, signs, v);
       __syncthreads();
-      const T norm = k + 1 == blocks ? norm_last : norm_full;
-      hq_rotate_shared(v, length, norm);
+      hq_rotate_shared(v, length, norm_full, norm_last);
       hq_block_totals rotated{0, 0, 0};
       for (std::size_t j = t; j < length; j += hq_threads) {
         const double a = fabs(static_cast<double>(v[j]));
@@ -138,7 +146,7 @@ __global__ void __launch_bounds__(hq_threads)
 /// The blocks' ranges into (max |y|, rms): one CUDA block, a fixed order.
 __global__ void __launch_bounds__(hq_threads)
     hq_range_total_kernel(const hq_block_range* partial, std::size_t blocks, std::size_t padded,
-                          double* out) {
+                          hq_range_result* out) {
   __shared__ double scratch[3 * hq_threads];
   hq_block_totals mine{0, 0, 0};  // l1 counts the blocks whose sums were not finite
   for (std::size_t k = threadIdx.x; k < blocks; k += hq_threads) {
@@ -149,8 +157,8 @@ __global__ void __launch_bounds__(hq_threads)
   }
   const hq_block_totals total = hq_reduce_block(mine, scratch);
   if (threadIdx.x == 0) {
-    out[0] = total.l1 == 0 ? total.largest : __longlong_as_double(0x7ff8000000000000ll);
-    out[1] = padded == 0 ? 0.0 : sqrt(total.l2 / static_cast<double>(padded));
+    *out = {total.l1 == 0 ? total.largest : __longlong_as_double(0x7ff8000000000000ll),
+            padded == 0 ? 0.0 : sqrt(total.l2 / static_cast<double>(padded))};
   }
 }
 
@@ -185,8 +193,7 @@ __global__ void __launch_bounds__(hq_threads)
     }
     __syncthreads();
     if (r.rotate) {
-      const T norm = k + 1 == blocks ? norm_last : norm_full;
-      hq_rotate_shared(v, length, norm);
+      hq_rotate_shared(v, length, norm_full, norm_last);
     }
     hq_phase::codes(
         t, hq_threads, v, length, draws,
@@ -233,8 +240,7 @@ __global__ void __launch_bounds__(hq_threads)
         });
     __syncthreads();
     if (r.rotate) {
-      const T norm = k + 1 == blocks ? norm_last : norm_full;
-      hq_rotate_shared(v, length, norm);
+      hq_rotate_shared(v, length, norm_full, norm_last);
     }
     const std::size_t n = length < count - first ? length : count - first;
     hq_phase::store(t, hq_threads, v, n, r.rotate, signs, step, out + first);
@@ -269,7 +275,7 @@ void hq_range(const cuda_backend& backend, const hq_shape& s, const T* in, bool 
   squall::detail::device_guard guard(backend.device);
   const std::size_t blocks = s.blocks();
   device_scratch<detail::hq_block_range> partial(backend, blocks);
-  device_scratch<double> out(backend, 2);
+  device_scratch<detail::hq_range_result> out(backend, 1);
   detail::hq_range_kernel<T><<<detail::hq_grid(blocks), detail::hq_threads, 0, backend.stream>>>(
       in, s.count, detail::rotation_of(s), bound_only, detail::hq_norm<T>(hq_max_block),
       detail::hq_norm<T>(s.block_length(blocks - 1)), partial.data());
@@ -277,12 +283,9 @@ void hq_range(const cuda_backend& backend, const hq_shape& s, const T* in, bool 
   detail::hq_range_total_kernel<<<1, detail::hq_threads, 0, backend.stream>>>(
       partial.data(), blocks, s.padded(), out.data());
   SQUALL_CUDA_CHECK(cudaGetLastError());
-  double range[2] = {};
-  SQUALL_CUDA_CHECK(
-      cudaMemcpyAsync(range, out.data(), sizeof range, cudaMemcpyDeviceToHost, backend.stream));
-  SQUALL_CUDA_CHECK(cudaStreamSynchronize(backend.stream));
-  max_abs = range[0];
-  rms = range[1];
+  const detail::hq_range_result range = detail::read_back(backend, out.data());
+  max_abs = range.max_abs;
+  rms = range.rms;
 }
 
 /// Device twin of the host `hq_encode`: the same words (zeroed on the stream, then written by

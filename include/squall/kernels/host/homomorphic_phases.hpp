@@ -36,29 +36,35 @@ inline constexpr std::size_t sign_words = hq_max_block / 32;
 template <class T>
 inline constexpr std::size_t draw_words = hq_max_block* hq_draw_bits<T> / 32;
 
-/// The rotation's sign words of block `k` (`length` elements): those of `hq_sign_words`, the
-/// Philox blocks of the shared stream (seed, step) split over the threads.
-SQUALL_HOST_DEVICE inline void signs(unsigned t, unsigned threads, std::uint64_t seed,
-                                     std::uint64_t step, std::size_t k, std::size_t length,
-                                     std::uint32_t* words) {
-  const std::uint64_t first = k * hq_max_block / 128;  // 128 sign bits a Philox block
-  for (std::size_t b = t; b < (length + 127) / 128; b += threads) {
-    const philox_block r = philox(seed, random_stream{step, shared_rank}, first + b);
+/// Philox blocks `first`, ..., `first` + `blocks` - 1 of (seed, stream) into `words` (4 words
+/// each, as `philox_fill` writes them), split over the threads.
+SQUALL_HOST_DEVICE inline void philox_words(unsigned t, unsigned threads, std::uint64_t seed,
+                                            random_stream stream, std::uint64_t first,
+                                            std::size_t blocks, std::uint32_t* words) {
+  for (std::size_t b = t; b < blocks; b += threads) {
+    const philox_block r = philox(seed, stream, first + b);
     for (unsigned w = 0; w < 4; ++w) words[4 * b + w] = r.word[w];
   }
 }
 
+/// The rotation's sign words of block `k` (`length` elements): those of `hq_sign_words`, the
+/// shared stream (seed, step), 128 sign bits a Philox block.
+SQUALL_HOST_DEVICE inline void signs(unsigned t, unsigned threads, std::uint64_t seed,
+                                     std::uint64_t step, std::size_t k, std::size_t length,
+                                     std::uint32_t* words) {
+  philox_words(t, threads, seed, random_stream{step, shared_rank}, k * hq_max_block / 128,
+               (length + 127) / 128, words);
+}
+
 /// The rounding's draws of the block starting at element `first` (`length` elements): the
-/// Philox words `hq_encode` reads, split over the threads.
+/// Philox words `hq_encode` reads.
 template <class T>
 SQUALL_HOST_DEVICE inline void draws(unsigned t, unsigned threads, std::uint64_t seed,
                                      random_stream stream, std::size_t first, std::size_t length,
                                      std::uint32_t* words) {
   constexpr std::size_t per_block = 16 / sizeof(hq_draw<T>);  // draws of one Philox block
-  for (std::size_t b = t; b < (length + per_block - 1) / per_block; b += threads) {
-    const philox_block r = philox(seed, stream, first / per_block + b);
-    for (unsigned w = 0; w < 4; ++w) words[4 * b + w] = r.word[w];
-  }
+  philox_words(t, threads, seed, stream, first / per_block, (length + per_block - 1) / per_block,
+               words);
 }
 
 /// Element j's draw: unit j of `hq_draw<T>` in `words` (the low half of a word first).
@@ -111,8 +117,7 @@ SQUALL_HOST_DEVICE inline void codes(unsigned t, unsigned threads, const T* v, s
 }
 
 /// The words of fields that hold elements of the block starting at `first` (`length`
-/// elements; `padded` in the whole tensor, `total` words): [begin, end) and whether word w
-/// holds elements of another block as well (then it is ORed in, not stored).
+/// elements; `total` words in the tensor): [begin, end).
 struct word_span {
   std::size_t begin;
   std::size_t end;
