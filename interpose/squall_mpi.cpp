@@ -10,9 +10,10 @@
 // MPI_Request_free and MPI_Cancel, which pass everything but squall's requests to MPI). A call it
 // can prove it handles identically on every rank runs squall's communicator on a private
 // duplicate of the caller's communicator: shared memory when every rank of the communicator is
-// on this host; across hosts, the allreduce in tiers (shared memory inside each host,
-// mpi_transport between hosts) and the other collectives on mpi_transport. Everything else goes
-// to PMPI_* unchanged.
+// on this host; across hosts, in tiers (shared memory inside each host, mpi_transport between
+// hosts): the allreduce and the broadcast always, reduce_scatter_block and allgather where the
+// hosts hold alike many ranks (else those two on mpi_transport). Everything else goes to
+// PMPI_* unchanged.
 //
 // The same route on every rank. Whether a call is handled depends only on what MPI requires
 // every rank to pass alike: the type signature (not the datatype handle: ranks may describe
@@ -52,9 +53,8 @@
 //                         memory (default 2M; 0: cross-memory reads from 64 KiB, which some
 //                         machines copy faster: docs/performance.md).
 //   SQUALL_MPI_TOPOLOGY   automatic (default), ring, tree, direct or halving_doubling.
-//   SQUALL_MPI_TRANSPORT  auto (default: shared memory on one host; across hosts the allreduce
-//                         in tiers, the rest on MPI), shm or mpi (mpi_transport alone, even on
-//                         one host).
+//   SQUALL_MPI_TRANSPORT  auto (default: shared memory on one host; across hosts in tiers, as
+//                         above), shm or mpi (mpi_transport alone, even on one host).
 //   SQUALL_RANKS_PER_NODE k: nodes of k consecutive ranks of each communicator instead of the
 //                         hosts (to run the tiers on one host).
 //   SQUALL_MPI_COLLECTIVES  which ones squall may take: a comma list of allreduce, allgather,
@@ -544,12 +544,36 @@ using any_communicator = joined<communicators_over<squall::shm_transport>,
 /// in the node); otherwise only each node's first rank crosses (allreduce in the node,
 /// allreduce among those ranks, broadcast in the node).
 struct tiers {
-  MPI_Comm node_comm = MPI_COMM_NULL;   ///< the ranks of this node
+  /// Where a rank of the communicator sits: the rank of its node's first rank, its rank in
+  /// the node and in its communicator across nodes (-1: it has none).
+  struct place {
+    int leader = 0;
+    int local = 0;
+    int cross = -1;
+  };
+  static_assert(sizeof(place) == 3 * sizeof(int));  // gathered as 3 MPI_INTs
+  MPI_Comm node_comm = MPI_COMM_NULL;               ///< the ranks of this node
   MPI_Comm cross_comm = MPI_COMM_NULL;  ///< the ranks this one reduces with across nodes, or null
   bool shares = false;                  ///< every rank crosses with its share (nodes of one size)
   bool compressing = false;             ///< float sums are compressed across nodes
   squall_communicator<squall::shm_transport, squall::identity_compressor> node;
   communicators_over<squall::mpi_transport> cross;
+  std::vector<place> places;    ///< by rank of the communicator
+  int rank = 0;                 ///< this rank's, in the communicator
+  std::vector<std::byte> work;  ///< the blocks in tier order (reduce_scatter_block, allgather)
+
+  /// Where rank `r`'s block lies among the blocks in tier order (nodes of one size): those
+  /// of the ranks of each place in the node, in turn, each in the order of its ranks across.
+  std::size_t tier_index(int r) const {
+    const place& p = places[static_cast<std::size_t>(r)];
+    const std::size_t across = places.size() / static_cast<std::size_t>(node.comm->size());
+    return static_cast<std::size_t>(p.local) * across + static_cast<std::size_t>(p.cross);
+  }
+  /// `bytes` of scratch, kept for the next call.
+  std::byte* scratch(std::size_t bytes) {
+    if (work.size() < bytes) work.resize(bytes);
+    return work.data();
+  }
 
   ~tiers() {
     node = {};
@@ -600,7 +624,7 @@ struct library {
   std::map<comm_state*, std::unique_ptr<comm_state>> states;
   counters count;
   unsigned long long compressed = 0;  ///< allreduce calls squall compressed
-  unsigned long long tiered = 0;      ///< allreduce calls squall ran in tiers (across nodes)
+  unsigned long long tiered = 0;      ///< calls squall ran in tiers (across nodes)
   unsigned long long jobs = 0;        ///< shared-memory jobs this process started (their names)
 };
 
@@ -787,10 +811,19 @@ comm_state& make_state(MPI_Comm comm) {
     if (t->cross_comm != MPI_COMM_NULL) {
       install(t->cross, squall::mpi_transport(t->cross_comm), compress == 1);
     }
-    state->transport = std::string("MPI; allreduce in tiers: shared memory inside nodes of ") +
-                       std::to_string(-widths[1]) + "-" + std::to_string(widths[0]) +
-                       " ranks, MPI across them from " +
-                       (t->shares ? "every rank (its share)" : "each node's first rank");
+    tiers::place mine{.leader = rank, .local = local_rank, .cross = -1};
+    PMPI_Bcast(&mine.leader, 1, MPI_INT, 0, node);
+    if (t->cross_comm != MPI_COMM_NULL) PMPI_Comm_rank(t->cross_comm, &mine.cross);
+    t->rank = rank;
+    t->places.resize(static_cast<std::size_t>(size));
+    PMPI_Allgather(&mine, 3, MPI_INT, t->places.data(), 3, MPI_INT, state->own);
+    state->transport =
+        std::string(t->shares ? "MPI; allreduce, reduce_scatter_block, allgather and bcast"
+                              : "MPI; allreduce and bcast") +
+        " in tiers: shared memory inside nodes of " + std::to_string(-widths[1]) + "-" +
+        std::to_string(widths[0]) + " ranks, MPI across them from " +
+        (t->shares ? "every rank (its share)"
+                   : "each node's first rank; reduce_scatter_block and allgather on MPI");
     state->hierarchy = std::move(t);
   }
   if (l.settings.verbose && rank == 0) {
@@ -970,7 +1003,7 @@ void stop() {
                      l.settings.compressor.c_str(), compressed);
       }
       if (tiered > 0) {
-        std::fprintf(stderr, "  allreduce calls in tiers across nodes: %llu\n", tiered);
+        std::fprintf(stderr, "  calls in tiers across nodes: %llu\n", tiered);
       }
     }
   }
@@ -1041,6 +1074,99 @@ void tiered_allreduce(tiers& t, T* data, std::size_t count, Op op) {
   }
 }
 
+/// The tiers of `state` where every rank crosses with its share (nodes of one size), else null:
+/// where reduce_scatter_block and allgather run in tiers.
+tiers* shares_tiers(comm_state& state) {
+  return state.hierarchy && state.hierarchy->shares ? state.hierarchy.get() : nullptr;
+}
+
+/// One more call squall ran in tiers across nodes.
+void note_tiered() {
+  const std::lock_guard guard(lib().lock);
+  ++lib().tiered;
+}
+
+/// A reduce_scatter_block over a communicator that spans nodes of one size (`tiers::shares`):
+/// `whole` (a block of `block` elements for every rank, in rank order) into this rank's block
+/// `mine`. The blocks go into tier order; each rank reduces, inside its node, the blocks of the
+/// ranks of its place in every node, then those among the ranks of its place across nodes:
+/// each rank crosses with its share, as the allreduce's tiers.
+template <class T, class Op>
+void tiered_reduce_scatter(tiers& t, const T* whole, T* mine, std::size_t block, Op op) {
+  auto& node = *t.node.comm;
+  const std::size_t ranks = t.places.size();
+  const std::size_t across = ranks / static_cast<std::size_t>(node.size());
+  T* ordered = reinterpret_cast<T*>(t.scratch((ranks + across) * block * sizeof(T)));
+  for (std::size_t r = 0; r < ranks; ++r) {
+    squall::kernels::copy_bytes(ordered + t.tier_index(static_cast<int>(r)) * block,
+                                whole + r * block, block * sizeof(T));
+  }
+  T* place_blocks = ordered + ranks * block;  // the blocks of this rank's place, node-reduced
+  node.reduce_scatter(host_view<const T>(ordered, ranks * block),
+                      host_view<T>(place_blocks, across * block), op);
+  std::visit(
+      [&](auto& holder) {
+        holder.comm->reduce_scatter(host_view<const T>(place_blocks, across * block),
+                                    host_view<T>(mine, block), op);
+      },
+      t.cross);
+}
+
+/// An allgather over a communicator that spans nodes of one size: this rank's `words` at
+/// `mine` into `whole` (every rank's, in rank order). Across nodes first (each rank gathers
+/// the blocks of the ranks of its place in every node), then inside the node (each place's
+/// gathered blocks), then from tier order into rank order.
+void tiered_allgather(tiers& t, const std::int32_t* mine, std::int32_t* whole, std::size_t words) {
+  auto& node = *t.node.comm;
+  const std::size_t ranks = t.places.size();
+  const std::size_t across = ranks / static_cast<std::size_t>(node.size());
+  auto* ordered = reinterpret_cast<std::int32_t*>(t.scratch(ranks * words * sizeof(std::int32_t)));
+  std::int32_t* place_blocks = ordered + node.block_offset(ranks * words);
+  std::visit(
+      [&](auto& holder) {
+        holder.comm->allgather(host_view<const std::int32_t>(mine, words),
+                               host_view<std::int32_t>(place_blocks, across * words));
+      },
+      t.cross);
+  node.allgather(host_view<const std::int32_t>(place_blocks, across * words),
+                 host_view<std::int32_t>(ordered, ranks * words));
+  for (std::size_t r = 0; r < ranks; ++r) {
+    squall::kernels::copy_bytes(whole + r * words,
+                                ordered + t.tier_index(static_cast<int>(r)) * words,
+                                words * sizeof(std::int32_t));
+  }
+}
+
+/// A broadcast over a communicator that spans nodes: `root`'s `words` at `data` to every rank.
+/// Nodes of one size: across nodes among the ranks of the root's place, then inside every node
+/// from that place. Otherwise (only the nodes' first ranks cross): inside the root's node, across
+/// among the first ranks, then inside the other nodes.
+void tiered_broadcast(tiers& t, std::int32_t* data, std::size_t words, int root) {
+  auto& node = *t.node.comm;
+  const host_view<std::int32_t> all(data, words);
+  const int ranks = static_cast<int>(t.places.size());
+  if (root < 0 || root >= ranks) {  // refused on every rank before anything moves
+    throw squall::invalid_argument(
+        {.operation = "squall broadcast"},
+        "root " + std::to_string(root) + " outside [0, " + std::to_string(ranks) + ")");
+  }
+  const tiers::place& from = t.places[static_cast<std::size_t>(root)];
+  const auto across = [&](int cross_root) {
+    std::visit([&](auto& holder) { holder.comm->broadcast(all, cross_root); }, t.cross);
+  };
+  if (t.shares) {
+    if (node.rank() == from.local) across(from.cross);
+    node.broadcast(all, from.local);
+    return;
+  }
+  const bool roots_node = t.places[static_cast<std::size_t>(t.rank)].leader == from.leader;
+  if (roots_node) node.broadcast(all, from.local);
+  if (t.cross_comm != MPI_COMM_NULL) {
+    across(t.places[static_cast<std::size_t>(from.leader)].cross);
+  }
+  if (!roots_node) node.broadcast(all, 0);
+}
+
 template <class Fallback>
 int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Datatype datatype,
                    MPI_Op op, MPI_Comm comm, Fallback fallback) {
@@ -1065,9 +1191,11 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
         if (state.hierarchy) {
           buffers.input_to_output();
           tiered_allreduce(*state.hierarchy, result, n, squall_op);
-          const std::lock_guard guard(lib().lock);
-          ++lib().tiered;
-          if (float_sum && state.hierarchy->compressing) ++lib().compressed;
+          note_tiered();
+          if (float_sum && state.hierarchy->compressing) {
+            const std::lock_guard guard(lib().lock);
+            ++lib().compressed;
+          }
           return;
         }
         std::visit(
@@ -1477,24 +1605,36 @@ int reduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type rec
       reduce_scatter_route(reduce_scatter_block, false, recvcount, datatype, op, comm);
   note(reduce_scatter_block, route.b != base::none, route.bytes);
   if (route.b == base::none) return fallback();
-  return run(comm, [&](auto& holder) {
-    auto& squall_comm = *holder.comm;
-    scatter_buffers buffers(sendbuf, recvbuf, recvcount, squall_comm.size(), datatype, comm);
+  return run_state(comm, [&](comm_state& state) {
+    tiers* const tiered = shares_tiers(state);
+    int size = 1;
+    PMPI_Comm_size(comm, &size);
+    scatter_buffers buffers(sendbuf, recvbuf, recvcount, size, datatype, comm);
     with_type(route.b, [&]<class T>(T) {
       with_op(op, [&](auto squall_op) {
         const std::size_t n = elements<T>(route.bytes);
         T* whole = reinterpret_cast<T*>(buffers.in.bytes());
-        std::size_t offset = 0;
-        if (buffers.in_place) {
-          squall_comm.reduce_scatter(host_view<T>(whole, n), squall_op);
-          offset = squall_comm.block_offset(n) * sizeof(T);
-        } else {
-          squall_comm.reduce_scatter(
-              host_view<const T>(whole, n),
-              host_view<T>(reinterpret_cast<T*>(buffers.out.bytes()), elements<T>(route.block)),
-              squall_op);
+        T* mine = reinterpret_cast<T*>(buffers.out.bytes());
+        if (tiered != nullptr) {
+          tiered_reduce_scatter(*tiered, whole, mine, elements<T>(route.block), squall_op);
+          buffers.finish(0);  // `whole` was copied into tier order first: in place is safe
+          note_tiered();
+          return;
         }
-        buffers.finish(offset);
+        std::visit(
+            [&](auto& holder) {
+              auto& squall_comm = *holder.comm;
+              std::size_t offset = 0;
+              if (buffers.in_place) {
+                squall_comm.reduce_scatter(host_view<T>(whole, n), squall_op);
+                offset = squall_comm.block_offset(n) * sizeof(T);
+              } else {
+                squall_comm.reduce_scatter(host_view<const T>(whole, n),
+                                           host_view<T>(mine, elements<T>(route.block)), squall_op);
+              }
+              buffers.finish(offset);
+            },
+            state.impl);
       });
     });
   });
@@ -1515,14 +1655,23 @@ int allgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendt
     return fallback();
   }
   note(allgather, true, bytes);
-  return run(comm, [&](auto& holder) {
-    auto& squall_comm = *holder.comm;
+  return run_state(comm, [&](comm_state& state) {
     staged out(recvbuf, recvcount * size, recvtype, comm);
     const std::size_t words = static_cast<std::size_t>(block / 4);
     auto* whole = reinterpret_cast<std::int32_t*>(out.bytes());
     const std::int32_t* mine = own_block(out, sendbuf, sendcount, sendtype, block, rank, comm);
-    squall_comm.allgather(host_view<const std::int32_t>(mine, words),
-                          host_view<std::int32_t>(whole, words * static_cast<std::size_t>(size)));
+    if (tiers* const tiered = shares_tiers(state)) {
+      tiered_allgather(*tiered, mine, whole, words);
+      note_tiered();
+    } else {
+      std::visit(
+          [&](auto& holder) {
+            holder.comm->allgather(
+                host_view<const std::int32_t>(mine, words),
+                host_view<std::int32_t>(whole, words * static_cast<std::size_t>(size)));
+          },
+          state.impl);
+    }
     out.unpack();
   });
 }
@@ -1543,18 +1692,21 @@ int bcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root, 
   const int code = run_state(comm, [&](comm_state& state) {
     if (by_default && !state.one_host) return;
     handled = true;
-    std::visit(
-        [&](auto& holder) {
-          auto& squall_comm = *holder.comm;
-          staged data(buffer, count, datatype, comm);
-          if (squall_comm.rank() == root) data.pack();
-          squall_comm.broadcast(
-              host_view<std::int32_t>(reinterpret_cast<std::int32_t*>(data.bytes()),
-                                      static_cast<std::size_t>(bytes / 4)),
-              root);
-          data.unpack();
-        },
-        state.impl);
+    staged data(buffer, count, datatype, comm);
+    int rank = 0;
+    PMPI_Comm_rank(comm, &rank);
+    if (rank == root) data.pack();
+    auto* words = reinterpret_cast<std::int32_t*>(data.bytes());
+    const auto n = static_cast<std::size_t>(bytes / 4);
+    if (state.hierarchy) {
+      tiered_broadcast(*state.hierarchy, words, n, root);
+      note_tiered();
+    } else {
+      std::visit(
+          [&](auto& holder) { holder.comm->broadcast(host_view<std::int32_t>(words, n), root); },
+          state.impl);
+    }
+    data.unpack();
   });
   note(bcast, handled, bytes);
   return handled || code != MPI_SUCCESS ? code : fallback();
@@ -1791,8 +1943,8 @@ SQUALL_MPI_EXPORT int MPI_Barrier(MPI_Comm comm) {
   return run(comm, [](auto& holder) { holder.comm->barrier(); });
 }
 
-/// For tests and tools: this process's allreduce calls so far that squall ran in tiers
-/// (shared memory inside nodes, MPI across them).
+/// For tests and tools: this process's calls so far (allreduce, reduce_scatter_block, allgather,
+/// bcast) that squall ran in tiers (shared memory inside nodes, MPI across them).
 SQUALL_MPI_EXPORT unsigned long long squall_mpi_tiered_calls() {
   const std::lock_guard guard(lib().lock);
   return lib().tiered;

@@ -76,13 +76,34 @@ bool spans_nodes(MPI_Comm comm) {
   return per != nullptr && !expect_off() && size_of(comm) > std::atoi(per);
 }
 
-/// Runs the allreduce `call` on `comm` through `expect_route`, and checks that it ran in tiers
-/// exactly when squall took it on a communicator that spans nodes.
+/// Whether the nodes `comm` spans hold alike many ranks (the width divides its size).
+bool nodes_alike(MPI_Comm comm) {
+  const char* per = std::getenv("SQUALL_RANKS_PER_NODE");
+  if (per == nullptr) per = std::getenv("SQUALL_TEST_NODE_WIDTH");
+  return per != nullptr && size_of(comm) % std::atoi(per) == 0;
+}
+
+/// Runs `call` through `expect_route`, and checks that it ran in tiers (shared memory inside
+/// the nodes, MPI across) exactly when `tiered`.
 template <class F>
-void expect_allreduce_route(bool handled, MPI_Comm comm, F&& call) {
+void expect_tiered_route(bool handled, bool tiered, F&& call) {
   const unsigned long long before = squall_mpi_tiered_calls();
   expect_route(handled, call);
-  CHECK(squall_mpi_tiered_calls() == before + (handled && spans_nodes(comm) ? 1 : 0));
+  CHECK(squall_mpi_tiered_calls() == before + (tiered && !expect_off() ? 1 : 0));
+}
+
+/// An allreduce or broadcast `call` on `comm`: in tiers whenever squall takes it on a
+/// communicator that spans nodes.
+template <class F>
+void expect_allreduce_route(bool handled, MPI_Comm comm, F&& call) {
+  expect_tiered_route(handled, handled && spans_nodes(comm), call);
+}
+
+/// A reduce_scatter_block or allgather `call` on `comm`: in tiers where squall takes it on a
+/// communicator that spans nodes of alike many ranks (otherwise on MPI alone).
+template <class F>
+void expect_scatter_route(bool handled, MPI_Comm comm, F&& call) {
+  expect_tiered_route(handled, handled && spans_nodes(comm) && nodes_alike(comm), call);
 }
 
 /// Whether squall takes an MPI_Bcast of `bytes` on `comm` (the tests' SQUALL_MPI_MIN_BYTES is
@@ -159,7 +180,7 @@ TEST_CASE("the large-count forms (MPI 4) take the same routes") {
   std::vector<double> gathered_ref(gathered.size());
   PMPI_Allgather_c(input.data(), count, MPI_DOUBLE, gathered_ref.data(), count, MPI_DOUBLE,
                    MPI_COMM_WORLD);
-  expect_route(true, [&] {
+  expect_scatter_route(true, MPI_COMM_WORLD, [&] {
     return MPI_Allgather_c(input.data(), count, MPI_DOUBLE, gathered.data(), count, MPI_DOUBLE,
                            MPI_COMM_WORLD);
   });
@@ -167,15 +188,16 @@ TEST_CASE("the large-count forms (MPI 4) take the same routes") {
   std::vector<double> block(input.size()), block_ref(input.size());
   PMPI_Reduce_scatter_block_c(gathered.data(), block_ref.data(), count, MPI_DOUBLE, MPI_MAX,
                               MPI_COMM_WORLD);
-  expect_route(true, [&] {
+  expect_scatter_route(true, MPI_COMM_WORLD, [&] {
     return MPI_Reduce_scatter_block_c(gathered.data(), block.data(), count, MPI_DOUBLE, MPI_MAX,
                                       MPI_COMM_WORLD);
   });
   CHECK(block == block_ref);
   std::vector<double> data = rank == 0 ? input : std::vector<double>(input.size());
   const std::vector<double> expected = data_of<double>(static_cast<std::size_t>(count), 0, 4);
-  expect_route(takes_bcast(static_cast<std::size_t>(count) * 8, MPI_COMM_WORLD),
-               [&] { return MPI_Bcast_c(data.data(), count, MPI_DOUBLE, 0, MPI_COMM_WORLD); });
+  expect_allreduce_route(
+      takes_bcast(static_cast<std::size_t>(count) * 8, MPI_COMM_WORLD), MPI_COMM_WORLD,
+      [&] { return MPI_Bcast_c(data.data(), count, MPI_DOUBLE, 0, MPI_COMM_WORLD); });
   CHECK(data == expected);
 }
 #endif
@@ -377,13 +399,13 @@ TEST_CASE("reduce_scatter_block, allgather, bcast and barrier against PMPI") {
     std::vector<float> reference(block), out(block);
     PMPI_Reduce_scatter_block(input.data(), reference.data(), static_cast<int>(block), MPI_FLOAT,
                               MPI_SUM, MPI_COMM_WORLD);
-    expect_route(big, [&] {
+    expect_scatter_route(big, MPI_COMM_WORLD, [&] {
       return MPI_Reduce_scatter_block(input.data(), out.data(), static_cast<int>(block), MPI_FLOAT,
                                       MPI_SUM, MPI_COMM_WORLD);
     });
     CHECK(out == reference);
     std::vector<float> in_place = input;
-    expect_route(big, [&] {
+    expect_scatter_route(big, MPI_COMM_WORLD, [&] {
       return MPI_Reduce_scatter_block(MPI_IN_PLACE, in_place.data(), static_cast<int>(block),
                                       MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     });
@@ -395,7 +417,7 @@ TEST_CASE("reduce_scatter_block, allgather, bcast and barrier against PMPI") {
     std::vector<std::int32_t> gathered(gathered_ref.size());
     PMPI_Allgather(mine.data(), static_cast<int>(block), MPI_INT, gathered_ref.data(),
                    static_cast<int>(block), MPI_INT, MPI_COMM_WORLD);
-    expect_route(big, [&] {
+    expect_scatter_route(big, MPI_COMM_WORLD, [&] {
       return MPI_Allgather(mine.data(), static_cast<int>(block), MPI_INT, gathered.data(),
                            static_cast<int>(block), MPI_INT, MPI_COMM_WORLD);
     });
@@ -403,7 +425,7 @@ TEST_CASE("reduce_scatter_block, allgather, bcast and barrier against PMPI") {
     std::vector<std::int32_t> gathered_in_place(gathered_ref.size());
     std::copy(mine.begin(), mine.end(),
               gathered_in_place.begin() + static_cast<long>(block) * rank);
-    expect_route(big, [&] {
+    expect_scatter_route(big, MPI_COMM_WORLD, [&] {
       return MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, gathered_in_place.data(),
                            static_cast<int>(block), MPI_INT, MPI_COMM_WORLD);
     });
@@ -412,7 +434,7 @@ TEST_CASE("reduce_scatter_block, allgather, bcast and barrier against PMPI") {
     for (int root = 0; root < size; ++root) {
       std::vector<double> data = data_of<double>(block, rank, root);
       const std::vector<double> expected = data_of<double>(block, root, root);
-      expect_route(takes_bcast(block * 8, MPI_COMM_WORLD), [&] {
+      expect_allreduce_route(takes_bcast(block * 8, MPI_COMM_WORLD), MPI_COMM_WORLD, [&] {
         return MPI_Bcast(data.data(), static_cast<int>(block), MPI_DOUBLE, root, MPI_COMM_WORLD);
       });
       CHECK(data == expected);
@@ -425,7 +447,7 @@ TEST_CASE("reduce_scatter_block, allgather, bcast and barrier against PMPI") {
     const int root = size - 1;
     std::vector<float> data = data_of<float>(words, rank, 5);
     const std::vector<float> expected = data_of<float>(words, root, 5);
-    expect_route(takes_bcast(words * 4, MPI_COMM_WORLD), [&] {
+    expect_allreduce_route(takes_bcast(words * 4, MPI_COMM_WORLD), MPI_COMM_WORLD, [&] {
       return MPI_Bcast(data.data(), static_cast<int>(words), MPI_FLOAT, root, MPI_COMM_WORLD);
     });
     CHECK(data == expected);
