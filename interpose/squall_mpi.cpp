@@ -561,6 +561,28 @@ struct tiers {
   std::vector<place> places;    ///< by rank of the communicator
   int rank = 0;                 ///< this rank's, in the communicator
   std::vector<std::byte> work;  ///< the blocks in tier order (reduce_scatter_block, allgather)
+  /// The non-blocking calls in tiers, run in order on a thread of their own (squall's progress
+  /// engine), made at the first: where the program's MPI gives MPI_THREAD_MULTIPLE.
+  std::unique_ptr<squall::detail::progress_engine> engine;
+
+  /// A blocking call in tiers: on the caller's thread when no non-blocking one is in flight,
+  /// else queued behind those and waited for (the order the program called them in).
+  template <class F>
+  void ordered(F&& body) {
+    if (!engine || engine->idle()) {
+      std::forward<F>(body)();
+      return;
+    }
+    engine->wait(engine->submit([&] { body(); }), rank);
+  }
+  /// A non-blocking call in tiers: `body` queued on the engine.
+  squall::request started(std::function<void()> body) {
+    if (!engine) {
+      engine =
+          std::make_unique<squall::detail::progress_engine>(squall::options{}.resolved_deadline());
+    }
+    return squall::request(engine.get(), engine->submit(std::move(body)), rank);
+  }
 
   /// Where rank `r`'s block lies among the blocks in tier order (nodes of one size): those
   /// of the ranks of each place in the node, in turn, each in the order of its ranks across.
@@ -576,6 +598,7 @@ struct tiers {
   }
 
   ~tiers() {
+    engine.reset();  // runs what is queued, then stops its thread, before the tiers go
     node = {};
     cross = {};
     if (cross_comm != MPI_COMM_NULL) PMPI_Comm_free(&cross_comm);
@@ -618,6 +641,7 @@ struct library {
   std::map<MPI_Request, std::unique_ptr<pending_call>> pending;
   std::atomic<std::size_t> in_flight{0};  ///< `pending`'s size, read without the lock
   bool agreed = false;                    ///< every rank holds the same settings (MPI_Init said)
+  bool thread_multiple = false;           ///< every rank's MPI gives MPI_THREAD_MULTIPLE
   bool on = false;                        ///< agreed and enabled
   config settings;
   int keyval = MPI_KEYVAL_INVALID;
@@ -960,6 +984,13 @@ void start() {
                  "squall_mpi: the ranks' SQUALL_MPI_* settings differ; squall is off, MPI does "
                  "every call\n");
   }
+  // Whether squall's own threads may call MPI (non-blocking calls across hosts): only where
+  // every rank's MPI gives MPI_THREAD_MULTIPLE, so that every rank routes them alike.
+  int provided = MPI_THREAD_SINGLE;
+  PMPI_Query_thread(&provided);
+  int multiple = provided == MPI_THREAD_MULTIPLE ? 1 : 0;
+  PMPI_Allreduce(MPI_IN_PLACE, &multiple, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  l.thread_multiple = multiple == 1;
   PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_state, &l.keyval, nullptr);
   l.agreed = agreed == 1;
   l.on = l.agreed && l.settings.enable;
@@ -1137,6 +1168,17 @@ void tiered_allgather(tiers& t, const std::int32_t* mine, std::int32_t* whole, s
   }
 }
 
+/// Refuses a broadcast's root outside the communicator (on every rank, before anything moves:
+/// the tiers' table is indexed by it).
+void check_root(const tiers& t, int root) {
+  const int ranks = static_cast<int>(t.places.size());
+  if (root < 0 || root >= ranks) {
+    throw squall::invalid_argument(
+        {.operation = "squall broadcast"},
+        "root " + std::to_string(root) + " outside [0, " + std::to_string(ranks) + ")");
+  }
+}
+
 /// A broadcast over a communicator that spans nodes: `root`'s `words` at `data` to every rank.
 /// Nodes of one size: across nodes among the ranks of the root's place, then inside every node
 /// from that place. Otherwise (only the nodes' first ranks cross): inside the root's node, across
@@ -1144,12 +1186,7 @@ void tiered_allgather(tiers& t, const std::int32_t* mine, std::int32_t* whole, s
 void tiered_broadcast(tiers& t, std::int32_t* data, std::size_t words, int root) {
   auto& node = *t.node.comm;
   const host_view<std::int32_t> all(data, words);
-  const int ranks = static_cast<int>(t.places.size());
-  if (root < 0 || root >= ranks) {  // refused on every rank before anything moves
-    throw squall::invalid_argument(
-        {.operation = "squall broadcast"},
-        "root " + std::to_string(root) + " outside [0, " + std::to_string(ranks) + ")");
-  }
+  check_root(t, root);
   const tiers::place& from = t.places[static_cast<std::size_t>(root)];
   const auto across = [&](int cross_root) {
     std::visit([&](auto& holder) { holder.comm->broadcast(all, cross_root); }, t.cross);
@@ -1190,7 +1227,8 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
             std::is_same_v<T, float> && std::is_same_v<decltype(squall_op), squall::sum_op>;
         if (state.hierarchy) {
           buffers.input_to_output();
-          tiered_allreduce(*state.hierarchy, result, n, squall_op);
+          state.hierarchy->ordered(
+              [&] { tiered_allreduce(*state.hierarchy, result, n, squall_op); });
           note_tiered();
           if (float_sum && state.hierarchy->compressing) {
             const std::lock_guard guard(lib().lock);
@@ -1373,42 +1411,39 @@ int refuse(const char* what, MPI_Comm user) {
 /// it lies on one host (shared memory). `start(holder, call)` sets `call.work` and
 /// `call.finish`; the program gets a generalized request in `request`. Returns whether squall
 /// took it; `code` is the error a failed start handed to the communicator's error handler.
-template <class Start>
-bool start_pending(call_kind kind, MPI_Comm comm, MPI_Request* request, int& code, Start&& start) {
+template <class Start, class StartTiered>
+bool start_pending(call_kind kind, MPI_Comm comm, MPI_Request* request, int& code, Start&& start,
+                   StartTiered&& start_tiered) {
   code = MPI_SUCCESS;
   // Only once squall holds the communicator (a handled blocking call made its state, on every
   // rank alike): making it is a blocking collective, which a non-blocking call must not be.
   if (existing_state(comm) == nullptr) return false;
   bool started = false;
   code = run_state(comm, [&](comm_state& state) {
-    if (state.hierarchy) return;  // across hosts: squall's thread would call MPI
-    std::visit(
-        [&](auto& holder) {
-          using holder_type = std::remove_reference_t<decltype(holder)>;
-          if constexpr (std::is_same_v<typename holder_type::transport_type,
-                                       squall::shm_transport>) {
-            auto call = std::make_unique<pending_call>();
-            call->kind = kind;
-            call->state = &state;
-            call->user = comm;
-            start(holder, *call);
-            call->code = new int(MPI_SUCCESS);
-            const int made = PMPI_Grequest_start(grequest_query, grequest_free, grequest_cancel,
-                                                 call->code, request);
-            if (made != MPI_SUCCESS) {
-              delete call->code;
-              call->work.wait();  // nothing may still write into the buffers
-              squall::detail::mpi_check(made, {.operation = call_names[kind]},
-                                        "MPI_Grequest_start");
-            }
-            library& l = lib();
-            const std::lock_guard guard(l.pending_lock);
-            l.pending.emplace(*request, std::move(call));
-            l.in_flight.fetch_add(1, std::memory_order_release);
-            started = true;
-          }
-        },
-        state.impl);
+    // Across hosts squall's thread calls MPI: only where every rank's MPI allows it.
+    if (!state.one_host && !lib().thread_multiple) return;
+    auto call = std::make_unique<pending_call>();
+    call->kind = kind;
+    call->state = &state;
+    call->user = comm;
+    if (state.hierarchy && start_tiered(*state.hierarchy, *call)) {
+      note_tiered();
+    } else {
+      std::visit([&](auto& holder) { start(holder, *call); }, state.impl);
+    }
+    call->code = new int(MPI_SUCCESS);
+    const int made =
+        PMPI_Grequest_start(grequest_query, grequest_free, grequest_cancel, call->code, request);
+    if (made != MPI_SUCCESS) {
+      delete call->code;
+      call->work.wait();  // nothing may still write into the buffers
+      squall::detail::mpi_check(made, {.operation = call_names[kind]}, "MPI_Grequest_start");
+    }
+    library& l = lib();
+    const std::lock_guard guard(l.pending_lock);
+    l.pending.emplace(*request, std::move(call));
+    l.in_flight.fetch_add(1, std::memory_order_release);
+    started = true;
   });
   return started;
 }
@@ -1428,35 +1463,58 @@ int iallreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Da
   bool started = false;
   if (b != base::none) {
     int code = MPI_SUCCESS;
-    started = start_pending(iallreduce, comm, request, code, [&](auto& holder, pending_call& call) {
-      using holder_type = std::remove_reference_t<decltype(holder)>;
-      auto buffers = std::make_shared<allreduce_buffers>(sendbuf, recvbuf, count, datatype, comm);
-      call.finish = [buffers] { buffers->out.unpack(); };
-      with_type(b, [&]<class T>(T) {
-        with_op(op, [&](auto squall_op) {
-          T* result = reinterpret_cast<T*>(buffers->out.bytes());
-          const std::size_t n = elements<T>(bytes);
-          constexpr bool float_sum =
-              std::is_same_v<T, float> && std::is_same_v<decltype(squall_op), squall::sum_op>;
-          auto& squall_comm = *holder.comm;
-          if constexpr (holder_type::compresses && float_sum) {
-            // in place, as the blocking call; the state of this count, which the progress
-            // thread uses for one call at a time, in their order
-            buffers->input_to_output();
-            call.work = squall_comm.iallreduce(host_view<T>(result, n), state_of_count(holder, n),
-                                               squall_op);
-            const std::lock_guard guard(lib().lock);
-            ++lib().compressed;
-          } else if (buffers->in_place()) {
-            call.work = squall_comm.iallreduce(host_view<T>(result, n), squall_op);
-          } else {
-            call.work = squall_comm.iallreduce(
-                host_view<const T>(reinterpret_cast<const T*>(buffers->in->bytes()), n),
-                host_view<T>(result, n), squall_op);
-          }
+    started = start_pending(
+        iallreduce, comm, request, code,
+        [&](auto& holder, pending_call& call) {
+          using holder_type = std::remove_reference_t<decltype(holder)>;
+          auto buffers =
+              std::make_shared<allreduce_buffers>(sendbuf, recvbuf, count, datatype, comm);
+          call.finish = [buffers] { buffers->out.unpack(); };
+          with_type(b, [&]<class T>(T) {
+            with_op(op, [&](auto squall_op) {
+              T* result = reinterpret_cast<T*>(buffers->out.bytes());
+              const std::size_t n = elements<T>(bytes);
+              constexpr bool float_sum =
+                  std::is_same_v<T, float> && std::is_same_v<decltype(squall_op), squall::sum_op>;
+              auto& squall_comm = *holder.comm;
+              if constexpr (holder_type::compresses && float_sum) {
+                // in place, as the blocking call; the state of this count, which the progress
+                // thread uses for one call at a time, in their order
+                buffers->input_to_output();
+                call.work = squall_comm.iallreduce(host_view<T>(result, n),
+                                                   state_of_count(holder, n), squall_op);
+                const std::lock_guard guard(lib().lock);
+                ++lib().compressed;
+              } else if (buffers->in_place()) {
+                call.work = squall_comm.iallreduce(host_view<T>(result, n), squall_op);
+              } else {
+                call.work = squall_comm.iallreduce(
+                    host_view<const T>(reinterpret_cast<const T*>(buffers->in->bytes()), n),
+                    host_view<T>(result, n), squall_op);
+              }
+            });
+          });
+        },
+        [&](tiers& t, pending_call& call) {
+          auto buffers =
+              std::make_shared<allreduce_buffers>(sendbuf, recvbuf, count, datatype, comm);
+          call.finish = [buffers] { buffers->out.unpack(); };
+          with_type(b, [&]<class T>(T) {
+            with_op(op, [&](auto squall_op) {
+              const std::size_t n = elements<T>(bytes);
+              call.work = t.started([&t, buffers, n, squall_op] {
+                buffers->input_to_output();
+                tiered_allreduce(t, reinterpret_cast<T*>(buffers->out.bytes()), n, squall_op);
+              });
+              if (std::is_same_v<T, float> && std::is_same_v<decltype(squall_op), squall::sum_op> &&
+                  t.compressing) {
+                const std::lock_guard guard(lib().lock);
+                ++lib().compressed;
+              }
+            });
+          });
+          return true;
         });
-      });
-    });
     if (code != MPI_SUCCESS) return code;
   }
   note(iallreduce, started, bytes);
@@ -1517,7 +1575,8 @@ int ireduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type re
   if (route.b != base::none) {
     int code = MPI_SUCCESS;
     started = start_pending(
-        ireduce_scatter_block, comm, request, code, [&](auto& holder, pending_call& call) {
+        ireduce_scatter_block, comm, request, code,
+        [&](auto& holder, pending_call& call) {
           auto& squall_comm = *holder.comm;
           auto buffers = std::make_shared<scatter_buffers>(sendbuf, recvbuf, recvcount,
                                                            squall_comm.size(), datatype, comm);
@@ -1539,6 +1598,22 @@ int ireduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type re
               call.finish = [buffers, offset] { buffers->finish(offset); };
             });
           });
+        },
+        [&](tiers& t, pending_call& call) {
+          if (!t.shares) return false;  // on the whole communicator's MPI transport
+          auto buffers = std::make_shared<scatter_buffers>(
+              sendbuf, recvbuf, recvcount, static_cast<int>(t.places.size()), datatype, comm);
+          call.finish = [buffers] { buffers->finish(0); };
+          with_type(route.b, [&]<class T>(T) {
+            with_op(op, [&](auto squall_op) {
+              const std::size_t block = elements<T>(route.block);
+              call.work = t.started([&t, buffers, block, squall_op] {
+                tiered_reduce_scatter(t, reinterpret_cast<const T*>(buffers->in.bytes()),
+                                      reinterpret_cast<T*>(buffers->out.bytes()), block, squall_op);
+              });
+            });
+          });
+          return true;
         });
     if (code != MPI_SUCCESS) return code;
   }
@@ -1560,16 +1635,31 @@ int iallgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype send
   bool started = false;
   if (usable_nonblocking(iallgather, comm, bytes) && block % 4 == 0) {
     int code = MPI_SUCCESS;
-    started = start_pending(iallgather, comm, request, code, [&](auto& holder, pending_call& call) {
-      auto out = std::make_shared<staged>(recvbuf, recvcount * size, recvtype, comm);
-      const std::size_t words = static_cast<std::size_t>(block / 4);
-      auto* whole = reinterpret_cast<std::int32_t*>(out->bytes());
-      const std::int32_t* mine = own_block(*out, sendbuf, sendcount, sendtype, block, rank, comm);
-      call.work = holder.comm->iallgather(
-          host_view<const std::int32_t>(mine, words),
-          host_view<std::int32_t>(whole, words * static_cast<std::size_t>(size)));
-      call.finish = [out] { out->unpack(); };
-    });
+    started = start_pending(
+        iallgather, comm, request, code,
+        [&](auto& holder, pending_call& call) {
+          auto out = std::make_shared<staged>(recvbuf, recvcount * size, recvtype, comm);
+          const std::size_t words = static_cast<std::size_t>(block / 4);
+          auto* whole = reinterpret_cast<std::int32_t*>(out->bytes());
+          const std::int32_t* mine =
+              own_block(*out, sendbuf, sendcount, sendtype, block, rank, comm);
+          call.work = holder.comm->iallgather(
+              host_view<const std::int32_t>(mine, words),
+              host_view<std::int32_t>(whole, words * static_cast<std::size_t>(size)));
+          call.finish = [out] { out->unpack(); };
+        },
+        [&](tiers& t, pending_call& call) {
+          if (!t.shares) return false;  // on the whole communicator's MPI transport
+          auto out = std::make_shared<staged>(recvbuf, recvcount * size, recvtype, comm);
+          const std::size_t words = static_cast<std::size_t>(block / 4);
+          auto* whole = reinterpret_cast<std::int32_t*>(out->bytes());
+          const std::int32_t* mine =
+              own_block(*out, sendbuf, sendcount, sendtype, block, rank, comm);
+          call.work =
+              t.started([&t, out, mine, whole, words] { tiered_allgather(t, mine, whole, words); });
+          call.finish = [out] { out->unpack(); };
+          return true;
+        });
     if (code != MPI_SUCCESS) return code;
   }
   note(iallgather, started, bytes);
@@ -1583,15 +1673,28 @@ int ibcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root,
   bool started = false;
   if (usable_nonblocking(ibcast, comm, bytes) && bytes % 4 == 0) {
     int code = MPI_SUCCESS;
-    started = start_pending(ibcast, comm, request, code, [&](auto& holder, pending_call& call) {
-      auto data = std::make_shared<staged>(buffer, count, datatype, comm);
-      if (holder.comm->rank() == root) data->pack();
-      call.work = holder.comm->ibroadcast(
-          host_view<std::int32_t>(reinterpret_cast<std::int32_t*>(data->bytes()),
-                                  static_cast<std::size_t>(bytes / 4)),
-          root);
-      call.finish = [data] { data->unpack(); };
-    });
+    started = start_pending(
+        ibcast, comm, request, code,
+        [&](auto& holder, pending_call& call) {
+          auto data = std::make_shared<staged>(buffer, count, datatype, comm);
+          if (holder.comm->rank() == root) data->pack();
+          call.work = holder.comm->ibroadcast(
+              host_view<std::int32_t>(reinterpret_cast<std::int32_t*>(data->bytes()),
+                                      static_cast<std::size_t>(bytes / 4)),
+              root);
+          call.finish = [data] { data->unpack(); };
+        },
+        [&](tiers& t, pending_call& call) {
+          check_root(t, root);  // refused here, on every rank, before anything is queued
+          auto data = std::make_shared<staged>(buffer, count, datatype, comm);
+          if (t.rank == root) data->pack();
+          const auto n = static_cast<std::size_t>(bytes / 4);
+          call.work = t.started([&t, data, n, root] {
+            tiered_broadcast(t, reinterpret_cast<std::int32_t*>(data->bytes()), n, root);
+          });
+          call.finish = [data] { data->unpack(); };
+          return true;
+        });
     if (code != MPI_SUCCESS) return code;
   }
   note(ibcast, started, bytes);
@@ -1616,7 +1719,9 @@ int reduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type rec
         T* whole = reinterpret_cast<T*>(buffers.in.bytes());
         T* mine = reinterpret_cast<T*>(buffers.out.bytes());
         if (tiered != nullptr) {
-          tiered_reduce_scatter(*tiered, whole, mine, elements<T>(route.block), squall_op);
+          tiered->ordered([&] {
+            tiered_reduce_scatter(*tiered, whole, mine, elements<T>(route.block), squall_op);
+          });
           buffers.finish(0);  // `whole` was copied into tier order first: in place is safe
           note_tiered();
           return;
@@ -1661,7 +1766,7 @@ int allgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendt
     auto* whole = reinterpret_cast<std::int32_t*>(out.bytes());
     const std::int32_t* mine = own_block(out, sendbuf, sendcount, sendtype, block, rank, comm);
     if (tiers* const tiered = shares_tiers(state)) {
-      tiered_allgather(*tiered, mine, whole, words);
+      tiered->ordered([&] { tiered_allgather(*tiered, mine, whole, words); });
       note_tiered();
     } else {
       std::visit(
@@ -1699,7 +1804,7 @@ int bcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root, 
     auto* words = reinterpret_cast<std::int32_t*>(data.bytes());
     const auto n = static_cast<std::size_t>(bytes / 4);
     if (state.hierarchy) {
-      tiered_broadcast(*state.hierarchy, words, n, root);
+      state.hierarchy->ordered([&] { tiered_broadcast(*state.hierarchy, words, n, root); });
       note_tiered();
     } else {
       std::visit(

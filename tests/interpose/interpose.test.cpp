@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,12 @@ int size_of(MPI_Comm comm) {
   int s = 0;
   MPI_Comm_size(comm, &s);
   return s;
+}
+
+/// Whether the test asked MPI for MPI_THREAD_MULTIPLE (SQUALL_TEST_THREAD_MULTIPLE=1).
+bool thread_multiple() {
+  const char* multiple = std::getenv("SQUALL_TEST_THREAD_MULTIPLE");
+  return multiple != nullptr && std::string(multiple) == "1";
 }
 
 bool expect_off() {
@@ -485,8 +492,19 @@ bool takes_nonblocking(const std::string& name, MPI_Comm comm, std::size_t bytes
     char* end = nullptr;
     least = std::strtoull(floor, &end, 10) << (*end == 'K' ? 10 : 0);
   }
+  // across hosts (or on squall's MPI transport) squall's thread calls MPI: only where the
+  // program asked for MPI_THREAD_MULTIPLE (SQUALL_TEST_THREAD_MULTIPLE=1)
+  const bool on_mpi =
+      spans_nodes(comm) || (transport != nullptr && std::string(transport) == "mpi");
   return takes(name) && !expect_off() && bytes >= std::max<std::size_t>(least, 4096) &&
-         !spans_nodes(comm) && (transport == nullptr || std::string(transport) != "mpi");
+         (!on_mpi || thread_multiple());
+}
+
+/// Whether a non-blocking call `name` squall takes (`taken`) on `comm` runs in tiers: across
+/// nodes, reduce_scatter_block and allgather where the nodes hold alike many ranks.
+bool tiered_nonblocking(const std::string& name, MPI_Comm comm, bool taken) {
+  const bool any_nodes = name == "iallreduce" || name == "ibcast";
+  return taken && spans_nodes(comm) && (any_nodes || nodes_alike(comm));
 }
 
 /// A blocking allreduce squall takes, so that it holds `comm` (as MPI_Barrier, MPI_Iallreduce
@@ -662,6 +680,7 @@ TEST_CASE("iallgather, ireduce_scatter_block and ibcast in flight together, agai
     const int n = static_cast<int>(block);
     std::vector<MPI_Request> requests(6, MPI_REQUEST_NULL);
     const auto [h0, p0] = routes();
+    const unsigned long long tiered_before = squall_mpi_tiered_calls();
     REQUIRE(MPI_Ireduce_scatter_block(input.data(), scattered.data(), n, MPI_FLOAT, MPI_SUM, comm,
                                       &requests[0]) == MPI_SUCCESS);
     REQUIRE(MPI_Iallgather(mine.data(), n, MPI_INT, gathered.data(), n, MPI_INT, comm,
@@ -675,13 +694,25 @@ TEST_CASE("iallgather, ireduce_scatter_block and ibcast in flight together, agai
                            MPI_SUM, comm, &requests[5]) == MPI_SUCCESS);
     const auto [h1, p1] = routes();
     const std::size_t all_bytes = block * p * 4;
-    const std::size_t taken =
-        2 * (takes_nonblocking("ireduce_scatter_block", comm, all_bytes) ? 1 : 0) +
-        2 * (takes_nonblocking("iallgather", comm, all_bytes) ? 1 : 0) +
-        (takes_nonblocking("ibcast", comm, block * 8) ? 1 : 0) +
-        (takes_nonblocking("iallreduce", comm, all_bytes) ? 1 : 0);
+    std::size_t taken = 0;
+    unsigned long long tiered = 0;
+    for (const auto& [name, calls, bytes] :
+         {std::tuple{"ireduce_scatter_block", 2, all_bytes}, std::tuple{"iallgather", 2, all_bytes},
+          std::tuple{"ibcast", 1, block * 8}, std::tuple{"iallreduce", 1, all_bytes}}) {
+      const bool takes_it = takes_nonblocking(name, comm, bytes);
+      taken += takes_it ? static_cast<std::size_t>(calls) : 0;
+      tiered += tiered_nonblocking(name, comm, takes_it) ? static_cast<unsigned>(calls) : 0;
+    }
     CHECK(h1 - h0 == taken);
     CHECK(p1 - p0 == 6 - taken);
+    CHECK(squall_mpi_tiered_calls() - tiered_before == tiered);
+    // a blocking allreduce while they are in flight: queued behind them, in this order on
+    // every rank
+    std::vector<float> blocking = data_of<float>(70001, rank, 9), blocking_ref(70001);
+    PMPI_Allreduce(blocking.data(), blocking_ref.data(), 70001, MPI_FLOAT, MPI_SUM, comm);
+    REQUIRE(MPI_Allreduce(MPI_IN_PLACE, blocking.data(), 70001, MPI_FLOAT, MPI_SUM, comm) ==
+            MPI_SUCCESS);
+    CHECK(blocking == blocking_ref);
     std::reverse(requests.begin(), requests.end());
     REQUIRE(MPI_Waitall(6, requests.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS);
     CHECK(scattered == scattered_ref);
@@ -777,7 +808,17 @@ TEST_CASE("a squall error reaches the communicator's error handler and returns")
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  if (thread_multiple()) {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    if (provided != MPI_THREAD_MULTIPLE) {
+      std::fprintf(stderr, "SQUALL_TEST_THREAD_MULTIPLE=1 but MPI gives thread level %d\n",
+                   provided);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  } else {
+    MPI_Init(&argc, &argv);
+  }
   unsigned long long handled = 0, passed = 0;
   const int on = squall_mpi_counts(&handled, &passed, nullptr);
   doctest::Context context(argc, argv);
