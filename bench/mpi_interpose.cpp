@@ -8,7 +8,7 @@
 //
 //   mpiexec -n P env LD_PRELOAD=libsquall_mpi.so squall-mpi-bench [--op allreduce|iallreduce|
 //       allgather|iallgather|reduce_scatter|ireduce_scatter|bcast|ibcast|barrier] [-b 4K]
-//       [-e 256M] [-f 4] [--reps 5] [--warmup N] [--cold BYTES]
+//       [-e 256M] [-f 4] [--reps 5] [--warmup N] [--cold BYTES] [--thread single|multiple]
 //
 // Sizes from -b to -e, each -f times the last. Per size (bytes of the whole result, as nccl-tests
 // counts): the time of one call (best of
@@ -21,7 +21,8 @@
 // columns alternate, so without them a loop's first calls would pay for the caches the other
 // library's loop left. --cold BYTES measures the opposite case, a call after the program's own
 // work: before every call each rank writes BYTES of other memory (untimed, then a barrier),
-// and the call alone is timed.
+// and the call alone is timed. --thread multiple starts MPI with MPI_THREAD_MULTIPLE, which
+// libsquall_mpi needs to take the non-blocking forms across hosts.
 #include <mpi.h>
 
 #include <algorithm>
@@ -106,7 +107,22 @@ int run_op(const std::string& op, const std::vector<float>& in, std::vector<floa
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // --thread multiple: MPI_Init_thread(MPI_THREAD_MULTIPLE), under which libsquall_mpi takes
+  // the non-blocking forms across hosts too
+  bool multiple = false;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::string(argv[i]) == "--thread") multiple = std::string(argv[i + 1]) == "multiple";
+  }
+  if (multiple) {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    if (provided != MPI_THREAD_MULTIPLE) {
+      std::fprintf(stderr, "squall-mpi-bench: MPI gives thread level %d, not MULTIPLE\n", provided);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  } else {
+    MPI_Init(&argc, &argv);
+  }
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -132,6 +148,11 @@ int main(int argc, char** argv) {
       warmup = std::max(0, std::atoi(argv[i + 1]));
     } else if (flag == "--cold") {
       cold = parse_bytes(argv[i + 1]);
+    } else if (flag == "--thread") {
+      if (std::string(argv[i + 1]) != "multiple" && std::string(argv[i + 1]) != "single") {
+        if (rank == 0) std::fprintf(stderr, "squall-mpi-bench: --thread multiple or single\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
     } else {
       if (rank == 0) std::fprintf(stderr, "squall-mpi-bench: unknown flag %s\n", argv[i]);
       MPI_Abort(MPI_COMM_WORLD, 2);

@@ -32,8 +32,9 @@
 //   where squall's broadcast copies through its windows;
 // - barrier: once squall holds state for the communicator (a handled call made it);
 // - iallreduce, iallgather, ireduce_scatter_block, ibcast: as their blocking forms, from
-//   SQUALL_MPI_IALLREDUCE_MIN_BYTES, on communicators within one host (shared memory) once
-//   squall holds the communicator (as barrier; MPI_COMM_WORLD from MPI_Init);
+//   SQUALL_MPI_IALLREDUCE_MIN_BYTES, once squall holds the communicator (as barrier;
+//   MPI_COMM_WORLD from MPI_Init), on communicators within one host (shared memory) and,
+//   where every rank's MPI gives MPI_THREAD_MULTIPLE, across hosts (in tiers as above);
 // - never: intercommunicators, user-defined ops, MPI_PROD and the logical, bitwise and
 //   MAXLOC/MINLOC ops, mixed-type signatures, the other non-blocking forms (MPI_Ibarrier,
 //   the -v forms, MPI_Ireduce and friends), MPI_Init not called through this library (then
@@ -1272,14 +1273,15 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
 // complete the ones squall has finished, then call PMPI_* on the whole array. A blocking one
 // polls (squall's requests and PMPI_Test* of the whole array, which also moves MPI's own
 // requests on) until done, so that a program waiting on squall's request while a peer waits on
-// one of its MPI sends still progresses. No MPI call is made from squall's thread: any thread
-// level works. Only communicators on one host (shared memory) take it: across hosts squall's
-// thread would call MPI. Only once squall holds the communicator, as MPI_Barrier: making its
-// state is a blocking collective (MPI_Comm_dup, the shared-memory job), which a non-blocking
-// call must not be (a peer may first wait for a message this rank sends after it); MPI_COMM_WORLD's
-// is made at MPI_Init (`hold_world`), others' by the first blocking call squall takes on them.
-// Freeing or cancelling a pending one is erroneous in MPI (3.1, section 5.12) and is refused
-// with MPI_ERR_REQUEST.
+// one of its MPI sends still progresses. On one host (shared memory) no MPI call is made from
+// squall's thread: any thread level works. Across hosts squall's thread calls MPI (on squall's
+// own communicators), so there only where every rank's MPI gives MPI_THREAD_MULTIPLE; the
+// tiered forms run on the tiers' own progress engine (`tiers::started`). Only once squall holds the
+// communicator, as MPI_Barrier: making its state is a blocking collective (MPI_Comm_dup, the
+// shared-memory job), which a non-blocking call must not be (a peer may first wait for a message
+// this rank sends after it); MPI_COMM_WORLD's is made at MPI_Init (`hold_world`), others' by the
+// first blocking call squall takes on them. Freeing or cancelling a pending one is erroneous in MPI
+// (3.1, section 5.12) and is refused with MPI_ERR_REQUEST.
 
 int grequest_query(void* code, MPI_Status* status) {
   PMPI_Status_set_elements(status, MPI_BYTE, 0);
