@@ -562,28 +562,10 @@ struct tiers {
   std::vector<place> places;    ///< by rank of the communicator
   int rank = 0;                 ///< this rank's, in the communicator
   std::vector<std::byte> work;  ///< the blocks in tier order (reduce_scatter_block, allgather)
-  /// The non-blocking calls in tiers, run in order on a thread of their own (squall's progress
-  /// engine), made at the first: where the program's MPI gives MPI_THREAD_MULTIPLE.
-  std::unique_ptr<squall::detail::progress_engine> engine;
-
-  /// A blocking call in tiers: on the caller's thread when no non-blocking one is in flight,
-  /// else queued behind those and waited for (the order the program called them in).
-  template <class F>
-  void ordered(F&& body) {
-    if (!engine || engine->idle()) {
-      std::forward<F>(body)();
-      return;
-    }
-    engine->wait(engine->submit([&] { body(); }), rank);
-  }
-  /// A non-blocking call in tiers: `body` queued on the engine.
-  squall::request started(std::function<void()> body) {
-    if (!engine) {
-      engine =
-          std::make_unique<squall::detail::progress_engine>(squall::options{}.resolved_deadline());
-    }
-    return squall::request(engine.get(), engine->submit(std::move(body)), rank);
-  }
+  /// The order of the calls in tiers: the non-blocking ones on a thread of their own (squall's
+  /// progress engine; where the program's MPI gives MPI_THREAD_MULTIPLE), the blocking ones
+  /// inline or behind those (`call_order::ordered`).
+  squall::detail::call_order calls{squall::options{}.resolved_deadline()};
 
   /// Where rank `r`'s block lies among the blocks in tier order (nodes of one size): those
   /// of the ranks of each place in the node, in turn, each in the order of its ranks across.
@@ -599,7 +581,7 @@ struct tiers {
   }
 
   ~tiers() {
-    engine.reset();  // runs what is queued, then stops its thread, before the tiers go
+    calls.finish();  // runs what is queued, then stops its thread, before the tiers go
     node = {};
     cross = {};
     if (cross_comm != MPI_COMM_NULL) PMPI_Comm_free(&cross_comm);
@@ -1153,7 +1135,8 @@ void tiered_allgather(tiers& t, const std::int32_t* mine, std::int32_t* whole, s
   const std::size_t ranks = t.places.size();
   const std::size_t across = ranks / static_cast<std::size_t>(node.size());
   auto* ordered = reinterpret_cast<std::int32_t*>(t.scratch(ranks * words * sizeof(std::int32_t)));
-  std::int32_t* place_blocks = ordered + node.block_offset(ranks * words);
+  // this place's blocks where the node's allgather puts this rank's input
+  std::int32_t* place_blocks = ordered + static_cast<std::size_t>(node.rank()) * across * words;
   std::visit(
       [&](auto& holder) {
         holder.comm->allgather(host_view<const std::int32_t>(mine, words),
@@ -1228,8 +1211,9 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
             std::is_same_v<T, float> && std::is_same_v<decltype(squall_op), squall::sum_op>;
         if (state.hierarchy) {
           buffers.input_to_output();
-          state.hierarchy->ordered(
-              [&] { tiered_allreduce(*state.hierarchy, result, n, squall_op); });
+          state.hierarchy->calls.ordered(state.hierarchy->rank, [&] {
+            tiered_allreduce(*state.hierarchy, result, n, squall_op);
+          });
           note_tiered();
           if (float_sum && state.hierarchy->compressing) {
             const std::lock_guard guard(lib().lock);
@@ -1276,7 +1260,7 @@ int allreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Dat
 // one of its MPI sends still progresses. On one host (shared memory) no MPI call is made from
 // squall's thread: any thread level works. Across hosts squall's thread calls MPI (on squall's
 // own communicators), so there only where every rank's MPI gives MPI_THREAD_MULTIPLE; the
-// tiered forms run on the tiers' own progress engine (`tiers::started`). Only once squall holds the
+// tiered forms run on the tiers' own progress engine (`tiers::calls`). Only once squall holds the
 // communicator, as MPI_Barrier: making its state is a blocking collective (MPI_Comm_dup, the
 // shared-memory job), which a non-blocking call must not be (a peer may first wait for a message
 // this rank sends after it); MPI_COMM_WORLD's is made at MPI_Init (`hold_world`), others' by the
@@ -1504,7 +1488,7 @@ int iallreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Da
           with_type(b, [&]<class T>(T) {
             with_op(op, [&](auto squall_op) {
               const std::size_t n = elements<T>(bytes);
-              call.work = t.started([&t, buffers, n, squall_op] {
+              call.work = t.calls.started(t.rank, [&t, buffers, n, squall_op] {
                 buffers->input_to_output();
                 tiered_allreduce(t, reinterpret_cast<T*>(buffers->out.bytes()), n, squall_op);
               });
@@ -1609,7 +1593,7 @@ int ireduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type re
           with_type(route.b, [&]<class T>(T) {
             with_op(op, [&](auto squall_op) {
               const std::size_t block = elements<T>(route.block);
-              call.work = t.started([&t, buffers, block, squall_op] {
+              call.work = t.calls.started(t.rank, [&t, buffers, block, squall_op] {
                 tiered_reduce_scatter(t, reinterpret_cast<const T*>(buffers->in.bytes()),
                                       reinterpret_cast<T*>(buffers->out.bytes()), block, squall_op);
               });
@@ -1657,8 +1641,8 @@ int iallgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype send
           auto* whole = reinterpret_cast<std::int32_t*>(out->bytes());
           const std::int32_t* mine =
               own_block(*out, sendbuf, sendcount, sendtype, block, rank, comm);
-          call.work =
-              t.started([&t, out, mine, whole, words] { tiered_allgather(t, mine, whole, words); });
+          call.work = t.calls.started(
+              t.rank, [&t, out, mine, whole, words] { tiered_allgather(t, mine, whole, words); });
           call.finish = [out] { out->unpack(); };
           return true;
         });
@@ -1691,7 +1675,7 @@ int ibcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root,
           auto data = std::make_shared<staged>(buffer, count, datatype, comm);
           if (t.rank == root) data->pack();
           const auto n = static_cast<std::size_t>(bytes / 4);
-          call.work = t.started([&t, data, n, root] {
+          call.work = t.calls.started(t.rank, [&t, data, n, root] {
             tiered_broadcast(t, reinterpret_cast<std::int32_t*>(data->bytes()), n, root);
           });
           call.finish = [data] { data->unpack(); };
@@ -1721,7 +1705,7 @@ int reduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type rec
         T* whole = reinterpret_cast<T*>(buffers.in.bytes());
         T* mine = reinterpret_cast<T*>(buffers.out.bytes());
         if (tiered != nullptr) {
-          tiered->ordered([&] {
+          tiered->calls.ordered(tiered->rank, [&] {
             tiered_reduce_scatter(*tiered, whole, mine, elements<T>(route.block), squall_op);
           });
           buffers.finish(0);  // `whole` was copied into tier order first: in place is safe
@@ -1768,7 +1752,7 @@ int allgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendt
     auto* whole = reinterpret_cast<std::int32_t*>(out.bytes());
     const std::int32_t* mine = own_block(out, sendbuf, sendcount, sendtype, block, rank, comm);
     if (tiers* const tiered = shares_tiers(state)) {
-      tiered->ordered([&] { tiered_allgather(*tiered, mine, whole, words); });
+      tiered->calls.ordered(tiered->rank, [&] { tiered_allgather(*tiered, mine, whole, words); });
       note_tiered();
     } else {
       std::visit(
@@ -1806,7 +1790,8 @@ int bcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root, 
     auto* words = reinterpret_cast<std::int32_t*>(data.bytes());
     const auto n = static_cast<std::size_t>(bytes / 4);
     if (state.hierarchy) {
-      state.hierarchy->ordered([&] { tiered_broadcast(*state.hierarchy, words, n, root); });
+      state.hierarchy->calls.ordered(state.hierarchy->rank,
+                                     [&] { tiered_broadcast(*state.hierarchy, words, n, root); });
       note_tiered();
     } else {
       std::visit(

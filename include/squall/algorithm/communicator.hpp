@@ -93,7 +93,7 @@ class communicator {
                         const collective_tuning& tuning = {}, Backend backend = {})
       : dense_(std::move(transport), std::move(topology), opts, tuning, std::move(backend)),
         check_finite_(opts.check_finite),
-        deadline_(opts.resolved_deadline()) {}
+        calls_(opts.resolved_deadline()) {}
 
   /// The same, with the compressor the compressed collectives use (its tuned parameters:
   /// ratio, bits, rank, seed). Every rank must pass the same parameters.
@@ -103,7 +103,7 @@ class communicator {
       : dense_(std::move(transport), std::move(topology), opts, tuning, std::move(backend)),
         compressor_(std::move(compressor)),
         check_finite_(opts.check_finite),
-        deadline_(opts.resolved_deadline()) {}
+        calls_(opts.resolved_deadline()) {}
 
   int rank() const { return dense_.rank(); }
   int size() const { return dense_.size(); }
@@ -376,18 +376,12 @@ class communicator {
   // behind what is and waited for (so it runs in the order it was called).
   template <class F>
   void ordered(F&& body) {
-    if (!engine_ || engine_->idle()) {
-      announced(std::forward<F>(body));
-      return;
-    }
-    engine_->wait(engine_->submit([&] { announced(body); }), rank());
+    calls_.ordered(rank(), [&] { announced(body); });
   }
   // A non-blocking collective: `body` queued on the progress thread.
   template <class F>
   request started(F body) {
-    if (!engine_) engine_ = std::make_unique<detail::progress_engine>(deadline_);
-    return request(engine_.get(),
-                   engine_->submit([this, body = std::move(body)] { announced(body); }), rank());
+    return calls_.started(rank(), [this, body = std::move(body)] { announced(body); });
   }
 
   // Runs a collective's body. An error of this rank's own (a bad argument, a compressor's
@@ -445,11 +439,10 @@ class communicator {
   Compressor compressor_{};
   bool check_finite_ = false;  ///< options::check_finite
   detail::compressed_workspace<Backend> workspace_;
-  std::chrono::nanoseconds deadline_;  ///< options::resolved_deadline, for the requests' waits
-  std::uint64_t sent_total_ = 0;       ///< bytes_sent_total (through atomic_ref: stays movable)
-  /// The progress thread of the non-blocking calls, made at the first; destroyed first (it
-  /// finishes what is queued while the rest of the communicator still exists).
-  std::unique_ptr<detail::progress_engine> engine_;
+  std::uint64_t sent_total_ = 0;  ///< bytes_sent_total (through atomic_ref: stays movable)
+  /// The calls' order and the progress thread of the non-blocking ones, made at the first;
+  /// destroyed first (it finishes what is queued while the rest of the communicator exists).
+  detail::call_order calls_;
 };
 
 }  // namespace squall

@@ -174,4 +174,38 @@ class request {
   int rank_ = no_rank;
 };
 
+namespace detail {
+
+/// The order of one communicator's calls (squall's communicators; the interposer's tiers):
+/// a non-blocking call queued on a progress engine made at the first; a blocking one on the
+/// caller's thread when nothing is in flight, else queued behind what is and waited for (so
+/// it runs in the order it was called).
+class call_order {
+ public:
+  explicit call_order(std::chrono::nanoseconds deadline) : deadline_(deadline) {}
+
+  /// A blocking call of rank `rank`: `body`, in order.
+  template <class F>
+  void ordered(int rank, F&& body) {
+    if (!engine_ || engine_->idle()) {
+      std::forward<F>(body)();
+      return;
+    }
+    engine_->wait(engine_->submit([&] { body(); }), rank);
+  }
+  /// A non-blocking call of rank `rank`: `body` queued on the engine.
+  request started(int rank, std::function<void()> body) {
+    if (!engine_) engine_ = std::make_unique<progress_engine>(deadline_);
+    return request(engine_.get(), engine_->submit(std::move(body)), rank);
+  }
+  /// Runs what is queued, then stops the engine's thread (before what its calls use goes).
+  void finish() { engine_.reset(); }
+
+ private:
+  std::chrono::nanoseconds deadline_;  ///< options::resolved_deadline, for the requests' waits
+  std::unique_ptr<progress_engine> engine_;
+};
+
+}  // namespace detail
+
 }  // namespace squall
