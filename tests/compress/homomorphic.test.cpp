@@ -233,8 +233,10 @@ TEST_SUITE("homomorphic") {
   TEST_CASE_TEMPLATE(
       "the CUDA kernels' phases, thread by thread, write the host kernels' words and values", T,
       float, double) {
-    for (const std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{1000},
-                                std::size_t{1024}, std::size_t{1025}, std::size_t{5000}}) {
+    // (256 and 2304: a whole last block of 256, rotated in the fused first pass)
+    for (const std::size_t n :
+         {std::size_t{1}, std::size_t{3}, std::size_t{256}, std::size_t{1000}, std::size_t{1024},
+          std::size_t{1025}, std::size_t{2304}, std::size_t{5000}}) {
       for (const bool rotate : {true, false}) {
         for (const auto& [bits, ranks] :
              {std::pair{2u, 1u}, std::pair{4u, 3u}, std::pair{4u, 4u}, std::pair{8u, 1000u}}) {

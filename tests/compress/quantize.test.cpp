@@ -216,12 +216,14 @@ TEST_SUITE("quantize") {
   }
 
   TEST_CASE("the lane-parallel Philox equals Random123's, word for word") {
-    // philox_fill computes 32 blocks per pass; check partial passes, a block counter that
-    // carries into its high word, and keys with both halves set.
+    // philox_fill computes 32 blocks per pass, then 8; check partial passes, a block counter
+    // that carries into its high word (inside a pass of 32 or of 8), and keys with both halves
+    // set.
     for (const std::uint64_t first :
-         {std::uint64_t{0}, std::uint64_t{5}, (std::uint64_t{1} << 32) - 7}) {
-      for (const std::size_t blocks :
-           {std::size_t{1}, std::size_t{31}, std::size_t{32}, std::size_t{77}}) {
+         {std::uint64_t{0}, std::uint64_t{5}, (std::uint64_t{1} << 32) - 7,
+          (std::uint64_t{1} << 32) - 12}) {
+      for (const std::size_t blocks : {std::size_t{1}, std::size_t{8}, std::size_t{31},
+                                       std::size_t{32}, std::size_t{40}, std::size_t{77}}) {
         CAPTURE(first);
         CAPTURE(blocks);
         const std::uint64_t seed = 0xfedcba9876543210ull + first;

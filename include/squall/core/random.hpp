@@ -65,12 +65,12 @@ inline constexpr std::size_t philox_avx2_blocks = 8 * philox_avx2_groups;
 /// product's high and low words back in their lanes. The round is Random123's (philox.h, with
 /// its multipliers and key increments): (hi0, lo0) = M0 x c0, (hi1, lo1) = M1 x c2,
 /// c = (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0), then k += (W0, W1), ten times.
-/// Needs the block numbers to share their high 32 bits (the caller checks).
-__attribute__((target("avx2"))) inline void philox_blocks_avx2(std::uint64_t seed,
-                                                               random_stream stream,
-                                                               std::uint64_t first,
-                                                               std::uint32_t* words) {
-  constexpr std::size_t G = philox_avx2_groups;
+/// Needs the block numbers to share their high 32 bits (the caller checks). `G` groups of
+/// eight: `philox_avx2_groups` for long runs, 1 for what is left of them in eights (a
+/// rotation block's 32 sign words are eight blocks).
+template <std::size_t G = philox_avx2_groups>
+__attribute__((target("avx2"))) void philox_blocks_avx2(std::uint64_t seed, random_stream stream,
+                                                        std::uint64_t first, std::uint32_t* words) {
   const __m256i m0 = _mm256_set1_epi64x(PHILOX_M4x32_0);
   const __m256i m1 = _mm256_set1_epi64x(PHILOX_M4x32_1);
   const __m256i low = _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(first)));
@@ -132,8 +132,8 @@ inline bool cpu_has_avx2() noexcept { return __builtin_cpu_supports("avx2"); }
 
 /// Writes `words[4 j + t] = philox(seed, stream, first + j).word[t]` for j < `blocks`: the
 /// same numbers as `philox`, 32 blocks per pass in AVX2 registers when the running CPU has
-/// AVX2 (about 4x the scalar rate), else block by block. Host only: a CUDA thread calls
-/// `philox` for its own block. The test "the lane-parallel Philox equals Random123's" checks
+/// AVX2 (about 4x the scalar rate), then 8 a pass, else block by block. Host only: a CUDA thread
+/// calls `philox` for its own block. The test "the lane-parallel Philox equals Random123's" checks
 /// it word for word, across a carry into the block number's high word.
 inline void philox_fill(std::uint64_t seed, random_stream stream, std::uint64_t first,
                         std::size_t blocks, std::uint32_t* words) {
@@ -146,6 +146,11 @@ inline void philox_fill(std::uint64_t seed, random_stream stream, std::uint64_t 
       if (static_cast<std::uint32_t>(block) > 0xffffffffu - (pass - 1))
         break;  // a carry: go scalar
       detail::philox_blocks_avx2(seed, stream, block, words + 4 * j);
+    }
+    for (; j + 8 <= blocks; j += 8) {  // then eights, one group a pass
+      const std::uint64_t block = first + j;
+      if (static_cast<std::uint32_t>(block) > 0xffffffffu - 7) break;
+      detail::philox_blocks_avx2<1>(seed, stream, block, words + 4 * j);
     }
   }
 #endif

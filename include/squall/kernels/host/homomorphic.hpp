@@ -116,21 +116,28 @@ void hq_hadamard8(A* SQUALL_RESTRICT v, std::size_t n) {
   }
 }
 
+/// Where a rotation (`hq_rotate`) reads a block from: floats as they are, floats with the
+/// rotation's random signs (`hq_apply_signs`' products), or the sums of a payload's fields as
+/// `hq_values` turns them into values.
+enum class hq_source { values, signed_values, sums };
+
 #if defined(SQUALL_HAS_AVX2_PHILOX)
-/// The same three stages in AVX registers (g++ keeps the scalar form scalar): each stage
-/// swaps the partners within the register and blends x + partner (lower lane of the pair)
-/// with partner - x (upper lane), the same operations on the same operands, so the same bits.
+/// The first three stages on the 8 floats of one AVX register: each stage swaps the partners
+/// within the register and blends x + partner (lower lane of the pair) with partner - x (upper
+/// lane), the same operations on the same operands as `hq_hadamard8`, so the same bits.
+__attribute__((target("avx2"), always_inline)) inline __m256 hq_stages8_avx2(__m256 x) {
+  __m256 p = _mm256_permute_ps(x, 0xb1);  // distance 1
+  x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xaa);
+  p = _mm256_permute_ps(x, 0x4e);  // distance 2
+  x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xcc);
+  p = _mm256_permute2f128_ps(x, x, 1);  // distance 4
+  return _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xf0);
+}
+
+/// The same three stages in AVX registers (g++ keeps the scalar form scalar).
 __attribute__((target("avx2"))) inline void hq_hadamard8_avx2(float* v, std::size_t n) {
-  for (std::size_t i = 0; i < n; i += 8) {
-    __m256 x = _mm256_loadu_ps(v + i);
-    __m256 p = _mm256_permute_ps(x, 0xb1);  // distance 1
-    x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xaa);
-    p = _mm256_permute_ps(x, 0x4e);  // distance 2
-    x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xcc);
-    p = _mm256_permute2f128_ps(x, x, 1);  // distance 4
-    x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xf0);
-    _mm256_storeu_ps(v + i, x);
-  }
+  for (std::size_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(v + i, hq_stages8_avx2(_mm256_loadu_ps(v + i)));
 }
 __attribute__((target("avx2"))) inline void hq_hadamard8_avx2(double* v, std::size_t n) {
   for (std::size_t i = 0; i < n; i += 8) {
@@ -148,6 +155,83 @@ __attribute__((target("avx2"))) inline void hq_hadamard8_avx2(double* v, std::si
     _mm256_storeu_pd(v + i + 4, _mm256_sub_pd(x, y));
   }
 }
+
+/// +1 or -1 for elements j to j + 7 (j a multiple of 8) by sign bits j to j + 7 of `signs`:
+/// the factors (1 - 2 bit) of `hq_apply_signs`.
+__attribute__((target("avx2"), always_inline)) inline __m256 hq_signs8_avx2(
+    const std::uint32_t* signs, std::size_t j) {
+  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i bits =
+      _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(signs[j / 32] >> (j % 32))), lane_bits);
+  const __m256 negate = _mm256_castsi256_ps(_mm256_cmpeq_epi32(bits, lane_bits));
+  return _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(-1.0f), negate);
+}
+
+/// Floats j to j + 7 of a rotation's source (`hq_source`): as they are; times +1 or -1 by
+/// sign bits j to j + 7 of `signs` (`hq_apply_signs`' x (1 - 2 bit)); or (float(sum) - n L) x
+/// step of the sums (`hq_values`; every sum is below 2^31).
+template <hq_source From>
+__attribute__((target("avx2"), always_inline)) inline __m256 hq_load8_avx2(
+    const void* src, std::size_t j, const std::uint32_t* signs, __m256 offsets, __m256 steps) {
+  if constexpr (From == hq_source::sums) {
+    const auto* sums = static_cast<const std::uint32_t*>(src) + j;
+    const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums));
+    return _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(s), offsets), steps);
+  } else {
+    const __m256 x = _mm256_loadu_ps(static_cast<const float*>(src) + j);
+    if constexpr (From == hq_source::values) {
+      return x;
+    } else {
+      return _mm256_mul_ps(x, hq_signs8_avx2(signs, j));
+    }
+  }
+}
+
+/// One butterfly between two registers: a + b into a, a - b into b.
+__attribute__((target("avx2"), always_inline)) inline void hq_butterfly_avx2(__m256& a, __m256& b) {
+  const __m256 sum = _mm256_add_ps(a, b);
+  b = _mm256_sub_ps(a, b);
+  a = sum;
+}
+
+/// The first six stages (distances 1 to 32) of the rotation of `n` values (a multiple of 64)
+/// into `dst`, 64 at a time in eight AVX registers: the three within a register as
+/// `hq_stages8_avx2`, the three between registers as a + b and a - b of whole registers. One
+/// pass over the block where the separate sign pass, the first three stages and the radix-4
+/// pass at distances 8 and 16 took three (and the value pass of a decode, a fourth); the same
+/// operations on the same operands in the same order, so the same bits. `dst` may be `src`.
+template <hq_source From>
+__attribute__((target("avx2"))) void hq_hadamard64_avx2(float* dst, const void* src, std::size_t n,
+                                                        const std::uint32_t* signs = nullptr,
+                                                        float offset = 0, float step = 0) {
+  const __m256 offsets = _mm256_set1_ps(offset);
+  const __m256 steps = _mm256_set1_ps(step);
+  for (std::size_t i = 0; i < n; i += 64) {
+    __m256 r0 = hq_stages8_avx2(hq_load8_avx2<From>(src, i, signs, offsets, steps));
+    __m256 r1 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 8, signs, offsets, steps));
+    __m256 r2 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 16, signs, offsets, steps));
+    __m256 r3 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 24, signs, offsets, steps));
+    __m256 r4 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 32, signs, offsets, steps));
+    __m256 r5 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 40, signs, offsets, steps));
+    __m256 r6 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 48, signs, offsets, steps));
+    __m256 r7 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 56, signs, offsets, steps));
+    hq_butterfly_avx2(r0, r1), hq_butterfly_avx2(r2, r3), hq_butterfly_avx2(r4, r5),
+        hq_butterfly_avx2(r6, r7);  // distance 8
+    hq_butterfly_avx2(r0, r2), hq_butterfly_avx2(r1, r3), hq_butterfly_avx2(r4, r6),
+        hq_butterfly_avx2(r5, r7);  // 16
+    hq_butterfly_avx2(r0, r4), hq_butterfly_avx2(r1, r5), hq_butterfly_avx2(r2, r6),
+        hq_butterfly_avx2(r3, r7);  // 32
+    _mm256_storeu_ps(dst + i, r0);
+    _mm256_storeu_ps(dst + i + 8, r1);
+    _mm256_storeu_ps(dst + i + 16, r2);
+    _mm256_storeu_ps(dst + i + 24, r3);
+    _mm256_storeu_ps(dst + i + 32, r4);
+    _mm256_storeu_ps(dst + i + 40, r5);
+    _mm256_storeu_ps(dst + i + 48, r6);
+    _mm256_storeu_ps(dst + i + 56, r7);
+  }
+}
+
 #endif
 
 /// The stages at distances h, 2h, ... up to n / 2, two a pass (radix 4: the same sums in the
@@ -187,13 +271,44 @@ SQUALL_HOST_CLONES void hq_hadamard_wide(A* SQUALL_RESTRICT v, std::size_t n, st
 
 }  // namespace detail
 
+namespace detail {
+
+/// The rotation's scale, 1 / sqrt(n), in A.
+template <class A>
+A hq_norm(std::size_t n) {
+  return static_cast<A>(1) / std::sqrt(static_cast<A>(n));
+}
+
+/// The first six stages fused with the read of `src` (as `From` says) into `dst`, where that
+/// path runs (floats, a CPU with AVX2, `n` a multiple of 64): then the stages left from
+/// distance 64 on, and true; else nothing, and false.
+template <hq_source From, class A>
+bool hq_rotate_fused(A* dst, const void* src, std::size_t n, const std::uint32_t* signs, A offset,
+                     A step) {
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+  if constexpr (std::is_same_v<A, float>) {
+    if (n >= 64 && n % 64 == 0 && squall::detail::cpu_has_avx2()) {
+      hq_hadamard64_avx2<From>(dst, src, n, signs, offset, step);
+      hq_hadamard_wide(dst, n, 64, hq_norm<A>(n));
+      return true;
+    }
+  }
+#endif
+  (void)dst, (void)src, (void)n, (void)signs, (void)offset, (void)step;
+  return false;
+}
+
+}  // namespace detail
+
 /// In-place fast Walsh-Hadamard transform of `n` (a power of two) values, scaled by
-/// 1 / sqrt(n) so that it is orthonormal and its own inverse. The first three stages run
-/// together on groups of 8 (in AVX registers where the CPU has AVX2), the others two a pass
-/// over contiguous quarters, which vectorize; the scale rides on the last pass. Every path
-/// computes the same bits.
+/// 1 / sqrt(n) so that it is orthonormal and its own inverse. Floats from 64 values on run
+/// their first six stages in one pass of AVX registers (`detail::hq_hadamard64_avx2`), else
+/// the first three run together on groups of 8 (in AVX registers where the CPU has AVX2);
+/// the others two a pass over contiguous quarters, which vectorize; the scale rides on the
+/// last pass. Every path computes the same bits.
 template <class A>
 void hq_hadamard(A* SQUALL_RESTRICT v, std::size_t n) {
+  if (detail::hq_rotate_fused<detail::hq_source::values>(v, v, n, nullptr, A{}, A{})) return;
   std::size_t h = 1;
   if (n >= 8) {
 #if defined(SQUALL_HAS_AVX2_PHILOX)
@@ -207,7 +322,7 @@ void hq_hadamard(A* SQUALL_RESTRICT v, std::size_t n) {
 #endif
     h = 8;
   }
-  detail::hq_hadamard_wide(v, n, h, static_cast<A>(1) / std::sqrt(static_cast<A>(n)));
+  detail::hq_hadamard_wide(v, n, h, detail::hq_norm<A>(n));
 }
 
 /// Where an hq payload's rotation and codes come from: the tensor's count, its rotation
@@ -404,6 +519,7 @@ std::size_t hq_rotated_block(const hq_shape& s, const T* in, std::size_t k, T* o
   if (!s.rotate) return length;
   std::uint32_t signs[hq_max_block / 32 + 4] = {};  // (all written; g++ cannot tell)
   hq_sign_words(s, k, length, signs);
+  if (hq_rotate_fused<hq_source::signed_values>(out, from, length, signs, T{}, T{})) return length;
   hq_apply_signs(out, from, length, signs);  // the copy and the signs in one pass
   hq_hadamard(out, length);
   return length;
@@ -680,15 +796,18 @@ std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::u
         if (sums[j] > top) return first + j < s.count ? first + j : s.count - 1;
       }
     }
-    hq_values(sums, length, offset, step, buf);
     const std::size_t n = std::min(length, s.count - first);
     if (s.rotate) {
       std::uint32_t signs[hq_max_block / 32 + 4] = {};  // (all written; g++ cannot tell)
       detail::hq_sign_words(s, k, length, signs);
-      hq_hadamard(buf, length);
+      if (!detail::hq_rotate_fused<detail::hq_source::sums>(buf, sums, length, nullptr, offset,
+                                                            step)) {
+        hq_values(sums, length, offset, step, buf);
+        hq_hadamard(buf, length);
+      }
       detail::hq_apply_signs(out + first, buf, n, signs);  // the signs and the copy out
     } else {
-      for (std::size_t j = 0; j < n; ++j) out[first + j] = buf[j];
+      hq_values(sums, n, offset, step, out + first);
     }
   }
   return s.count;
