@@ -27,11 +27,14 @@ namespace fashion_mnist {
 
 using clock_type = std::chrono::steady_clock;
 
+/// The learning rate --lr defaults to (dense SGD's on this network).
+inline constexpr float default_lr = 0.05f;
+
 struct settings {
   int ranks = 2;
   int epochs = 10;
   std::size_t batch = 32;  // per rank
-  float lr = 0.05f;
+  float lr = default_lr;
   float momentum = 0.9f;
   bool cosine = true;       // --schedule cosine|constant
   double warmup = 0;        // --warmup EPOCHS
@@ -161,11 +164,14 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
   C warm_template = compressor;
   const double* target_ratio = topk_ratio(warm_template);
   const double target = target_ratio != nullptr ? *target_ratio : 0;
-  // the name printed and written to the CSV: the compressor's, and its warm-up
+  // the name printed and written to the CSV: the compressor's, its warm-up and a learning rate
+  // other than the default (so that runs at several rates summarize apart)
   const bool warms = s.sparsity_warmup > 0 && target_ratio != nullptr && target < 0.25;
+  char rate[32] = "";
+  if (s.lr != default_lr) std::snprintf(rate, sizeof rate, " lr %g", static_cast<double>(s.lr));
   const std::string label =
       choice.text + (warms ? " warm-up " + std::to_string(s.sparsity_warmup) : std::string()) +
-      (s.overlap > 0 ? " overlap " + std::to_string(s.overlap) : std::string());
+      rate + (s.overlap > 0 ? " overlap " + std::to_string(s.overlap) : std::string());
   if (me.rank == 0) {
     std::printf("# %s: W1 (%zu values%s) %s, W2 (%zu) %s, biases (%zu) dense\n", label.c_str(),
                 model.w1_count(),
