@@ -28,9 +28,9 @@
 // biases'; the step waits for them all before the update (DDP's and Horovod's overlap; over
 // MPI it needs MPI_THREAD_MULTIPLE, the two communicators' progress threads calling at once).
 // Without it (0, the default) the same parts are reduced blocking, W1 whole.
-// A learning rate other than the default 0.05 is part of the name each run prints and writes
-// ("sign:0+ef@gather lr 0.02"), so that runs at several rates append to one CSV and summarize
-// apart (examples/summarize_seeds.py).
+// A learning rate or momentum other than the defaults (0.05, 0.9) is part of the name each run
+// prints and writes ("sign:0+ef@gather lr 0.02", "randomk:0.1+ef lr 0.1 momentum 0.5"), so that
+// runs at several settings append to one CSV and summarize apart (examples/summarize_seeds.py).
 // After each epoch: the mean training loss, the accuracy on the test images (split across the
 // ranks), the wall time, the time in the gradient allreduces (with --overlap: waiting for them,
 // what backward did not hide) and the bytes this rank sent for them since the start, the most of

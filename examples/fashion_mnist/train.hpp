@@ -27,15 +27,16 @@ namespace fashion_mnist {
 
 using clock_type = std::chrono::steady_clock;
 
-/// The learning rate --lr defaults to (dense SGD's on this network).
+/// The learning rate and momentum --lr and --momentum default to (dense SGD's on this network).
 inline constexpr float default_lr = 0.05f;
+inline constexpr float default_momentum = 0.9f;
 
 struct settings {
   int ranks = 2;
   int epochs = 10;
   std::size_t batch = 32;  // per rank
   float lr = default_lr;
-  float momentum = 0.9f;
+  float momentum = default_momentum;
   bool cosine = true;       // --schedule cosine|constant
   double warmup = 0;        // --warmup EPOCHS
   bool masking = true;      // --masking on|off
@@ -165,10 +166,14 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
   const double* target_ratio = topk_ratio(warm_template);
   const double target = target_ratio != nullptr ? *target_ratio : 0;
   // the name printed and written to the CSV: the compressor's, its warm-up and a learning rate
-  // other than the default (so that runs at several rates summarize apart)
+  // or momentum other than the default (so that runs at several settings summarize apart)
   const bool warms = s.sparsity_warmup > 0 && target_ratio != nullptr && target < 0.25;
-  char rate[32] = "";
-  if (s.lr != default_lr) std::snprintf(rate, sizeof rate, " lr %g", static_cast<double>(s.lr));
+  char rate[64] = "";
+  if (s.lr != default_lr || s.momentum != default_momentum) {
+    std::snprintf(rate, sizeof rate,
+                  s.momentum != default_momentum ? " lr %g momentum %g" : " lr %g",
+                  static_cast<double>(s.lr), static_cast<double>(s.momentum));
+  }
   const std::string label =
       choice.text + (warms ? " warm-up " + std::to_string(s.sparsity_warmup) : std::string()) +
       rate + (s.overlap > 0 ? " overlap " + std::to_string(s.overlap) : std::string());
