@@ -254,12 +254,6 @@ inline unsigned hq_grid(std::size_t blocks) {
   return static_cast<unsigned>(blocks < most ? blocks : most);
 }
 
-/// 1 / sqrt(n) in T, as `hq_hadamard` computes it.
-template <class T>
-T hq_norm(std::size_t n) {
-  return static_cast<T>(1) / std::sqrt(static_cast<T>(n));
-}
-
 inline hq_rotation rotation_of(const hq_shape& s) { return {s.rotate, s.seed, s.step}; }
 
 }  // namespace detail

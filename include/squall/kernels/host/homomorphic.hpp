@@ -273,7 +273,7 @@ SQUALL_HOST_CLONES void hq_hadamard_wide(A* SQUALL_RESTRICT v, std::size_t n, st
 
 namespace detail {
 
-/// The rotation's scale, 1 / sqrt(n), in A.
+/// The rotation's scale, 1 / sqrt(n), in A (the host's and the CUDA kernels' argument).
 template <class A>
 A hq_norm(std::size_t n) {
   return static_cast<A>(1) / std::sqrt(static_cast<A>(n));
