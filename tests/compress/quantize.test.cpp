@@ -216,29 +216,35 @@ TEST_SUITE("quantize") {
   }
 
   TEST_CASE("the lane-parallel Philox equals Random123's, word for word") {
-    // philox_fill computes 32 blocks per pass, then 8; check partial passes, a block counter
-    // that carries into its high word (inside a pass of 32 or of 8), and keys with both halves
-    // set.
-    for (const std::uint64_t first :
-         {std::uint64_t{0}, std::uint64_t{5}, (std::uint64_t{1} << 32) - 7,
-          (std::uint64_t{1} << 32) - 12}) {
-      for (const std::size_t blocks : {std::size_t{1}, std::size_t{8}, std::size_t{31},
-                                       std::size_t{32}, std::size_t{40}, std::size_t{77}}) {
-        CAPTURE(first);
-        CAPTURE(blocks);
-        const std::uint64_t seed = 0xfedcba9876543210ull + first;
-        const random_stream stream{0x1'0000'0003ull, 0xdeadbeefu};
-        std::vector<std::uint32_t> words(4 * blocks);
-        squall::philox_fill(seed, stream, first, blocks, words.data());
-        for (std::size_t j = 0; j < blocks; ++j) {
-          const std::uint64_t b = first + j;
-          const r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(b),
-                                                   static_cast<std::uint32_t>(b >> 32), 3u,
-                                                   0xdeadbeefu}};
-          const r123::Philox4x32::key_type key = {
-              {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}};
-          const auto r = r123::Philox4x32{}(ctr, key);
-          for (std::size_t t = 0; t < 4; ++t) REQUIRE(words[4 * j + t] == r.v[t]);
+    // philox_fill computes 64 blocks per pass (AVX-512) or 32 (AVX2), then 16 or 8; check each
+    // width the CPU has (forced narrower in turn), partial passes, a block counter that carries
+    // into its high word (inside each width's pass), and keys with both halves set.
+    using squall::detail::philox_isa;
+    for (const philox_isa isa : {philox_isa::best, philox_isa::avx2, philox_isa::scalar}) {
+      for (const std::uint64_t first :
+           {std::uint64_t{0}, std::uint64_t{5}, (std::uint64_t{1} << 32) - 7,
+            (std::uint64_t{1} << 32) - 12, (std::uint64_t{1} << 32) - 40,
+            (std::uint64_t{1} << 32) - 100}) {
+        for (const std::size_t blocks :
+             {std::size_t{1}, std::size_t{8}, std::size_t{16}, std::size_t{31}, std::size_t{32},
+              std::size_t{40}, std::size_t{64}, std::size_t{77}, std::size_t{200}}) {
+          CAPTURE(static_cast<int>(isa));
+          CAPTURE(first);
+          CAPTURE(blocks);
+          const std::uint64_t seed = 0xfedcba9876543210ull + first;
+          const random_stream stream{0x1'0000'0003ull, 0xdeadbeefu};
+          std::vector<std::uint32_t> words(4 * blocks);
+          squall::detail::philox_fill_on(isa, seed, stream, first, blocks, words.data());
+          for (std::size_t j = 0; j < blocks; ++j) {
+            const std::uint64_t b = first + j;
+            const r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(b),
+                                                     static_cast<std::uint32_t>(b >> 32), 3u,
+                                                     0xdeadbeefu}};
+            const r123::Philox4x32::key_type key = {
+                {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}};
+            const auto r = r123::Philox4x32{}(ctr, key);
+            for (std::size_t t = 0; t < 4; ++t) REQUIRE(words[4 * j + t] == r.v[t]);
+          }
         }
       }
     }
