@@ -164,8 +164,8 @@ struct float_bits {
 /// and a pattern at or above the exponent mask is an Inf or a NaN; sums in the order of
 /// `bucket_sum_lanes`.
 template <bucket_scale S, class T>
-SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bucket_stats bucket_stats_of(const T* SQUALL_RESTRICT v,
-                                                                        std::size_t n) {
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES_AVX512 bucket_stats
+bucket_stats_of(const T* SQUALL_RESTRICT v, std::size_t n) {
   using bits_t = typename float_bits<T>::type;
   constexpr bits_t exponent = float_bits<T>::exponent;
   constexpr bits_t magnitude = float_bits<T>::magnitude;
@@ -223,15 +223,16 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bucket_stats bucket_stats_of(const T*
 /// `SQUALL_NO_TRAPPING_MATH`, under which g++ 12 does not inline the conversion into the
 /// loop and leaves it scalar (1.2 GB/s before, docs/performance.md).
 template <quantize_scheme Q, class T>
-SQUALL_HOST_CLONES void quantize_float8_loop(const T* SQUALL_RESTRICT in, std::size_t n, T inverse,
-                                             const std::uint32_t* SQUALL_RESTRICT words,
-                                             std::uint8_t* SQUALL_RESTRICT codes) {
+SQUALL_HOST_CLONES_AVX512 void quantize_float8_loop(const T* SQUALL_RESTRICT in, std::size_t n,
+                                                    T inverse,
+                                                    const std::uint32_t* SQUALL_RESTRICT words,
+                                                    std::uint8_t* SQUALL_RESTRICT codes) {
   for (std::size_t k = 0; k < n; ++k)
     codes[k] = quantize_code(Q, in[k], inverse, Q.stochastic ? words[k] : 0u);
 }
 
 template <quantize_scheme Q, class T>
-SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void quantize_block_loop(
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES_AVX512 void quantize_block_loop(
     const T* SQUALL_RESTRICT in, std::size_t n, T inverse,
     const std::uint32_t* SQUALL_RESTRICT words, std::uint8_t* SQUALL_RESTRICT codes) {
   if constexpr (Q.float8 != 0) {
@@ -279,8 +280,8 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bool dequantize_block_loop(
 
 /// Packs `n` codes of W bits, element k at bits [k W, (k + 1) W) of the stream, low bits first.
 template <unsigned W>
-SQUALL_HOST_CLONES void pack_codes(const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n,
-                                   std::uint8_t* SQUALL_RESTRICT out) {
+SQUALL_HOST_CLONES_AVX512 void pack_codes(const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n,
+                                          std::uint8_t* SQUALL_RESTRICT out) {
   if constexpr (W == 8) {
     std::memcpy(out, codes, n);
   } else {
