@@ -132,9 +132,9 @@ __attribute__((target("avx2"))) void philox_blocks_avx2(std::uint64_t seed, rand
 SQUALL_AVX512 __m512i avx512_mul_even(__m512i a, __m512i b) {  // 64-bit products, even lanes
   return _mm512_maskz_mul_epu32(0xff, a, b);
 }
-template <int Words>
+template <_MM_PERM_ENUM Words>
 SQUALL_AVX512 __m512i avx512_words(__m512i a) {  // a shuffle of the 32-bit words of each quarter
-  return _mm512_maskz_shuffle_epi32(0xffff, a, static_cast<_MM_PERM_ENUM>(Words));
+  return _mm512_maskz_shuffle_epi32(0xffff, a, Words);
 }
 SQUALL_AVX512 __m512i avx512_unpacklo_32(__m512i a, __m512i b) {
   return _mm512_maskz_unpacklo_epi32(0xffff, a, b);
@@ -185,9 +185,9 @@ __attribute__((target("avx512f"))) void philox_blocks_avx512(std::uint64_t seed,
     const __m512i key1 = _mm512_set1_epi32(static_cast<int>(k1));
     for (std::size_t g = 0; g < G; ++g) {
       const __m512i even0 = avx512_mul_even(c0[g], m0);
-      const __m512i odd0 = avx512_mul_even(avx512_words<0xf5>(c0[g]), m0);
+      const __m512i odd0 = avx512_mul_even(avx512_words<odd_words>(c0[g]), m0);
       const __m512i even1 = avx512_mul_even(c2[g], m1);
-      const __m512i odd1 = avx512_mul_even(avx512_words<0xf5>(c2[g]), m1);
+      const __m512i odd1 = avx512_mul_even(avx512_words<odd_words>(c2[g]), m1);
       // even lanes: the high word of the even product; odd lanes: the odd product's
       const __m512i hi0 = _mm512_mask_shuffle_epi32(odd0, 0x5555, even0, odd_words);
       const __m512i hi1 = _mm512_mask_shuffle_epi32(odd1, 0x5555, even1, odd_words);
@@ -232,9 +232,6 @@ inline bool cpu_has_avx512f() noexcept { return __builtin_cpu_supports("avx512f"
 /// The instruction sets `philox_fill` may use, widest first; tests force each in turn.
 enum class philox_isa { best, avx2, scalar };
 
-}  // namespace detail
-
-namespace detail {
 /// `philox_fill` on at most the instruction set `isa` (`best`: AVX-512 where the CPU has it,
 /// else AVX2, else scalar): passes of 64 blocks (AVX-512) or 32 (AVX2), then 16, then 8,
 /// then block by block; a pass whose block numbers would carry into the high word goes to
