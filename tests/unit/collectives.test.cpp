@@ -224,6 +224,39 @@ TEST_SUITE("collectives") {
       }
   }
 
+  TEST_CASE("after a mismatch on the windows' paths every rank reads the peers' right half") {
+    // Rank 0 enters a barrier while the others publish an allgather into a window half; all
+    // throw mismatch_error. The calls after it must still find each peer's data in the half
+    // it wrote: values no earlier call left in a window show a rank reading the other half.
+    for (int p : {2, 3, 4}) {
+      CAPTURE(p);
+      run_ranks(
+          p,
+          [&](inproc_transport& t) {
+            const int r = t.rank();
+            squall::communicator<inproc_transport, squall::direct_topology> comm(std::move(t));
+            const std::vector<float> a(8, 1.0f);
+            std::vector<float> all(8 * static_cast<std::size_t>(p));
+            CHECK_THROWS_AS(r == 0 ? comm.barrier()
+                                   : comm.allgather(squall::host_view<const float>(a),
+                                                    squall::host_view<float>(all)),
+                            squall::mismatch_error);
+            for (int call = 0; call < 3; ++call) {
+              std::vector<float> b(8, static_cast<float>(10 * call + r + 2));
+              comm.allreduce(squall::host_view<float>(b));
+              CHECK(b[0] == static_cast<float>(p * (10 * call + 2) + p * (p - 1) / 2));
+              std::vector<float> g(8 * static_cast<std::size_t>(p));
+              const std::vector<float> mine(8, static_cast<float>(100 * call + r));
+              comm.allgather(squall::host_view<const float>(mine), squall::host_view<float>(g));
+              for (int q = 0; q < p; ++q) {
+                CHECK(g[8 * static_cast<std::size_t>(q)] == static_cast<float>(100 * call + q));
+              }
+            }
+          },
+          {}, 4096);
+    }
+  }
+
   TEST_CASE_TEMPLATE("bad arguments give invalid_argument (staged too)", Backend,
                      squall::host_backend, squall::test::deferred_device_backend) {
     run_ranks(2, [&](inproc_transport& t) {
