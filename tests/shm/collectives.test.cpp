@@ -147,6 +147,28 @@ TEST_SUITE("shm_collectives") {
   }
 }
 
+TEST_SUITE("shm_collectives") {
+  TEST_CASE("random calls with mismatches between them: every matching call is still right") {
+    // test::check_calls_around_mismatches on processes: the windows' paths (the default 4 MiB
+    // windows, window copies up to 8 KiB), peer memory (cross-memory copies) from 4 KiB.
+    for (int ranks = 2; ranks <= max_ranks; ++ranks) {
+      CAPTURE(ranks);
+      test::expect_ranks_succeed(ranks, [&](const shm_job& me) {
+        squall::communicator<shm_transport, squall::automatic_topology> comm(
+            shm_transport(me, squall::options{.deadline = 60s}), {}, {},
+            squall::collective_tuning{.peer_memory_bytes = 4096, .window_copy_bytes = 8192});
+        test::findings found;
+        for (const std::uint64_t seed : {1u, 2u, 3u, 4u}) {
+          test::check_calls_around_mismatches(comm, seed, 100, found);
+        }
+        if (found.ok()) return 0;
+        std::fprintf(stderr, "rank %d of %d: %s\n", me.rank, me.size, found.text().c_str());
+        return 1;
+      });
+    }
+  }
+}
+
 TEST_SUITE("shm_collectives_large") {
   TEST_CASE("allreduce of 2^31 + 7 float16 elements on 2 processes, every element checked") {
     // Ring (the executor's pieces: block offsets past 2^31 elements) and direct (the one-shot

@@ -11,6 +11,7 @@
 // threw in the middle would leave its peers waiting, and a forked rank has no doctest.
 
 #include <squall/core/buffer.hpp>
+#include <squall/core/error.hpp>
 #include <squall/core/ops.hpp>
 #include <squall/core/types.hpp>
 
@@ -169,6 +170,99 @@ void check_broadcast(Comm& comm, std::size_t count, findings& f) {
     comm.broadcast(view_of<Comm>(b), root);
     compare(f, where(comm, "broadcast from " + std::to_string(root), count), b.data(), count, 0,
             [root](std::size_t i) { return exact_value<bfloat16>(root, i); });
+  }
+}
+
+/// `calls` random calls, the same sequence on every rank (`seed`): each an allreduce,
+/// allgather, in-place reduce-scatter, broadcast or barrier of float, of a count that takes
+/// the runner's windows, peer memory or messages; about every fourth call one rank makes
+/// another call (another collective, count or root), and every rank must throw
+/// `mismatch_error`. Every matching call's result is compared with values that call alone
+/// wrote (small integers, exact in float), so a path that reads a stale window half or a
+/// peer's old buffer after a mismatch is seen. For a communicator with the mismatch check on.
+template <class Comm>
+void check_calls_around_mismatches(Comm& comm, std::uint64_t seed, int calls, findings& f) {
+  constexpr std::size_t counts[] = {3, 100, 400, 2000, 5003};
+  const int p = comm.size();
+  const int r = comm.rank();
+  const auto pn = static_cast<std::size_t>(p);
+  std::uint64_t state = seed;
+  const auto next = [&](std::uint64_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % n;
+  };
+  for (int call = 0; call < calls; ++call) {
+    const auto op = static_cast<int>(next(5));  // allreduce, allgather, reduce-scatter, ...
+    const std::size_t count = counts[next(std::size(counts))];
+    const int root = static_cast<int>(next(static_cast<std::uint64_t>(p)));
+    const bool odd_one = next(4) == 0;
+    const int odd_rank = static_cast<int>(next(static_cast<std::uint64_t>(p)));
+    const auto odd_kind = static_cast<int>(next(3));
+    // what the odd rank calls, worked out alike on every rank
+    int odd_op = op;
+    std::size_t odd_count = count;
+    int odd_root = root;
+    if (odd_kind == 0) odd_op = (op + 1) % 5;
+    if (odd_kind == 1 && op != 4) odd_count = count + 1;  // a barrier has no count
+    if (odd_kind == 2 && op == 3) odd_root = (root + 1) % p;
+    if (odd_kind == 2 && op != 3) odd_op = op == 4 ? 3 : 4;  // a barrier for a call
+    const bool mismatched = odd_one && (odd_op != op || odd_count != count || odd_root != root);
+    const bool odd = odd_one && r == odd_rank;
+    const int my_op = odd ? odd_op : op;
+    const std::size_t my_count = odd ? odd_count : count;
+    const auto value = [&](int q, std::size_t i) {
+      return static_cast<float>((call * 7 + q * 3 + static_cast<int>(i % 11)) % 64);
+    };
+    std::vector<float> in(my_count * (my_op == 2 ? pn : 1));
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
+    std::vector<float> out(my_op == 1 ? my_count * pn : in.size());
+    bool caught = false;
+    try {
+      switch (my_op) {
+        case 0:
+          comm.allreduce(view_of<Comm>(std::as_const(in)), view_of<Comm>(out));
+          break;
+        case 1:
+          comm.allgather(view_of<Comm>(std::as_const(in)), view_of<Comm>(out));
+          break;
+        case 2:
+          comm.reduce_scatter(view_of<Comm>(in));
+          break;
+        case 3:
+          comm.broadcast(view_of<Comm>(in), odd ? odd_root : root);
+          break;
+        default:
+          comm.barrier();
+      }
+    } catch (const mismatch_error&) {
+      caught = true;
+    }
+    const std::string what = "call " + std::to_string(call) + " (collective " +
+                             std::to_string(op) + ", count " + std::to_string(count) + ")";
+    if (caught != mismatched) {
+      f.add(what + (mismatched ? ": no mismatch_error" : ": an unexpected mismatch_error"));
+      return;  // the ranks may no longer be in step
+    }
+    if (mismatched) continue;
+    const auto sum = [&](std::size_t i) {
+      float s = 0;
+      for (int q = 0; q < p; ++q) s += value(q, i);
+      return s;
+    };
+    std::size_t wrong = 0;
+    if (op == 0) {
+      for (std::size_t i = 0; i < count; ++i) wrong += out[i] != sum(i);
+    } else if (op == 1) {
+      for (std::size_t i = 0; i < count * pn; ++i) {
+        wrong += out[i] != value(static_cast<int>(i / count), i % count);
+      }
+    } else if (op == 2) {
+      const std::size_t at = static_cast<std::size_t>(r) * count;
+      for (std::size_t i = 0; i < count; ++i) wrong += in[at + i] != sum(at + i);
+    } else if (op == 3) {
+      for (std::size_t i = 0; i < count; ++i) wrong += in[i] != value(root, i);
+    }
+    if (wrong != 0) f.add(what + ": " + std::to_string(wrong) + " elements wrong");
   }
 }
 

@@ -257,6 +257,29 @@ TEST_SUITE("collectives") {
     }
   }
 
+  TEST_CASE("random calls with mismatches between them: every matching call is still right") {
+    // test::check_calls_around_mismatches on threads, the windows small (4 KiB) and the
+    // peer-memory paths from 4 KiB, so that its counts take the windows, peer memory and
+    // messages.
+    for (const int p : {2, 3, 4})
+      for (const std::uint64_t seed : {1u, 2u, 3u}) {
+        CAPTURE(p);
+        CAPTURE(seed);
+        run_ranks(
+            p,
+            [&](inproc_transport& t) {
+              squall::communicator<inproc_transport, squall::automatic_topology> comm(
+                  std::move(t), {}, {},
+                  squall::collective_tuning{.peer_memory_bytes = 4096, .window_copy_bytes = 1024});
+              squall::test::findings found;
+              squall::test::check_calls_around_mismatches(comm, seed, 60, found);
+              INFO(found.text());
+              CHECK(found.ok());
+            },
+            {}, 4096);
+      }
+  }
+
   TEST_CASE_TEMPLATE("bad arguments give invalid_argument (staged too)", Backend,
                      squall::host_backend, squall::test::deferred_device_backend) {
     run_ranks(2, [&](inproc_transport& t) {
