@@ -237,8 +237,8 @@ void check_calls_around_mismatches(Comm& comm, std::uint64_t seed, int calls, fi
     } catch (const mismatch_error&) {
       caught = true;
     }
-    const std::string what = "call " + std::to_string(call) + " (collective " +
-                             std::to_string(op) + ", count " + std::to_string(count) + ")";
+    const std::string what = "call " + std::to_string(call) + " (collective " + std::to_string(op) +
+                             ", count " + std::to_string(count) + ")";
     if (caught != mismatched) {
       f.add(what + (mismatched ? ": no mismatch_error" : ": an unexpected mismatch_error"));
       return;  // the ranks may no longer be in step
