@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // squall-mpi-bench: a plain MPI program (no squall headers) that times MPI_Allreduce,
 // MPI_Allgather, MPI_Reduce_scatter_block or MPI_Bcast of float data, or their non-blocking
-// forms started and waited for at once (MPI_Iallreduce + MPI_Wait, ...),
+// forms started and waited for at once (MPI_Iallreduce + MPI_Wait, ...), or MPI_Allgatherv and
+// MPI_Reduce_scatter with every rank's block alike (allgatherv, reduce_scatterv),
 // against the MPI library's own PMPI_* of the same calls, interleaved in one run. Run it with
 // libsquall_mpi.so preloaded (scripts/bench.sh does: SQUALL_BENCH=interpose) and the "squall"
 // column is the interposed call; without it both columns are MPI's.
 //
 //   mpiexec -n P env LD_PRELOAD=libsquall_mpi.so squall-mpi-bench [--op allreduce|iallreduce|
-//       allgather|iallgather|reduce_scatter|ireduce_scatter|bcast|ibcast|barrier] [-b 4K]
+//       allgather|iallgather|allgatherv|reduce_scatter|ireduce_scatter|reduce_scatterv|bcast|
+//       ibcast|barrier] [-b 4K]
 //       [-e 256M] [-f 4] [--reps 5] [--warmup N] [--cold BYTES] [--thread single|multiple]
 //
 // Sizes from -b to -e, each -f times the last. Per size (bytes of the whole result, as nccl-tests
@@ -62,6 +64,20 @@ int run_op(const std::string& op, const std::vector<float>& in, std::vector<floa
     return mpi ? PMPI_Wait(&request, MPI_STATUS_IGNORE) : MPI_Wait(&request, MPI_STATUS_IGNORE);
   };
   MPI_Comm world = MPI_COMM_WORLD;
+  if (op == "allgatherv" || op == "reduce_scatterv") {  // alike blocks, end to end
+    std::vector<int> counts(static_cast<std::size_t>(size), block), displs(counts.size());
+    for (std::size_t q = 0; q < displs.size(); ++q) displs[q] = static_cast<int>(q) * block;
+    if (op == "allgatherv") {
+      return mpi ? PMPI_Allgatherv(in.data(), block, MPI_FLOAT, out.data(), counts.data(),
+                                   displs.data(), MPI_FLOAT, world)
+                 : MPI_Allgatherv(in.data(), block, MPI_FLOAT, out.data(), counts.data(),
+                                  displs.data(), MPI_FLOAT, world);
+    }
+    return mpi ? PMPI_Reduce_scatter(in.data(), out.data(), counts.data(), MPI_FLOAT, MPI_SUM,
+                                     world)
+               : MPI_Reduce_scatter(in.data(), out.data(), counts.data(), MPI_FLOAT, MPI_SUM,
+                                    world);
+  }
   if (op == "iallgather") {
     return wait(mpi ? PMPI_Iallgather(in.data(), block, MPI_FLOAT, out.data(), block, MPI_FLOAT,
                                       world, &request)
@@ -158,9 +174,12 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
   }
-  const std::string base = op.size() > 1 && op[0] == 'i' ? op.substr(1) : op;  // blocking form
-  if (base != "allreduce" && base != "allgather" && base != "reduce_scatter" && base != "bcast" &&
-      op != "barrier") {
+  // the blocking form, and the -v forms as the block forms they equal
+  std::string base = op.size() > 1 && op[0] == 'i' ? op.substr(1) : op;
+  if (base == "allgatherv" || base == "reduce_scatterv") base.pop_back();
+  if ((base != "allreduce" && base != "allgather" && base != "reduce_scatter" && base != "bcast" &&
+       op != "barrier") ||
+      op == "iallgatherv" || op == "ireduce_scatterv") {
     if (rank == 0) std::fprintf(stderr, "squall-mpi-bench: unknown --op %s\n", op.c_str());
     MPI_Abort(MPI_COMM_WORLD, 2);
   }

@@ -4,7 +4,8 @@
 // `-genv LD_PRELOAD ...` with MPICH) or link it before the MPI library.
 //
 // It defines MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Bcast, MPI_Barrier,
-// their non-blocking forms MPI_Iallreduce, MPI_Iallgather, MPI_Ireduce_scatter_block and
+// MPI_Allgatherv and MPI_Reduce_scatter (taken where every block is alike), the non-blocking
+// forms MPI_Iallreduce, MPI_Iallgather, MPI_Ireduce_scatter_block and
 // MPI_Ibcast (and MPI_Init, MPI_Init_thread, MPI_Finalize to set up and tear down; the
 // completion calls MPI_Wait, MPI_Test, their -all, -any and -some forms, MPI_Request_get_status,
 // MPI_Request_free and MPI_Cancel, which pass everything but squall's requests to MPI). A call it
@@ -30,6 +31,11 @@
 //   SQUALL_MPI_MIN_BYTES bytes in all (the data moves as 32-bit words, no arithmetic); by
 //   default bcast only up to 1 MiB and on communicators within one host (shared memory),
 //   where squall's broadcast copies through its windows;
+// - allgatherv and reduce_scatter: as allgather and reduce_scatter_block where every rank's
+//   block holds alike many bytes (what MPI requires every rank to give each block alike, so the
+//   same on every rank); an allgatherv's displacements are each rank's own: blocks end to end
+//   from the buffer's start are gathered in place, others through a packed copy unpacked at
+//   them; blocks of different sizes go to MPI;
 // - barrier: once squall holds state for the communicator (a handled call made it);
 // - iallreduce, iallgather, ireduce_scatter_block, ibcast: as their blocking forms, from
 //   SQUALL_MPI_IALLREDUCE_MIN_BYTES, once squall holds the communicator (as barrier;
@@ -37,10 +43,10 @@
 //   where every rank's MPI gives MPI_THREAD_MULTIPLE, across hosts (in tiers as above);
 // - never: intercommunicators, user-defined ops, MPI_PROD and the logical, bitwise and
 //   MAXLOC/MINLOC ops, mixed-type signatures, the other non-blocking forms (MPI_Ibarrier,
-//   the -v forms, MPI_Ireduce and friends), MPI_Init not called through this library (then
-//   it stays off), MPICH's `use mpi_f08` callers (mpif.h, `use mpi` and `use mpi_f08`
-//   under Open MPI and mpif.h and `use mpi` under MPICH are taken: the Fortran
-//   section at the end).
+//   MPI_Iallgatherv, MPI_Ireduce_scatter, MPI_Ireduce and friends), the other -v forms, MPI_Init
+//   not called through this library (then it stays off), MPICH's `use mpi_f08` callers (mpif.h,
+//   `use mpi` and `use mpi_f08` under Open MPI and mpif.h and `use mpi` under MPICH are taken: the
+//   Fortran section at the end).
 //
 // Environment (read at MPI_Init; every rank must agree):
 //   SQUALL_MPI_ENABLE     1 (default) or 0: everything falls through.
@@ -60,10 +66,11 @@
 //                         hosts (to run the tiers on one host).
 //   SQUALL_MPI_COLLECTIVES  which ones squall may take: a comma list of allreduce, allgather,
 //                         reduce_scatter_block, bcast, barrier, iallreduce, iallgather,
-//                         ireduce_scatter_block, ibcast, or all (default: all but ibcast and
-//                         barrier, no faster than Open MPI's at P = 2, and iallgather, slower
-//                         at P = 4; bcast within one host up to 1 MiB). Naming bcast takes
-//                         every MPI_Bcast from SQUALL_MPI_MIN_BYTES, on any communicator.
+//                         ireduce_scatter_block, ibcast, allgatherv, reduce_scatter, or all
+//                         (default: all but ibcast and barrier, no faster than Open MPI's at P = 2,
+//                         and iallgather, slower at P = 4; bcast within one host up to 1 MiB).
+//                         Naming bcast takes every MPI_Bcast from SQUALL_MPI_MIN_BYTES, on any
+//                         communicator.
 //   SQUALL_MPI_COMPRESSOR cast[:fp16|bf16|e4m3|e5m2|e4m3_sr|e5m2_sr], int8 or hq[:BITS]: lossy
 //                         compression of float32 MPI_SUM allreduces (off by default).
 //   SQUALL_MPI_COMPRESSOR_COMMS  compress only on communicators of these names (comma list).
@@ -126,16 +133,20 @@ enum call_kind : int {
   iallgather,
   ireduce_scatter_block,
   ibcast,
+  allgatherv,
+  reduce_scatter,
   kinds
 };
 constexpr std::array<const char*, kinds> call_names = {
-    "MPI_Allreduce",  "MPI_Allgather",  "MPI_Reduce_scatter_block",  "MPI_Bcast", "MPI_Barrier",
-    "MPI_Iallreduce", "MPI_Iallgather", "MPI_Ireduce_scatter_block", "MPI_Ibcast"};
+    "MPI_Allreduce", "MPI_Allgather",  "MPI_Reduce_scatter_block", "MPI_Bcast",
+    "MPI_Barrier",   "MPI_Iallreduce", "MPI_Iallgather",           "MPI_Ireduce_scatter_block",
+    "MPI_Ibcast",    "MPI_Allgatherv", "MPI_Reduce_scatter"};
 
 /// The collectives' names in SQUALL_MPI_COLLECTIVES.
 constexpr std::array<std::string_view, kinds> collective_names = {
-    "allreduce",  "allgather",  "reduce_scatter_block",  "bcast", "barrier",
-    "iallreduce", "iallgather", "ireduce_scatter_block", "ibcast"};
+    "allreduce", "allgather",  "reduce_scatter_block", "bcast",
+    "barrier",   "iallreduce", "iallgather",           "ireduce_scatter_block",
+    "ibcast",    "allgatherv", "reduce_scatter"};
 
 /// The non-empty items of a comma-separated list ("a,,b" -> a, b).
 std::vector<std::string_view> comma_list(std::string_view text) {
@@ -179,7 +190,8 @@ struct config {
   /// (docs/performance.md), and the library must not make a program slower; so is
   /// MPI_Iallgather (ahead at P = 2 up to 4 MiB, but 0.78-1.02x of Open MPI's time at P = 4).
   /// MPI_Bcast is on by default within the bounds of `bcast_by_default`.
-  std::array<bool, kinds> takes = {true, true, true, true, false, true, false, true, false};
+  std::array<bool, kinds> takes = {true,  true, true,  true, false, true,
+                                   false, true, false, true, true};
   /// SQUALL_MPI_COLLECTIVES unset: squall takes an MPI_Bcast only up to `default_bcast_bytes`
   /// and on communicators within one host, where its broadcast copies through the
   /// shared-memory windows (1.5-4.2x faster than Open MPI's at 16 KiB-1 MiB, P = 2 and 4);
@@ -271,7 +283,8 @@ struct config {
         } else if (c.problem.empty()) {
           c.problem = "SQUALL_MPI_COLLECTIVES: '" + std::string(name) +
                       "' is not all, allreduce, allgather, reduce_scatter_block, bcast, barrier, "
-                      "iallreduce, iallgather, ireduce_scatter_block or ibcast";
+                      "iallreduce, iallgather, ireduce_scatter_block, ibcast, allgatherv or "
+                      "reduce_scatter";
         }
       }
     }
@@ -1687,12 +1700,13 @@ int ibcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root,
   return started ? MPI_SUCCESS : fallback();
 }
 
+/// MPI_Reduce_scatter_block, or an MPI_Reduce_scatter whose blocks are alike (`kind`).
 template <class Fallback>
-int reduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type recvcount,
-                              MPI_Datatype datatype, MPI_Op op, MPI_Comm comm, Fallback fallback) {
-  const scatter_route route =
-      reduce_scatter_route(reduce_scatter_block, false, recvcount, datatype, op, comm);
-  note(reduce_scatter_block, route.b != base::none, route.bytes);
+int reduce_scatter_block_call(call_kind kind, const void* sendbuf, void* recvbuf,
+                              count_type recvcount, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                              Fallback fallback) {
+  const scatter_route route = reduce_scatter_route(kind, false, recvcount, datatype, op, comm);
+  note(kind, route.b != base::none, route.bytes);
   if (route.b == base::none) return fallback();
   return run_state(comm, [&](comm_state& state) {
     tiers* const tiered = shares_tiers(state);
@@ -1731,9 +1745,29 @@ int reduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type rec
   });
 }
 
+/// squall's allgather of `words` 32-bit words a rank on `state`'s communicator: `mine` (which
+/// may be block r of `whole`) into `whole`, in tiers where the communicator spans nodes.
+void gather_words(comm_state& state, const std::int32_t* mine, std::int32_t* whole,
+                  std::size_t words, int size) {
+  if (tiers* const tiered = shares_tiers(state)) {
+    tiered->calls.ordered(tiered->rank, [&] { tiered_allgather(*tiered, mine, whole, words); });
+    note_tiered();
+  } else {
+    std::visit(
+        [&](auto& holder) {
+          holder.comm->allgather(
+              host_view<const std::int32_t>(mine, words),
+              host_view<std::int32_t>(whole, words * static_cast<std::size_t>(size)));
+        },
+        state.impl);
+  }
+}
+
+/// MPI_Allgather, or an MPI_Allgatherv whose blocks are alike and lie end to end (`kind`).
 template <class Fallback>
-int allgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
-                   count_type recvcount, MPI_Datatype recvtype, MPI_Comm comm, Fallback fallback) {
+int allgather_call(call_kind kind, const void* sendbuf, count_type sendcount, MPI_Datatype sendtype,
+                   void* recvbuf, count_type recvcount, MPI_Datatype recvtype, MPI_Comm comm,
+                   Fallback fallback) {
   int size = 1, rank = 0;
   if (comm != MPI_COMM_NULL) {
     PMPI_Comm_size(comm, &size);
@@ -1741,30 +1775,119 @@ int allgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendt
   }
   const std::uint64_t block = bytes_of(recvcount, recvtype);
   const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
-  if (!usable(allgather, comm, bytes) || block % 4 != 0) {
-    note(allgather, false, bytes);
+  if (!usable(kind, comm, bytes) || block % 4 != 0) {
+    note(kind, false, bytes);
     return fallback();
   }
-  note(allgather, true, bytes);
+  note(kind, true, bytes);
   return run_state(comm, [&](comm_state& state) {
     staged out(recvbuf, recvcount * size, recvtype, comm);
     const std::size_t words = static_cast<std::size_t>(block / 4);
     auto* whole = reinterpret_cast<std::int32_t*>(out.bytes());
     const std::int32_t* mine = own_block(out, sendbuf, sendcount, sendtype, block, rank, comm);
-    if (tiers* const tiered = shares_tiers(state)) {
-      tiered->calls.ordered(tiered->rank, [&] { tiered_allgather(*tiered, mine, whole, words); });
-      note_tiered();
-    } else {
-      std::visit(
-          [&](auto& holder) {
-            holder.comm->allgather(
-                host_view<const std::int32_t>(mine, words),
-                host_view<std::int32_t>(whole, words * static_cast<std::size_t>(size)));
-          },
-          state.impl);
-    }
+    gather_words(state, mine, whole, words, size);
     out.unpack();
   });
+}
+
+/// Whether `comm` is an intracommunicator (not null): the -v forms read their count arrays,
+/// whose length is the size of a group, only then.
+bool intracommunicator(MPI_Comm comm) {
+  int inter = 0;
+  return comm != MPI_COMM_NULL && PMPI_Comm_test_inter(comm, &inter) == MPI_SUCCESS && inter == 0;
+}
+
+/// MPI_Allgatherv (`Count`: int or MPI_Count; `Displacement`: int or MPI_Aint). Whether every
+/// block holds alike many items is the same on every rank (MPI requires every rank to give
+/// each block the signature its sender sends): then squall gathers them, as
+/// `allgather_call` where the displacements lay the blocks end to end from the buffer's
+/// start, else into a packed copy whose blocks are unpacked at their displacements (the
+/// displacements are each rank's own). Blocks of different sizes go to MPI.
+template <class Count, class Displacement, class Fallback>
+int allgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
+                    const Count* recvcounts, const Displacement* displs, MPI_Datatype recvtype,
+                    MPI_Comm comm, Fallback fallback) {
+  if (!intracommunicator(comm)) {
+    note(allgatherv, false, 0);
+    return fallback();
+  }
+  int size = 1, rank = 0;
+  PMPI_Comm_size(comm, &size);
+  PMPI_Comm_rank(comm, &rank);
+  const auto count = static_cast<count_type>(recvcounts[0]);
+  bool alike = true, end_to_end = true;
+  for (int q = 0; q < size; ++q) {
+    alike = alike && static_cast<count_type>(recvcounts[q]) == count;
+    end_to_end = end_to_end && static_cast<count_type>(displs[q]) == count * q;
+  }
+  const std::uint64_t block = bytes_of(count, recvtype);
+  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
+  if (!alike) {
+    note(allgatherv, false, bytes);
+    return fallback();
+  }
+  if (end_to_end) {
+    return allgather_call(allgatherv, sendbuf, sendcount, sendtype, recvbuf, count, recvtype, comm,
+                          fallback);
+  }
+  if (!usable(allgatherv, comm, bytes) || block % 4 != 0) {
+    note(allgatherv, false, bytes);
+    return fallback();
+  }
+  note(allgatherv, true, bytes);
+  return run_state(comm, [&](comm_state& state) {
+    MPI_Count lb = 0, extent = 0;
+    PMPI_Type_get_extent_x(recvtype, &lb, &extent);
+    const auto block_of = [&](int q) {
+      return static_cast<std::byte*>(recvbuf) + static_cast<MPI_Count>(displs[q]) * extent;
+    };
+    const std::size_t words = static_cast<std::size_t>(block / 4);
+    std::vector<std::int32_t> whole(words * static_cast<std::size_t>(size));
+    std::int32_t* const mine = whole.data() + static_cast<std::size_t>(rank) * words;
+    const bool in_place = sendbuf == MPI_IN_PLACE;
+    staged in(in_place ? block_of(rank) : const_cast<void*>(sendbuf), in_place ? count : sendcount,
+              in_place ? recvtype : sendtype, comm);
+    if (in.size() != block) {
+      throw squall::mismatch_error({.operation = "squall_mpi allgatherv"},
+                                   "the send and receive signatures differ in size");
+    }
+    in.pack();
+    squall::kernels::copy_bytes(mine, in.bytes(), block);
+    gather_words(state, mine, whole.data(), words, size);
+    for (int q = 0; q < size; ++q) {
+      if (in_place && q == rank) continue;  // its block is where it was
+      staged out(block_of(q), count, recvtype, comm);
+      squall::kernels::copy_bytes(out.bytes(), whole.data() + static_cast<std::size_t>(q) * words,
+                                  block);
+      out.unpack();
+    }
+  });
+}
+
+/// MPI_Reduce_scatter: as MPI_Reduce_scatter_block where every rank's block holds alike many
+/// items (every rank passes the same counts), else to MPI.
+template <class Count, class Fallback>
+int reduce_scatter_call(const void* sendbuf, void* recvbuf, const Count* recvcounts,
+                        MPI_Datatype datatype, MPI_Op op, MPI_Comm comm, Fallback fallback) {
+  if (!intracommunicator(comm)) {
+    note(reduce_scatter, false, 0);
+    return fallback();
+  }
+  int size = 1;
+  PMPI_Comm_size(comm, &size);
+  const auto count = static_cast<count_type>(recvcounts[0]);
+  count_type total = 0;
+  bool alike = true;
+  for (int q = 0; q < size; ++q) {
+    alike = alike && static_cast<count_type>(recvcounts[q]) == count;
+    total += static_cast<count_type>(recvcounts[q]);
+  }
+  if (!alike) {
+    note(reduce_scatter, false, bytes_of(total, datatype));
+    return fallback();
+  }
+  return reduce_scatter_block_call(reduce_scatter, sendbuf, recvbuf, count, datatype, op, comm,
+                                   fallback);
 }
 
 template <class Fallback>
@@ -1943,17 +2066,35 @@ SQUALL_MPI_EXPORT int MPI_Cancel(MPI_Request* request) {
 
 SQUALL_MPI_EXPORT int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
                                                MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
-  return reduce_scatter_block_call(sendbuf, recvbuf, recvcount, datatype, op, comm, [&] {
-    return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
+  return reduce_scatter_block_call(
+      reduce_scatter_block, sendbuf, recvbuf, recvcount, datatype, op, comm,
+      [&] { return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm); });
+}
+
+SQUALL_MPI_EXPORT int MPI_Reduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[],
+                                         MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
+  return reduce_scatter_call(sendbuf, recvbuf, recvcounts, datatype, op, comm, [&] {
+    return PMPI_Reduce_scatter(sendbuf, recvbuf, recvcounts, datatype, op, comm);
   });
+}
+
+SQUALL_MPI_EXPORT int MPI_Allgatherv(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
+                                     void* recvbuf, const int recvcounts[], const int displs[],
+                                     MPI_Datatype recvtype, MPI_Comm comm) {
+  return allgatherv_call(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm,
+                         [&] {
+                           return PMPI_Allgatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts,
+                                                  displs, recvtype, comm);
+                         });
 }
 
 SQUALL_MPI_EXPORT int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                                     void* recvbuf, int recvcount, MPI_Datatype recvtype,
                                     MPI_Comm comm) {
-  return allgather_call(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, [&] {
-    return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-  });
+  return allgather_call(
+      allgather, sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, [&] {
+        return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+      });
 }
 
 SQUALL_MPI_EXPORT int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root,
@@ -1982,17 +2123,37 @@ SQUALL_MPI_EXPORT int MPI_Iallreduce_c(const void* sendbuf, void* recvbuf, MPI_C
 SQUALL_MPI_EXPORT int MPI_Reduce_scatter_block_c(const void* sendbuf, void* recvbuf,
                                                  MPI_Count recvcount, MPI_Datatype datatype,
                                                  MPI_Op op, MPI_Comm comm) {
-  return reduce_scatter_block_call(sendbuf, recvbuf, recvcount, datatype, op, comm, [&] {
-    return PMPI_Reduce_scatter_block_c(sendbuf, recvbuf, recvcount, datatype, op, comm);
+  return reduce_scatter_block_call(
+      reduce_scatter_block, sendbuf, recvbuf, recvcount, datatype, op, comm,
+      [&] { return PMPI_Reduce_scatter_block_c(sendbuf, recvbuf, recvcount, datatype, op, comm); });
+}
+
+SQUALL_MPI_EXPORT int MPI_Reduce_scatter_c(const void* sendbuf, void* recvbuf,
+                                           const MPI_Count recvcounts[], MPI_Datatype datatype,
+                                           MPI_Op op, MPI_Comm comm) {
+  return reduce_scatter_call(sendbuf, recvbuf, recvcounts, datatype, op, comm, [&] {
+    return PMPI_Reduce_scatter_c(sendbuf, recvbuf, recvcounts, datatype, op, comm);
   });
+}
+
+SQUALL_MPI_EXPORT int MPI_Allgatherv_c(const void* sendbuf, MPI_Count sendcount,
+                                       MPI_Datatype sendtype, void* recvbuf,
+                                       const MPI_Count recvcounts[], const MPI_Aint displs[],
+                                       MPI_Datatype recvtype, MPI_Comm comm) {
+  return allgatherv_call(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm,
+                         [&] {
+                           return PMPI_Allgatherv_c(sendbuf, sendcount, sendtype, recvbuf,
+                                                    recvcounts, displs, recvtype, comm);
+                         });
 }
 
 SQUALL_MPI_EXPORT int MPI_Allgather_c(const void* sendbuf, MPI_Count sendcount,
                                       MPI_Datatype sendtype, void* recvbuf, MPI_Count recvcount,
                                       MPI_Datatype recvtype, MPI_Comm comm) {
-  return allgather_call(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, [&] {
-    return PMPI_Allgather_c(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-  });
+  return allgather_call(
+      allgather, sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, [&] {
+        return PMPI_Allgather_c(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+      });
 }
 
 SQUALL_MPI_EXPORT int MPI_Bcast_c(void* buffer, MPI_Count count, MPI_Datatype datatype, int root,
@@ -2121,6 +2282,10 @@ using reduce_f = void (*)(void*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fin
 using allgather_f = void (*)(void*, MPI_Fint*, MPI_Fint*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*,
                              MPI_Fint*);
 using bcast_f = void (*)(void*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*);
+using allgatherv_f = void (*)(void*, MPI_Fint*, MPI_Fint*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*,
+                              MPI_Fint*, MPI_Fint*);
+using reduce_scatter_f = void (*)(void*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*,
+                                  MPI_Fint*);
 
 // The calls, each given its name's own binding (`mpi()`, looked up on first use).
 template <class Binding>
@@ -2180,6 +2345,40 @@ void fortran_bcast(Binding mpi, void* buffer, MPI_Fint* count, MPI_Fint* datatyp
 }
 
 void fortran_barrier(MPI_Fint* comm, MPI_Fint* ierr) { *ierr = MPI_Barrier(MPI_Comm_f2c(*comm)); }
+
+// The count arrays of the -v forms: Fortran's integers as C's (one per rank of `comm`; none
+// for an intercommunicator or a bad handle, whose call goes to the MPI's own binding).
+std::optional<std::vector<int>> fortran_counts(const MPI_Fint* counts, MPI_Fint comm) {
+  const MPI_Comm c = MPI_Comm_f2c(comm);
+  if (!intracommunicator(c)) return std::nullopt;
+  int size = 0;
+  PMPI_Comm_size(c, &size);
+  return std::vector<int>(counts, counts + size);
+}
+
+template <class Binding>
+void fortran_allgatherv(Binding mpi, void* sendbuf, MPI_Fint* sendcount, MPI_Fint* sendtype,
+                        void* recvbuf, MPI_Fint* recvcounts, MPI_Fint* displs, MPI_Fint* recvtype,
+                        MPI_Fint* comm, MPI_Fint* ierr) {
+  const std::optional<std::vector<int>> counts = fortran_counts(recvcounts, *comm);
+  const std::optional<std::vector<int>> at = fortran_counts(displs, *comm);
+  if (!fortran_takes(sendbuf, recvbuf) || !counts || !at) {
+    return mpi()(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm, ierr);
+  }
+  *ierr = MPI_Allgatherv(fortran_send(sendbuf), *sendcount, MPI_Type_f2c(*sendtype), recvbuf,
+                         counts->data(), at->data(), MPI_Type_f2c(*recvtype), MPI_Comm_f2c(*comm));
+}
+
+template <class Binding>
+void fortran_reduce_scatter(Binding mpi, void* sendbuf, void* recvbuf, MPI_Fint* recvcounts,
+                            MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm, MPI_Fint* ierr) {
+  const std::optional<std::vector<int>> counts = fortran_counts(recvcounts, *comm);
+  if (!fortran_takes(sendbuf, recvbuf) || !counts) {
+    return mpi()(sendbuf, recvbuf, recvcounts, datatype, op, comm, ierr);
+  }
+  *ierr = MPI_Reduce_scatter(fortran_send(sendbuf), recvbuf, counts->data(),
+                             MPI_Type_f2c(*datatype), MPI_Op_f2c(*op), MPI_Comm_f2c(*comm));
+}
 
 }  // namespace
 
@@ -2264,6 +2463,32 @@ SQUALL_MPI_EXPORT void ompi_bcast_f(void* buffer, MPI_Fint* count, MPI_Fint* dat
                                     MPI_Fint* root, MPI_Fint* comm, MPI_Fint* ierr) {
   fortran_bcast(SQUALL_MPI_FORTRAN_BINDING(bcast_f, "ompi_bcast_f"), buffer, count, datatype, root,
                 comm, ierr);
+}
+
+SQUALL_MPI_EXPORT void mpi_allgatherv_(void* sendbuf, MPI_Fint* sendcount, MPI_Fint* sendtype,
+                                       void* recvbuf, MPI_Fint* recvcounts, MPI_Fint* displs,
+                                       MPI_Fint* recvtype, MPI_Fint* comm, MPI_Fint* ierr) {
+  fortran_allgatherv(SQUALL_MPI_FORTRAN_BINDING(allgatherv_f, "mpi_allgatherv_"), sendbuf,
+                     sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm, ierr);
+}
+SQUALL_MPI_EXPORT void ompi_allgatherv_f(void* sendbuf, MPI_Fint* sendcount, MPI_Fint* sendtype,
+                                         void* recvbuf, MPI_Fint* recvcounts, MPI_Fint* displs,
+                                         MPI_Fint* recvtype, MPI_Fint* comm, MPI_Fint* ierr) {
+  fortran_allgatherv(SQUALL_MPI_FORTRAN_BINDING(allgatherv_f, "ompi_allgatherv_f"), sendbuf,
+                     sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm, ierr);
+}
+
+SQUALL_MPI_EXPORT void mpi_reduce_scatter_(void* sendbuf, void* recvbuf, MPI_Fint* recvcounts,
+                                           MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
+                                           MPI_Fint* ierr) {
+  fortran_reduce_scatter(SQUALL_MPI_FORTRAN_BINDING(reduce_scatter_f, "mpi_reduce_scatter_"),
+                         sendbuf, recvbuf, recvcounts, datatype, op, comm, ierr);
+}
+SQUALL_MPI_EXPORT void ompi_reduce_scatter_f(void* sendbuf, void* recvbuf, MPI_Fint* recvcounts,
+                                             MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
+                                             MPI_Fint* ierr) {
+  fortran_reduce_scatter(SQUALL_MPI_FORTRAN_BINDING(reduce_scatter_f, "ompi_reduce_scatter_f"),
+                         sendbuf, recvbuf, recvcounts, datatype, op, comm, ierr);
 }
 
 SQUALL_MPI_EXPORT void mpi_barrier_(MPI_Fint* comm, MPI_Fint* ierr) { fortran_barrier(comm, ierr); }

@@ -2,8 +2,9 @@
 ! An unmodified Fortran MPI program (`use mpi`, or `use mpi_f08` built with SQUALL_F08;
 ! gfortran) for libsquall_mpi.so's Fortran bindings (ctest collective.fortran_interposed.np*
 ! and collective.fortran_f08_interposed.np*): allreduce (out of place and in place,
-! double sums and integer maxima), reduce_scatter_block, allgather (and in place), bcast from
-! the last rank and barrier, each checked against the result computed here in full (small
+! double sums and integer maxima), reduce_scatter_block, reduce_scatter (alike blocks),
+! allgather (and in place), allgatherv (alike blocks, end to end and in reverse order), bcast
+! from the last rank and barrier, each checked against the result computed here in full (small
 ! integers: exact in any order). Prints one line per check; stops with status 1 on a wrong one.
 program fortran_collectives
 #ifdef SQUALL_F08
@@ -15,13 +16,14 @@ program fortran_collectives
   integer, parameter :: n = 30000
   integer :: ierr, rank, size, i, r
   double precision, allocatable :: a(:), b(:), want(:), gathered(:), block(:)
-  integer, allocatable :: ia(:), ib(:)
+  integer, allocatable :: ia(:), ib(:), counts(:), displs(:)
 
   call MPI_Init(ierr)
   call MPI_Comm_rank(MPI_COMM_WORLD, rank, ierr)
   call MPI_Comm_size(MPI_COMM_WORLD, size, ierr)
   allocate(a(n * size), b(n * size), want(n * size), gathered(n * size), block(n))
-  allocate(ia(n), ib(n))
+  allocate(ia(n), ib(n), counts(size), displs(size))
+  counts = n
 
   do i = 1, n * size
     a(i) = value(rank, i)
@@ -47,6 +49,24 @@ program fortran_collectives
   call MPI_Reduce_scatter_block(a, block, n, MPI_DOUBLE_PRECISION, MPI_SUM, MPI_COMM_WORLD, ierr)
   call check(ierr == MPI_SUCCESS .and. all(block == want(rank * n + 1:rank * n + n)), &
              "reduce_scatter_block")
+
+  call MPI_Reduce_scatter(a, block, counts, MPI_DOUBLE_PRECISION, MPI_SUM, MPI_COMM_WORLD, ierr)
+  call check(ierr == MPI_SUCCESS .and. all(block == want(rank * n + 1:rank * n + n)), &
+             "reduce_scatter of alike blocks")
+
+  block = a(1:n)
+  displs = [(r * n, r = 0, size - 1)]
+  call MPI_Allgatherv(block, n, MPI_DOUBLE_PRECISION, gathered, counts, displs, &
+                      MPI_DOUBLE_PRECISION, MPI_COMM_WORLD, ierr)
+  call check(ierr == MPI_SUCCESS .and. all(gathered == [((value(r, i), i = 1, n), r = 0, size - 1)]), &
+             "allgatherv, blocks end to end")
+
+  displs = [((size - 1 - r) * n, r = 0, size - 1)]
+  call MPI_Allgatherv(block, n, MPI_DOUBLE_PRECISION, gathered, counts, displs, &
+                      MPI_DOUBLE_PRECISION, MPI_COMM_WORLD, ierr)
+  call check(ierr == MPI_SUCCESS .and. &
+             all(gathered == [((value(r, i), i = 1, n), r = size - 1, 0, -1)]), &
+             "allgatherv, blocks in reverse order")
 
   block = a(1:n)
   call MPI_Allgather(block, n, MPI_DOUBLE_PRECISION, gathered, n, MPI_DOUBLE_PRECISION, &

@@ -58,7 +58,8 @@ bool takes(const std::string& name) {
   const char* list = std::getenv("SQUALL_MPI_COLLECTIVES");
   const std::string text = list != nullptr ? "," + std::string(list) + ","
                                            : ",allreduce,allgather,reduce_scatter_block,bcast,"
-                                             "iallreduce,ireduce_scatter_block,";
+                                             "iallreduce,ireduce_scatter_block,allgatherv,"
+                                             "reduce_scatter,";
   return text.find(",all,") != std::string::npos ||
          text.find("," + name + ",") != std::string::npos;
 }
@@ -198,6 +199,26 @@ TEST_CASE("the large-count forms (MPI 4) take the same routes") {
   expect_scatter_route(true, MPI_COMM_WORLD, [&] {
     return MPI_Reduce_scatter_block_c(gathered.data(), block.data(), count, MPI_DOUBLE, MPI_MAX,
                                       MPI_COMM_WORLD);
+  });
+  CHECK(block == block_ref);
+  // the -v forms of alike blocks: the allgatherv's blocks in reverse order
+  const std::vector<MPI_Count> counts(static_cast<std::size_t>(size), count);
+  std::vector<MPI_Aint> reversed(counts.size());
+  for (std::size_t q = 0; q < reversed.size(); ++q) {
+    reversed[q] = static_cast<MPI_Aint>(reversed.size() - 1 - q) * count;
+  }
+  PMPI_Allgatherv_c(input.data(), count, MPI_DOUBLE, gathered_ref.data(), counts.data(),
+                    reversed.data(), MPI_DOUBLE, MPI_COMM_WORLD);
+  expect_scatter_route(takes("allgatherv"), MPI_COMM_WORLD, [&] {
+    return MPI_Allgatherv_c(input.data(), count, MPI_DOUBLE, gathered.data(), counts.data(),
+                            reversed.data(), MPI_DOUBLE, MPI_COMM_WORLD);
+  });
+  CHECK(gathered == gathered_ref);
+  PMPI_Reduce_scatter_c(gathered.data(), block_ref.data(), counts.data(), MPI_DOUBLE, MPI_SUM,
+                        MPI_COMM_WORLD);
+  expect_scatter_route(takes("reduce_scatter"), MPI_COMM_WORLD, [&] {
+    return MPI_Reduce_scatter_c(gathered.data(), block.data(), counts.data(), MPI_DOUBLE, MPI_SUM,
+                                MPI_COMM_WORLD);
   });
   CHECK(block == block_ref);
   std::vector<double> data = rank == 0 ? input : std::vector<double>(input.size());
@@ -465,6 +486,98 @@ TEST_CASE("reduce_scatter_block, allgather, bcast and barrier against PMPI") {
   CHECK(odd == std::vector<char>(5001, 7));
   // Squall holds MPI_COMM_WORLD by now (a handled call above), so it takes the barrier.
   expect_route(takes("barrier"), [] { return MPI_Barrier(MPI_COMM_WORLD); });
+}
+
+TEST_CASE("allgatherv and reduce_scatter: alike blocks squall's, others MPI's, against PMPI") {
+  const int rank = rank_of(MPI_COMM_WORLD);
+  const int size = size_of(MPI_COMM_WORLD);
+  const auto p = static_cast<std::size_t>(size);
+  for (const std::size_t block : {10ul, 3000ul, 70001ul}) {
+    CAPTURE(block);
+    const bool big = block * 4 * p >= 4096;
+    const int n = static_cast<int>(block);
+    const std::vector<int> counts(p, n);
+    const std::vector<std::int32_t> mine = data_of<std::int32_t>(block, rank, 3);
+    // end to end: as MPI_Allgather
+    std::vector<int> end_to_end(p);
+    for (std::size_t q = 0; q < p; ++q) end_to_end[q] = static_cast<int>(q * block);
+    std::vector<std::int32_t> reference(block * p, -7), gathered(block * p, -7);
+    PMPI_Allgatherv(mine.data(), n, MPI_INT, reference.data(), counts.data(), end_to_end.data(),
+                    MPI_INT, MPI_COMM_WORLD);
+    expect_scatter_route(takes("allgatherv") && big, MPI_COMM_WORLD, [&] {
+      return MPI_Allgatherv(mine.data(), n, MPI_INT, gathered.data(), counts.data(),
+                            end_to_end.data(), MPI_INT, MPI_COMM_WORLD);
+    });
+    CHECK(gathered == reference);
+    // displaced: blocks in reverse order with gaps, on every rank but 0 (whose blocks lie end
+    // to end): the displacements are each rank's own, the route must be the same everywhere
+    const std::size_t stride = block + 5;
+    std::vector<int> displaced(p);
+    for (std::size_t q = 0; q < p; ++q) {
+      displaced[q] = rank == 0 ? end_to_end[q] : static_cast<int>((p - 1 - q) * stride);
+    }
+    const std::size_t extent = rank == 0 ? block * p : stride * p;
+    for (const bool in_place : {false, true}) {
+      CAPTURE(in_place);
+      std::vector<std::int32_t> want(extent, -7), got(extent, -7);
+      const auto own = static_cast<std::size_t>(displaced[static_cast<std::size_t>(rank)]);
+      if (in_place) std::copy(mine.begin(), mine.end(), got.begin() + static_cast<long>(own));
+      PMPI_Allgatherv(mine.data(), n, MPI_INT, want.data(), counts.data(), displaced.data(),
+                      MPI_INT, MPI_COMM_WORLD);
+      expect_scatter_route(takes("allgatherv") && big, MPI_COMM_WORLD, [&] {
+        return in_place ? MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, got.data(),
+                                         counts.data(), displaced.data(), MPI_INT, MPI_COMM_WORLD)
+                        : MPI_Allgatherv(mine.data(), n, MPI_INT, got.data(), counts.data(),
+                                         displaced.data(), MPI_INT, MPI_COMM_WORLD);
+      });
+      CHECK(got == want);  // the gaps untouched too
+    }
+    // reduce_scatter of alike blocks, out of place and in place
+    const std::vector<float> input = data_of<float>(block * p, rank, 4);
+    std::vector<float> sums(block), out(block);
+    PMPI_Reduce_scatter(input.data(), sums.data(), counts.data(), MPI_FLOAT, MPI_SUM,
+                        MPI_COMM_WORLD);
+    expect_scatter_route(takes("reduce_scatter") && big, MPI_COMM_WORLD, [&] {
+      return MPI_Reduce_scatter(input.data(), out.data(), counts.data(), MPI_FLOAT, MPI_SUM,
+                                MPI_COMM_WORLD);
+    });
+    CHECK(out == sums);
+    std::vector<float> in_place = input;
+    expect_scatter_route(takes("reduce_scatter") && big, MPI_COMM_WORLD, [&] {
+      return MPI_Reduce_scatter(MPI_IN_PLACE, in_place.data(), counts.data(), MPI_FLOAT, MPI_SUM,
+                                MPI_COMM_WORLD);
+    });
+    CHECK(std::vector<float>(in_place.begin(), in_place.begin() + n) == sums);
+  }
+  if (size > 1) {
+    // blocks of different sizes: MPI moves them
+    std::vector<int> counts(p), displs(p);
+    for (std::size_t q = 0; q < p; ++q) {
+      counts[q] = static_cast<int>(3000 + q);
+      displs[q] = q == 0 ? 0 : displs[q - 1] + counts[q - 1];
+    }
+    const std::size_t total = static_cast<std::size_t>(displs[p - 1] + counts[p - 1]);
+    const int mine_count = counts[static_cast<std::size_t>(rank)];
+    const std::vector<std::int32_t> mine =
+        data_of<std::int32_t>(static_cast<std::size_t>(mine_count), rank, 5);
+    std::vector<std::int32_t> want(total), got(total);
+    PMPI_Allgatherv(mine.data(), mine_count, MPI_INT, want.data(), counts.data(), displs.data(),
+                    MPI_INT, MPI_COMM_WORLD);
+    expect_route(false, [&] {
+      return MPI_Allgatherv(mine.data(), mine_count, MPI_INT, got.data(), counts.data(),
+                            displs.data(), MPI_INT, MPI_COMM_WORLD);
+    });
+    CHECK(got == want);
+    const std::vector<float> input = data_of<float>(total, rank, 6);
+    std::vector<float> sums(static_cast<std::size_t>(mine_count)), out(sums.size());
+    PMPI_Reduce_scatter(input.data(), sums.data(), counts.data(), MPI_FLOAT, MPI_SUM,
+                        MPI_COMM_WORLD);
+    expect_route(false, [&] {
+      return MPI_Reduce_scatter(input.data(), out.data(), counts.data(), MPI_FLOAT, MPI_SUM,
+                                MPI_COMM_WORLD);
+    });
+    CHECK(out == sums);
+  }
 }
 
 TEST_CASE("split and duplicated communicators get their own state, freed with them") {

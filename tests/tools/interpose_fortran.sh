@@ -4,7 +4,8 @@
 # Runs the Fortran PROGRAM (tests/interpose/fortran_collectives.f90) under MPIEXEC twice,
 # without and with LIB (libsquall_mpi.so) preloaded, and fails unless both pass, print the
 # same lines, and squall's stats (SQUALL_MPI_STATS) show that it took every allreduce,
-# reduce_scatter_block, allgather and bcast of the preloaded run: Fortran's calls reach it.
+# reduce_scatter_block, reduce_scatter, allgather, allgatherv and bcast of the preloaded run:
+# Fortran's calls reach it.
 set -eu
 mpiexec=$1 ranks=$2 lib=$(realpath "$3") program=$4
 flags=""
@@ -20,7 +21,8 @@ if ! cmp -s "$out/plain" "$out/squall"; then
   diff "$out/plain" "$out/squall" | head -20 >&2
   exit 1
 fi
-for call in MPI_Allreduce MPI_Reduce_scatter_block MPI_Allgather MPI_Bcast; do
+for call in MPI_Allreduce MPI_Reduce_scatter_block MPI_Reduce_scatter MPI_Allgather MPI_Allgatherv \
+  MPI_Bcast; do
   if ! grep -Eq "^ +$call +squall +[1-9][0-9]* calls .* MPI +0 calls" "$out/stats"; then
     echo "interpose_fortran: squall did not take every Fortran $call:" >&2
     cat "$out/stats" >&2
