@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""An unmodified mpi4py program: allreduce, allgather, reduce_scatter_block and bcast of NumPy
-arrays of several sizes and dtypes, each checked against NumPy's own sum of every rank's data
+"""An unmodified mpi4py program: allreduce, allgather, reduce_scatter_block, allgatherv and
+reduce_scatter (alike blocks) and bcast of NumPy arrays of several sizes and dtypes, each checked against NumPy's own sum of every rank's data
 (exact: the data are small integers in every dtype). Prints one digest line per call, so
 that a run with libsquall_mpi.so preloaded can be compared line by line with one without.
 With --expect-squall it also checks, through ctypes, that the preloaded library took calls."""
@@ -58,6 +58,13 @@ for dtype in (np.float32, np.float64, np.int32, np.int64):
         comm.Reduce_scatter_block(whole, block, op=MPI.SUM)
         total = sum(data(count * size, np.float64, r, 3) for r in range(size)).astype(dtype)
         check(f"Reduce_scatter_block {name}", block, total[rank * count:(rank + 1) * count])
+        gathered_v = np.empty(count * size, dtype=dtype)
+        comm.Allgatherv(mine, [gathered_v, [count] * size])
+        check(f"Allgatherv {name}", gathered_v,
+              np.concatenate([data(count, dtype, r, count % 11) for r in range(size)]))
+        block_v = np.empty(count, dtype=dtype)
+        comm.Reduce_scatter(whole, block_v, recvcounts=[count] * size, op=MPI.SUM)
+        check(f"Reduce_scatter {name}", block_v, total[rank * count:(rank + 1) * count])
         for root in range(size):
             buffer = data(count, dtype, rank, root)
             comm.Bcast(buffer, root=root)
