@@ -5,16 +5,16 @@
 //
 // It defines MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Bcast, MPI_Barrier,
 // MPI_Allgatherv and MPI_Reduce_scatter (taken where every block is alike), the non-blocking
-// forms MPI_Iallreduce, MPI_Iallgather, MPI_Ireduce_scatter_block and
-// MPI_Ibcast (and MPI_Init, MPI_Init_thread, MPI_Finalize to set up and tear down; the
-// completion calls MPI_Wait, MPI_Test, their -all, -any and -some forms, MPI_Request_get_status,
-// MPI_Request_free and MPI_Cancel, which pass everything but squall's requests to MPI). A call it
-// can prove it handles identically on every rank runs squall's communicator on a private
-// duplicate of the caller's communicator: shared memory when every rank of the communicator is
-// on this host; across hosts, in tiers (shared memory inside each host, mpi_transport between
-// hosts): the allreduce and the broadcast always, reduce_scatter_block and allgather where the
-// hosts hold alike many ranks (else those two on mpi_transport). Everything else goes to
-// PMPI_* unchanged.
+// forms MPI_Iallreduce, MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ibcast and
+// MPI_Ireduce_scatter (alike blocks) (and MPI_Init, MPI_Init_thread, MPI_Finalize to set up and
+// tear down; the completion calls MPI_Wait, MPI_Test, their -all, -any and -some forms,
+// MPI_Request_get_status, MPI_Request_free and MPI_Cancel, which pass everything but squall's
+// requests to MPI). A call it can prove it handles identically on every rank runs squall's
+// communicator on a private duplicate of the caller's communicator: shared memory when every rank
+// of the communicator is on this host; across hosts, in tiers (shared memory inside each host,
+// mpi_transport between hosts): the allreduce and the broadcast always, reduce_scatter_block and
+// allgather where the hosts hold alike many ranks (else those two on mpi_transport). Everything
+// else goes to PMPI_* unchanged.
 //
 // The same route on every rank. Whether a call is handled depends only on what MPI requires
 // every rank to pass alike: the type signature (not the datatype handle: ranks may describe
@@ -37,13 +37,14 @@
 //   from the buffer's start are gathered in place, others through a packed copy unpacked at
 //   them; blocks of different sizes go to MPI;
 // - barrier: once squall holds state for the communicator (a handled call made it);
-// - iallreduce, iallgather, ireduce_scatter_block, ibcast: as their blocking forms, from
+// - iallreduce, iallgather, ireduce_scatter_block, ibcast, ireduce_scatter (alike blocks, as
+//   ireduce_scatter_block): as their blocking forms, from
 //   SQUALL_MPI_IALLREDUCE_MIN_BYTES, once squall holds the communicator (as barrier;
 //   MPI_COMM_WORLD from MPI_Init), on communicators within one host (shared memory) and,
 //   where every rank's MPI gives MPI_THREAD_MULTIPLE, across hosts (in tiers as above);
 // - never: intercommunicators, user-defined ops, MPI_PROD and the logical, bitwise and
 //   MAXLOC/MINLOC ops, mixed-type signatures, the other non-blocking forms (MPI_Ibarrier,
-//   MPI_Iallgatherv, MPI_Ireduce_scatter, MPI_Ireduce and friends), the other -v forms, MPI_Init
+//   MPI_Iallgatherv, MPI_Ireduce and friends), the other -v forms, MPI_Init
 //   not called through this library (then it stays off), MPICH's `use mpi_f08` callers (mpif.h,
 //   `use mpi` and `use mpi_f08` under Open MPI and mpif.h and `use mpi` under MPICH are taken: the
 //   Fortran section at the end).
@@ -66,7 +67,8 @@
 //                         hosts (to run the tiers on one host).
 //   SQUALL_MPI_COLLECTIVES  which ones squall may take: a comma list of allreduce, allgather,
 //                         reduce_scatter_block, bcast, barrier, iallreduce, iallgather,
-//                         ireduce_scatter_block, ibcast, allgatherv, reduce_scatter, or all
+//                         ireduce_scatter_block, ibcast, allgatherv, reduce_scatter,
+//                         ireduce_scatter, or all
 //                         (default: all but ibcast and barrier, no faster than Open MPI's at P = 2,
 //                         and iallgather, slower at P = 4; bcast within one host up to 1 MiB).
 //                         Naming bcast takes every MPI_Bcast from SQUALL_MPI_MIN_BYTES, on any
@@ -135,18 +137,19 @@ enum call_kind : int {
   ibcast,
   allgatherv,
   reduce_scatter,
+  ireduce_scatter,
   kinds
 };
 constexpr std::array<const char*, kinds> call_names = {
     "MPI_Allreduce", "MPI_Allgather",  "MPI_Reduce_scatter_block", "MPI_Bcast",
     "MPI_Barrier",   "MPI_Iallreduce", "MPI_Iallgather",           "MPI_Ireduce_scatter_block",
-    "MPI_Ibcast",    "MPI_Allgatherv", "MPI_Reduce_scatter"};
+    "MPI_Ibcast",    "MPI_Allgatherv", "MPI_Reduce_scatter",       "MPI_Ireduce_scatter"};
 
 /// The collectives' names in SQUALL_MPI_COLLECTIVES.
 constexpr std::array<std::string_view, kinds> collective_names = {
     "allreduce", "allgather",  "reduce_scatter_block", "bcast",
     "barrier",   "iallreduce", "iallgather",           "ireduce_scatter_block",
-    "ibcast",    "allgatherv", "reduce_scatter"};
+    "ibcast",    "allgatherv", "reduce_scatter",       "ireduce_scatter"};
 
 /// The non-empty items of a comma-separated list ("a,,b" -> a, b).
 std::vector<std::string_view> comma_list(std::string_view text) {
@@ -191,7 +194,7 @@ struct config {
   /// MPI_Iallgather (ahead at P = 2 up to 4 MiB, but 0.78-1.02x of Open MPI's time at P = 4).
   /// MPI_Bcast is on by default within the bounds of `bcast_by_default`.
   std::array<bool, kinds> takes = {true,  true, true,  true, false, true,
-                                   false, true, false, true, true};
+                                   false, true, false, true, true,  true};
   /// SQUALL_MPI_COLLECTIVES unset: squall takes an MPI_Bcast only up to `default_bcast_bytes`
   /// and on communicators within one host, where its broadcast copies through the
   /// shared-memory windows (1.5-4.2x faster than Open MPI's at 16 KiB-1 MiB, P = 2 and 4);
@@ -283,8 +286,8 @@ struct config {
         } else if (c.problem.empty()) {
           c.problem = "SQUALL_MPI_COLLECTIVES: '" + std::string(name) +
                       "' is not all, allreduce, allgather, reduce_scatter_block, bcast, barrier, "
-                      "iallreduce, iallgather, ireduce_scatter_block, ibcast, allgatherv or "
-                      "reduce_scatter";
+                      "iallreduce, iallgather, ireduce_scatter_block, ibcast, allgatherv, "
+                      "reduce_scatter or ireduce_scatter";
         }
       }
     }
@@ -991,8 +994,8 @@ void start() {
   l.agreed = agreed == 1;
   l.on = l.agreed && l.settings.enable;
   const auto& takes = l.settings.takes;
-  if (l.on &&
-      (takes[iallreduce] || takes[iallgather] || takes[ireduce_scatter_block] || takes[ibcast])) {
+  if (l.on && (takes[iallreduce] || takes[iallgather] || takes[ireduce_scatter_block] ||
+               takes[ibcast] || takes[ireduce_scatter])) {
     hold_world();
   }
 }
@@ -1564,17 +1567,17 @@ struct scatter_buffers {
   }
 };
 
+/// MPI_Ireduce_scatter_block, or an MPI_Ireduce_scatter whose blocks are alike (`kind`).
 template <class Fallback>
-int ireduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type recvcount,
-                               MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
-                               MPI_Request* request, Fallback fallback) {
-  const scatter_route route =
-      reduce_scatter_route(ireduce_scatter_block, true, recvcount, datatype, op, comm);
+int ireduce_scatter_block_call(call_kind kind, const void* sendbuf, void* recvbuf,
+                               count_type recvcount, MPI_Datatype datatype, MPI_Op op,
+                               MPI_Comm comm, MPI_Request* request, Fallback fallback) {
+  const scatter_route route = reduce_scatter_route(kind, true, recvcount, datatype, op, comm);
   bool started = false;
   if (route.b != base::none) {
     int code = MPI_SUCCESS;
     started = start_pending(
-        ireduce_scatter_block, comm, request, code,
+        kind, comm, request, code,
         [&](auto& holder, pending_call& call) {
           auto& squall_comm = *holder.comm;
           auto buffers = std::make_shared<scatter_buffers>(sendbuf, recvbuf, recvcount,
@@ -1616,7 +1619,7 @@ int ireduce_scatter_block_call(const void* sendbuf, void* recvbuf, count_type re
         });
     if (code != MPI_SUCCESS) return code;
   }
-  note(ireduce_scatter_block, started, route.bytes);
+  note(kind, started, route.bytes);
   return started ? MPI_SUCCESS : fallback();
 }
 
@@ -1864,14 +1867,15 @@ int allgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype send
   });
 }
 
-/// MPI_Reduce_scatter: as MPI_Reduce_scatter_block where every rank's block holds alike many
-/// items (every rank passes the same counts), else to MPI.
-template <class Count, class Fallback>
-int reduce_scatter_call(const void* sendbuf, void* recvbuf, const Count* recvcounts,
-                        MPI_Datatype datatype, MPI_Op op, MPI_Comm comm, Fallback fallback) {
+/// The count of every block of an MPI_Reduce_scatter or MPI_Ireduce_scatter (`kind`) on
+/// `comm` where all are alike (every rank passes the same counts, so every rank finds the
+/// same); none (the call noted as MPI's) where they differ or `comm` is no intracommunicator.
+template <class Count>
+std::optional<count_type> alike_blocks(call_kind kind, const Count* recvcounts,
+                                       MPI_Datatype datatype, MPI_Comm comm) {
   if (!intracommunicator(comm)) {
-    note(reduce_scatter, false, 0);
-    return fallback();
+    note(kind, false, 0);
+    return std::nullopt;
   }
   int size = 1;
   PMPI_Comm_size(comm, &size);
@@ -1883,11 +1887,33 @@ int reduce_scatter_call(const void* sendbuf, void* recvbuf, const Count* recvcou
     total += static_cast<count_type>(recvcounts[q]);
   }
   if (!alike) {
-    note(reduce_scatter, false, bytes_of(total, datatype));
-    return fallback();
+    note(kind, false, bytes_of(total, datatype));
+    return std::nullopt;
   }
-  return reduce_scatter_block_call(reduce_scatter, sendbuf, recvbuf, count, datatype, op, comm,
+  return count;
+}
+
+/// MPI_Reduce_scatter: as MPI_Reduce_scatter_block where every rank's block holds alike many
+/// items, else to MPI.
+template <class Count, class Fallback>
+int reduce_scatter_call(const void* sendbuf, void* recvbuf, const Count* recvcounts,
+                        MPI_Datatype datatype, MPI_Op op, MPI_Comm comm, Fallback fallback) {
+  const std::optional<count_type> count = alike_blocks(reduce_scatter, recvcounts, datatype, comm);
+  if (!count) return fallback();
+  return reduce_scatter_block_call(reduce_scatter, sendbuf, recvbuf, *count, datatype, op, comm,
                                    fallback);
+}
+
+/// MPI_Ireduce_scatter: as MPI_Ireduce_scatter_block where every rank's block holds alike many
+/// items (the counts are read here, at the start: the request does not need them), else to MPI.
+template <class Count, class Fallback>
+int ireduce_scatter_call(const void* sendbuf, void* recvbuf, const Count* recvcounts,
+                         MPI_Datatype datatype, MPI_Op op, MPI_Comm comm, MPI_Request* request,
+                         Fallback fallback) {
+  const std::optional<count_type> count = alike_blocks(ireduce_scatter, recvcounts, datatype, comm);
+  if (!count) return fallback();
+  return ireduce_scatter_block_call(ireduce_scatter, sendbuf, recvbuf, *count, datatype, op, comm,
+                                    request, fallback);
 }
 
 template <class Fallback>
@@ -1971,8 +1997,17 @@ SQUALL_MPI_EXPORT int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int cou
 SQUALL_MPI_EXPORT int MPI_Ireduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
                                                 MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
                                                 MPI_Request* request) {
-  return ireduce_scatter_block_call(sendbuf, recvbuf, recvcount, datatype, op, comm, request, [&] {
-    return PMPI_Ireduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, request);
+  return ireduce_scatter_block_call(
+      ireduce_scatter_block, sendbuf, recvbuf, recvcount, datatype, op, comm, request, [&] {
+        return PMPI_Ireduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, request);
+      });
+}
+
+SQUALL_MPI_EXPORT int MPI_Ireduce_scatter(const void* sendbuf, void* recvbuf,
+                                          const int recvcounts[], MPI_Datatype datatype, MPI_Op op,
+                                          MPI_Comm comm, MPI_Request* request) {
+  return ireduce_scatter_call(sendbuf, recvbuf, recvcounts, datatype, op, comm, request, [&] {
+    return PMPI_Ireduce_scatter(sendbuf, recvbuf, recvcounts, datatype, op, comm, request);
   });
 }
 
@@ -2165,8 +2200,18 @@ SQUALL_MPI_EXPORT int MPI_Bcast_c(void* buffer, MPI_Count count, MPI_Datatype da
 SQUALL_MPI_EXPORT int MPI_Ireduce_scatter_block_c(const void* sendbuf, void* recvbuf,
                                                   MPI_Count recvcount, MPI_Datatype datatype,
                                                   MPI_Op op, MPI_Comm comm, MPI_Request* request) {
-  return ireduce_scatter_block_call(sendbuf, recvbuf, recvcount, datatype, op, comm, request, [&] {
-    return PMPI_Ireduce_scatter_block_c(sendbuf, recvbuf, recvcount, datatype, op, comm, request);
+  return ireduce_scatter_block_call(ireduce_scatter_block, sendbuf, recvbuf, recvcount, datatype,
+                                    op, comm, request, [&] {
+                                      return PMPI_Ireduce_scatter_block_c(
+                                          sendbuf, recvbuf, recvcount, datatype, op, comm, request);
+                                    });
+}
+
+SQUALL_MPI_EXPORT int MPI_Ireduce_scatter_c(const void* sendbuf, void* recvbuf,
+                                            const MPI_Count recvcounts[], MPI_Datatype datatype,
+                                            MPI_Op op, MPI_Comm comm, MPI_Request* request) {
+  return ireduce_scatter_call(sendbuf, recvbuf, recvcounts, datatype, op, comm, request, [&] {
+    return PMPI_Ireduce_scatter_c(sendbuf, recvbuf, recvcounts, datatype, op, comm, request);
   });
 }
 

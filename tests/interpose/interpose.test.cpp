@@ -59,7 +59,7 @@ bool takes(const std::string& name) {
   const std::string text = list != nullptr ? "," + std::string(list) + ","
                                            : ",allreduce,allgather,reduce_scatter_block,bcast,"
                                              "iallreduce,ireduce_scatter_block,allgatherv,"
-                                             "reduce_scatter,";
+                                             "reduce_scatter,ireduce_scatter,";
   return text.find(",all,") != std::string::npos ||
          text.find("," + name + ",") != std::string::npos;
 }
@@ -759,7 +759,7 @@ TEST_CASE("iallreduce: many in flight with MPI's own requests, completed every w
   MPI_Comm_free(&comm);
 }
 
-TEST_CASE("iallgather, ireduce_scatter_block and ibcast in flight together, against PMPI") {
+TEST_CASE("iallgather, ireduce_scatter(_block) and ibcast in flight together, against PMPI") {
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   hold(comm);
@@ -787,11 +787,13 @@ TEST_CASE("iallgather, ireduce_scatter_block and ibcast in flight together, agai
               gathered_in_place.begin() + static_cast<long>(block) * rank);
     std::vector<double> broadcast = data_of<double>(block, rank, 8);
     std::vector<float> summed = input;
+    std::vector<float> scattered_v(block);
+    const std::vector<int> counts(p, static_cast<int>(block));
     std::vector<float> summed_ref(input.size());
     PMPI_Allreduce(input.data(), summed_ref.data(), static_cast<int>(input.size()), MPI_FLOAT,
                    MPI_SUM, comm);
     const int n = static_cast<int>(block);
-    std::vector<MPI_Request> requests(6, MPI_REQUEST_NULL);
+    std::vector<MPI_Request> requests(7, MPI_REQUEST_NULL);
     const auto [h0, p0] = routes();
     const unsigned long long tiered_before = squall_mpi_tiered_calls();
     REQUIRE(MPI_Ireduce_scatter_block(input.data(), scattered.data(), n, MPI_FLOAT, MPI_SUM, comm,
@@ -805,19 +807,22 @@ TEST_CASE("iallgather, ireduce_scatter_block and ibcast in flight together, agai
                            comm, &requests[4]) == MPI_SUCCESS);
     REQUIRE(MPI_Iallreduce(MPI_IN_PLACE, summed.data(), static_cast<int>(summed.size()), MPI_FLOAT,
                            MPI_SUM, comm, &requests[5]) == MPI_SUCCESS);
+    REQUIRE(MPI_Ireduce_scatter(input.data(), scattered_v.data(), counts.data(), MPI_FLOAT, MPI_SUM,
+                                comm, &requests[6]) == MPI_SUCCESS);
     const auto [h1, p1] = routes();
     const std::size_t all_bytes = block * p * 4;
     std::size_t taken = 0;
     unsigned long long tiered = 0;
     for (const auto& [name, calls, bytes] :
          {std::tuple{"ireduce_scatter_block", 2, all_bytes}, std::tuple{"iallgather", 2, all_bytes},
-          std::tuple{"ibcast", 1, block * 8}, std::tuple{"iallreduce", 1, all_bytes}}) {
+          std::tuple{"ibcast", 1, block * 8}, std::tuple{"iallreduce", 1, all_bytes},
+          std::tuple{"ireduce_scatter", 1, all_bytes}}) {
       const bool takes_it = takes_nonblocking(name, comm, bytes);
       taken += takes_it ? static_cast<std::size_t>(calls) : 0;
       tiered += tiered_nonblocking(name, comm, takes_it) ? static_cast<unsigned>(calls) : 0;
     }
     CHECK(h1 - h0 == taken);
-    CHECK(p1 - p0 == 6 - taken);
+    CHECK(p1 - p0 == 7 - taken);
     CHECK(squall_mpi_tiered_calls() - tiered_before == tiered);
     // a blocking allreduce while they are in flight: queued behind them, in this order on
     // every rank
@@ -827,8 +832,9 @@ TEST_CASE("iallgather, ireduce_scatter_block and ibcast in flight together, agai
             MPI_SUCCESS);
     CHECK(blocking == blocking_ref);
     std::reverse(requests.begin(), requests.end());
-    REQUIRE(MPI_Waitall(6, requests.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS);
+    REQUIRE(MPI_Waitall(7, requests.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS);
     CHECK(scattered == scattered_ref);
+    CHECK(scattered_v == scattered_ref);
     CHECK(std::vector<float>(scattered_in_place.begin(),
                              scattered_in_place.begin() + static_cast<long>(block)) ==
           scattered_ref);
