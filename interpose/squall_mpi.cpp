@@ -689,16 +689,19 @@ std::uint64_t bytes_of(count_type count, MPI_Datatype type) {
   return static_cast<std::uint64_t>(count) * static_cast<std::uint64_t>(size);
 }
 
+/// Whether `comm` is an intracommunicator (not null): the -v forms read their count arrays,
+/// whose length is the size of a group, only then.
+bool intracommunicator(MPI_Comm comm) {
+  int inter = 0;
+  return comm != MPI_COMM_NULL && PMPI_Comm_test_inter(comm, &inter) == MPI_SUCCESS && inter == 0;
+}
+
 /// Whether a call `kind` of `bytes` on `comm` may go to squall at all: squall is on and takes
 /// `kind`, the call is not squall's own, it is big enough and `comm` is an intracommunicator.
 bool usable(call_kind kind, MPI_Comm comm, std::uint64_t bytes) {
   const library& l = lib();
-  if (!l.on || inside || !l.settings.takes[kind] || bytes < l.settings.min_bytes ||
-      comm == MPI_COMM_NULL) {
-    return false;
-  }
-  int inter = 0;
-  return PMPI_Comm_test_inter(comm, &inter) == MPI_SUCCESS && inter == 0;
+  return l.on && !inside && l.settings.takes[kind] && bytes >= l.settings.min_bytes &&
+         intracommunicator(comm);
 }
 
 void finish_pending_of(const comm_state* state);
@@ -1793,83 +1796,10 @@ int allgather_call(call_kind kind, const void* sendbuf, count_type sendcount, MP
   });
 }
 
-/// Whether `comm` is an intracommunicator (not null): the -v forms read their count arrays,
-/// whose length is the size of a group, only then.
-bool intracommunicator(MPI_Comm comm) {
-  int inter = 0;
-  return comm != MPI_COMM_NULL && PMPI_Comm_test_inter(comm, &inter) == MPI_SUCCESS && inter == 0;
-}
-
-/// MPI_Allgatherv (`Count`: int or MPI_Count; `Displacement`: int or MPI_Aint). Whether every
-/// block holds alike many items is the same on every rank (MPI requires every rank to give
-/// each block the signature its sender sends): then squall gathers them, as
-/// `allgather_call` where the displacements lay the blocks end to end from the buffer's
-/// start, else into a packed copy whose blocks are unpacked at their displacements (the
-/// displacements are each rank's own). Blocks of different sizes go to MPI.
-template <class Count, class Displacement, class Fallback>
-int allgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
-                    const Count* recvcounts, const Displacement* displs, MPI_Datatype recvtype,
-                    MPI_Comm comm, Fallback fallback) {
-  if (!intracommunicator(comm)) {
-    note(allgatherv, false, 0);
-    return fallback();
-  }
-  int size = 1, rank = 0;
-  PMPI_Comm_size(comm, &size);
-  PMPI_Comm_rank(comm, &rank);
-  const auto count = static_cast<count_type>(recvcounts[0]);
-  bool alike = true, end_to_end = true;
-  for (int q = 0; q < size; ++q) {
-    alike = alike && static_cast<count_type>(recvcounts[q]) == count;
-    end_to_end = end_to_end && static_cast<count_type>(displs[q]) == count * q;
-  }
-  const std::uint64_t block = bytes_of(count, recvtype);
-  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
-  if (!alike) {
-    note(allgatherv, false, bytes);
-    return fallback();
-  }
-  if (end_to_end) {
-    return allgather_call(allgatherv, sendbuf, sendcount, sendtype, recvbuf, count, recvtype, comm,
-                          fallback);
-  }
-  if (!usable(allgatherv, comm, bytes) || block % 4 != 0) {
-    note(allgatherv, false, bytes);
-    return fallback();
-  }
-  note(allgatherv, true, bytes);
-  return run_state(comm, [&](comm_state& state) {
-    MPI_Count lb = 0, extent = 0;
-    PMPI_Type_get_extent_x(recvtype, &lb, &extent);
-    const auto block_of = [&](int q) {
-      return static_cast<std::byte*>(recvbuf) + static_cast<MPI_Count>(displs[q]) * extent;
-    };
-    const std::size_t words = static_cast<std::size_t>(block / 4);
-    std::vector<std::int32_t> whole(words * static_cast<std::size_t>(size));
-    std::int32_t* const mine = whole.data() + static_cast<std::size_t>(rank) * words;
-    const bool in_place = sendbuf == MPI_IN_PLACE;
-    staged in(in_place ? block_of(rank) : const_cast<void*>(sendbuf), in_place ? count : sendcount,
-              in_place ? recvtype : sendtype, comm);
-    if (in.size() != block) {
-      throw squall::mismatch_error({.operation = "squall_mpi allgatherv"},
-                                   "the send and receive signatures differ in size");
-    }
-    in.pack();
-    squall::kernels::copy_bytes(mine, in.bytes(), block);
-    gather_words(state, mine, whole.data(), words, size);
-    for (int q = 0; q < size; ++q) {
-      if (in_place && q == rank) continue;  // its block is where it was
-      staged out(block_of(q), count, recvtype, comm);
-      squall::kernels::copy_bytes(out.bytes(), whole.data() + static_cast<std::size_t>(q) * words,
-                                  block);
-      out.unpack();
-    }
-  });
-}
-
-/// The count of every block of an MPI_Reduce_scatter or MPI_Ireduce_scatter (`kind`) on
-/// `comm` where all are alike (every rank passes the same counts, so every rank finds the
-/// same); none (the call noted as MPI's) where they differ or `comm` is no intracommunicator.
+/// The count of every block of a -v call `kind` on `comm` where all are alike; none (the call
+/// noted as MPI's) where they differ or `comm` is no intracommunicator. The same on every
+/// rank: a reduce_scatter's ranks pass the same counts, and an allgatherv's give block q the
+/// signature rank q sends (in counts of their own receive type, alike on a rank).
 template <class Count>
 std::optional<count_type> alike_blocks(call_kind kind, const Count* recvcounts,
                                        MPI_Datatype datatype, MPI_Comm comm) {
@@ -1891,6 +1821,68 @@ std::optional<count_type> alike_blocks(call_kind kind, const Count* recvcounts,
     return std::nullopt;
   }
   return count;
+}
+
+/// MPI_Allgatherv (`Count`: int or MPI_Count; `Displacement`: int or MPI_Aint). Whether every
+/// block holds alike many items is the same on every rank (MPI requires every rank to give
+/// each block the signature its sender sends): then squall gathers them, as
+/// `allgather_call` where the displacements lay the blocks end to end from the buffer's
+/// start, else into a packed copy whose blocks are unpacked at their displacements (the
+/// displacements are each rank's own). Blocks of different sizes go to MPI.
+template <class Count, class Displacement, class Fallback>
+int allgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
+                    const Count* recvcounts, const Displacement* displs, MPI_Datatype recvtype,
+                    MPI_Comm comm, Fallback fallback) {
+  const std::optional<count_type> alike = alike_blocks(allgatherv, recvcounts, recvtype, comm);
+  if (!alike) return fallback();
+  const count_type count = *alike;
+  int size = 1, rank = 0;
+  PMPI_Comm_size(comm, &size);
+  PMPI_Comm_rank(comm, &rank);
+  bool end_to_end = true;
+  for (int q = 0; q < size; ++q) {
+    end_to_end = end_to_end && static_cast<count_type>(displs[q]) == count * q;
+  }
+  const std::uint64_t block = bytes_of(count, recvtype);
+  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
+  if (end_to_end) {
+    return allgather_call(allgatherv, sendbuf, sendcount, sendtype, recvbuf, count, recvtype, comm,
+                          fallback);
+  }
+  if (!usable(allgatherv, comm, bytes) || block % 4 != 0) {
+    note(allgatherv, false, bytes);
+    return fallback();
+  }
+  note(allgatherv, true, bytes);
+  return run_state(comm, [&](comm_state& state) {
+    MPI_Count lb = 0, extent = 0;
+    PMPI_Type_get_extent_x(recvtype, &lb, &extent);
+    const auto block_of = [&](int q) {
+      return static_cast<std::byte*>(recvbuf) + static_cast<MPI_Count>(displs[q]) * extent;
+    };
+    const std::size_t words = static_cast<std::size_t>(block / 4);
+    // every word is written by the gather: no zero fill
+    const auto whole =
+        std::make_unique_for_overwrite<std::int32_t[]>(words * static_cast<std::size_t>(size));
+    std::int32_t* const mine = whole.get() + static_cast<std::size_t>(rank) * words;
+    const bool in_place = sendbuf == MPI_IN_PLACE;
+    staged in(in_place ? block_of(rank) : const_cast<void*>(sendbuf), in_place ? count : sendcount,
+              in_place ? recvtype : sendtype, comm);
+    if (in.size() != block) {
+      throw squall::mismatch_error({.operation = "squall_mpi allgatherv"},
+                                   "the send and receive signatures differ in size");
+    }
+    in.pack();
+    squall::kernels::copy_bytes(mine, in.bytes(), block);
+    gather_words(state, mine, whole.get(), words, size);
+    for (int q = 0; q < size; ++q) {
+      if (in_place && q == rank) continue;  // its block is where it was
+      staged out(block_of(q), count, recvtype, comm);
+      squall::kernels::copy_bytes(out.bytes(), whole.get() + static_cast<std::size_t>(q) * words,
+                                  block);
+      out.unpack();
+    }
+  });
 }
 
 /// MPI_Reduce_scatter: as MPI_Reduce_scatter_block where every rank's block holds alike many
@@ -2391,38 +2383,35 @@ void fortran_bcast(Binding mpi, void* buffer, MPI_Fint* count, MPI_Fint* datatyp
 
 void fortran_barrier(MPI_Fint* comm, MPI_Fint* ierr) { *ierr = MPI_Barrier(MPI_Comm_f2c(*comm)); }
 
-// The count arrays of the -v forms: Fortran's integers as C's (one per rank of `comm`; none
-// for an intercommunicator or a bad handle, whose call goes to the MPI's own binding).
-std::optional<std::vector<int>> fortran_counts(const MPI_Fint* counts, MPI_Fint comm) {
-  const MPI_Comm c = MPI_Comm_f2c(comm);
-  if (!intracommunicator(c)) return std::nullopt;
-  int size = 0;
-  PMPI_Comm_size(c, &size);
-  return std::vector<int>(counts, counts + size);
-}
+// The -v forms' count arrays go to the C forms as they are where Fortran's integer is C's int
+// (Open MPI and MPICH as Debian builds them); elsewhere such a call goes to the MPI's own binding.
+constexpr bool fortran_integer_is_int = std::is_same_v<MPI_Fint, int>;
 
 template <class Binding>
 void fortran_allgatherv(Binding mpi, void* sendbuf, MPI_Fint* sendcount, MPI_Fint* sendtype,
                         void* recvbuf, MPI_Fint* recvcounts, MPI_Fint* displs, MPI_Fint* recvtype,
                         MPI_Fint* comm, MPI_Fint* ierr) {
-  const std::optional<std::vector<int>> counts = fortran_counts(recvcounts, *comm);
-  const std::optional<std::vector<int>> at = fortran_counts(displs, *comm);
-  if (!fortran_takes(sendbuf, recvbuf) || !counts || !at) {
-    return mpi()(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm, ierr);
+  if constexpr (fortran_integer_is_int) {
+    if (fortran_takes(sendbuf, recvbuf)) {
+      *ierr = MPI_Allgatherv(fortran_send(sendbuf), *sendcount, MPI_Type_f2c(*sendtype), recvbuf,
+                             recvcounts, displs, MPI_Type_f2c(*recvtype), MPI_Comm_f2c(*comm));
+      return;
+    }
   }
-  *ierr = MPI_Allgatherv(fortran_send(sendbuf), *sendcount, MPI_Type_f2c(*sendtype), recvbuf,
-                         counts->data(), at->data(), MPI_Type_f2c(*recvtype), MPI_Comm_f2c(*comm));
+  mpi()(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm, ierr);
 }
 
 template <class Binding>
 void fortran_reduce_scatter(Binding mpi, void* sendbuf, void* recvbuf, MPI_Fint* recvcounts,
                             MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm, MPI_Fint* ierr) {
-  const std::optional<std::vector<int>> counts = fortran_counts(recvcounts, *comm);
-  if (!fortran_takes(sendbuf, recvbuf) || !counts) {
-    return mpi()(sendbuf, recvbuf, recvcounts, datatype, op, comm, ierr);
+  if constexpr (fortran_integer_is_int) {
+    if (fortran_takes(sendbuf, recvbuf)) {
+      *ierr = MPI_Reduce_scatter(fortran_send(sendbuf), recvbuf, recvcounts,
+                                 MPI_Type_f2c(*datatype), MPI_Op_f2c(*op), MPI_Comm_f2c(*comm));
+      return;
+    }
   }
-  *ierr = MPI_Reduce_scatter(fortran_send(sendbuf), recvbuf, counts->data(),
-                             MPI_Type_f2c(*datatype), MPI_Op_f2c(*op), MPI_Comm_f2c(*comm));
+  mpi()(sendbuf, recvbuf, recvcounts, datatype, op, comm, ierr);
 }
 
 }  // namespace
