@@ -315,9 +315,7 @@ class dense_core {
   }
 
   /// Completes a pending mismatch check (a barrier): before anything touches a peer.
-  void settle() {
-    restarting_rounds_on_mismatch([&] { check_.settle(transport_); });
-  }
+  void settle() { check_.settle(transport_); }
 
   /// The transport's verbs, counting into this call's byte counts.
   detail::wire<Transport> wire() { return {transport_, buffers_.moved}; }
@@ -557,23 +555,8 @@ class dense_core {
   // signatures that barrier made visible.
   auto check_after_barrier() {
     return [this] {
-      if (check_.pending()) restarting_rounds_on_mismatch([&] { check_.read_pending(transport_); });
+      if (check_.pending()) check_.read_pending(transport_);
     };
-  }
-
-  // Runs the mismatch check `compare`. A mismatch leaves `window_round_` as each rank's path
-  // counted it (one rank published into a window half, another entered a barrier), so the
-  // next window round would read a peer's other half: every rank throws at the same barrier,
-  // after which no rank reads a window of this call or an earlier one, so all start again
-  // from round 0.
-  template <class Compare>
-  void restarting_rounds_on_mismatch(Compare&& compare) {
-    try {
-      std::forward<Compare>(compare)();
-    } catch (const mismatch_error&) {
-      window_round_ = 0;
-      throw;
-    }
   }
 
   bool windows_fit(const reducer& r) {

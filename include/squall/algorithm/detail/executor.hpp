@@ -525,18 +525,23 @@ class executor {
 
   // The first half of a one-barrier window round (`allgather_windows`): this rank's `bytes`
   // from `from` published into this round's half of its window when `mine`, a barrier, then
-  // `after_barrier()`. Returns the half's offset in every window (`window_of`).
+  // `after_barrier()`. Returns the half's offset in every window (`window_of`). The round
+  // counts only once `after_barrier()` (the mismatch check) has passed, as in `run_one_shot`:
+  // when the ranks' calls differ, one rank publishes here while another is in a barrier of its
+  // own, every rank throws in its check, and neither has counted the round, so later calls
+  // still find each peer's data in the half it wrote.
   template <class Check>
   std::size_t publish(const std::byte* from, std::size_t bytes, const reducer& r,
                       std::size_t& round, bool mine,
                       Check&& after_barrier) requires direct_transport<Transport> {
-    const std::size_t at = (round++ % 2) * (window_data_bytes(transport_) / 2);
+    const std::size_t at = (round % 2) * (window_data_bytes(transport_) / 2);
     if (mine) {
       r.copy(window_of(transport_.rank(), at), from, bytes);
       r.settle();
     }
     wire_.barrier();
     after_barrier();
+    ++round;
     return at;
   }
   // Rank q's window, from offset `at`.
