@@ -1,15 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // squall-mpi-bench: a plain MPI program (no squall headers) that times MPI_Allreduce,
 // MPI_Allgather, MPI_Reduce_scatter_block or MPI_Bcast of float data, or their non-blocking
-// forms started and waited for at once (MPI_Iallreduce + MPI_Wait, ...), or MPI_Allgatherv and
-// MPI_Reduce_scatter with every rank's block alike (allgatherv, reduce_scatterv),
+// forms started and waited for at once (MPI_Iallreduce + MPI_Wait, ...), or MPI_Allgatherv,
+// MPI_Iallgatherv and MPI_Reduce_scatter with every rank's block alike (allgatherv,
+// iallgatherv, reduce_scatterv) or, with --blocks uneven, the last rank's one float shorter,
 // against the MPI library's own PMPI_* of the same calls, interleaved in one run. Run it with
 // libsquall_mpi.so preloaded (scripts/bench.sh does: SQUALL_BENCH=interpose) and the "squall"
 // column is the interposed call; without it both columns are MPI's.
 //
 //   mpiexec -n P env LD_PRELOAD=libsquall_mpi.so squall-mpi-bench [--op allreduce|iallreduce|
-//       allgather|iallgather|allgatherv|reduce_scatter|ireduce_scatter|reduce_scatterv|bcast|
-//       ibcast|barrier] [-b 4K]
+//       allgather|iallgather|allgatherv|iallgatherv|reduce_scatter|ireduce_scatter|
+//       reduce_scatterv|bcast|ibcast|barrier|ibarrier] [--blocks alike|uneven] [-b 4K]
 //       [-e 256M] [-f 4] [--reps 5] [--warmup N] [--cold BYTES] [--thread single|multiple]
 //
 // Sizes from -b to -e, each -f times the last. Per size (bytes of the whole result, as nccl-tests
@@ -37,6 +38,12 @@
 
 namespace {
 
+int rank_of_world() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
 std::size_t parse_bytes(const char* text) {
   char* end = nullptr;
   const unsigned long long value = std::strtoull(text, &end, 10);
@@ -56,7 +63,7 @@ std::size_t parse_bytes(const char* text) {
 /// One collective on `count` floats of result, through MPI_* (interposed) or PMPI_*. A
 /// broadcast sends `out` of rank 0.
 int run_op(const std::string& op, const std::vector<float>& in, std::vector<float>& out, int count,
-           bool mpi, int size) {
+           bool mpi, int size, bool uneven) {
   const int block = count / size;
   MPI_Request request = MPI_REQUEST_NULL;
   const auto wait = [&](int code) {  // the non-blocking forms: started and waited for at once
@@ -64,13 +71,21 @@ int run_op(const std::string& op, const std::vector<float>& in, std::vector<floa
     return mpi ? PMPI_Wait(&request, MPI_STATUS_IGNORE) : MPI_Wait(&request, MPI_STATUS_IGNORE);
   };
   MPI_Comm world = MPI_COMM_WORLD;
-  if (op == "allgatherv" || op == "reduce_scatterv") {  // alike blocks, end to end
+  if (op == "allgatherv" || op == "iallgatherv" || op == "reduce_scatterv") {  // end to end
     std::vector<int> counts(static_cast<std::size_t>(size), block), displs(counts.size());
+    if (uneven && size > 1) counts.back() = block - 1;
     for (std::size_t q = 0; q < displs.size(); ++q) displs[q] = static_cast<int>(q) * block;
+    const int mine = counts[static_cast<std::size_t>(rank_of_world())];
+    if (op == "iallgatherv") {
+      return wait(mpi ? PMPI_Iallgatherv(in.data(), mine, MPI_FLOAT, out.data(), counts.data(),
+                                         displs.data(), MPI_FLOAT, world, &request)
+                      : MPI_Iallgatherv(in.data(), mine, MPI_FLOAT, out.data(), counts.data(),
+                                        displs.data(), MPI_FLOAT, world, &request));
+    }
     if (op == "allgatherv") {
-      return mpi ? PMPI_Allgatherv(in.data(), block, MPI_FLOAT, out.data(), counts.data(),
+      return mpi ? PMPI_Allgatherv(in.data(), mine, MPI_FLOAT, out.data(), counts.data(),
                                    displs.data(), MPI_FLOAT, world)
-                 : MPI_Allgatherv(in.data(), block, MPI_FLOAT, out.data(), counts.data(),
+                 : MPI_Allgatherv(in.data(), mine, MPI_FLOAT, out.data(), counts.data(),
                                   displs.data(), MPI_FLOAT, world);
     }
     return mpi ? PMPI_Reduce_scatter(in.data(), out.data(), counts.data(), MPI_FLOAT, MPI_SUM,
@@ -116,6 +131,9 @@ int run_op(const std::string& op, const std::vector<float>& in, std::vector<floa
             : MPI_Iallreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, world, &request));
   }
   if (op == "barrier") return mpi ? PMPI_Barrier(MPI_COMM_WORLD) : MPI_Barrier(MPI_COMM_WORLD);
+  if (op == "ibarrier") {
+    return wait(mpi ? PMPI_Ibarrier(world, &request) : MPI_Ibarrier(world, &request));
+  }
   return mpi ? PMPI_Bcast(out.data(), count, MPI_FLOAT, 0, MPI_COMM_WORLD)
              : MPI_Bcast(out.data(), count, MPI_FLOAT, 0, MPI_COMM_WORLD);
 }
@@ -148,6 +166,7 @@ int main(int argc, char** argv) {
   int warmup = 10;
   std::size_t cold = 0;  // bytes written between calls; 0: calls back to back
   std::size_t factor_step = 4;
+  bool uneven = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--op") {
@@ -162,6 +181,12 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::atoi(argv[i + 1]));
     } else if (flag == "--warmup") {
       warmup = std::max(0, std::atoi(argv[i + 1]));
+    } else if (flag == "--blocks") {
+      if (std::string(argv[i + 1]) != "alike" && std::string(argv[i + 1]) != "uneven") {
+        if (rank == 0) std::fprintf(stderr, "squall-mpi-bench: --blocks alike or uneven\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
+      uneven = std::string(argv[i + 1]) == "uneven";
     } else if (flag == "--cold") {
       cold = parse_bytes(argv[i + 1]);
     } else if (flag == "--thread") {
@@ -176,15 +201,15 @@ int main(int argc, char** argv) {
   }
   // the blocking form (the -v forms: the block forms they equal)
   std::string base = op.size() > 1 && op[0] == 'i' ? op.substr(1) : op;
-  if (op == "allgatherv" || op == "reduce_scatterv") base = op.substr(0, op.size() - 1);
+  if (base == "allgatherv" || base == "reduce_scatterv") base.pop_back();
   if (base != "allreduce" && base != "allgather" && base != "reduce_scatter" && base != "bcast" &&
-      op != "barrier") {
+      base != "barrier") {
     if (rank == 0) std::fprintf(stderr, "squall-mpi-bench: unknown --op %s\n", op.c_str());
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const bool interposed = dlsym(RTLD_DEFAULT, "squall_mpi_counts") != nullptr;
   std::vector<char> junk(cold);
-  if (op == "barrier") {  // libsquall_mpi takes a barrier once a call it took made its state
+  if (base == "barrier") {  // libsquall_mpi takes a barrier once a call it took made its state
     std::vector<float> warm(1 << 20, 1.0f);
     MPI_Allreduce(MPI_IN_PLACE, warm.data(), static_cast<int>(warm.size()), MPI_FLOAT, MPI_SUM,
                   MPI_COMM_WORLD);
@@ -198,8 +223,8 @@ int main(int argc, char** argv) {
     char host[MPI_MAX_PROCESSOR_NAME] = {};
     int length = 0;
     MPI_Get_processor_name(host, &length);
-    std::printf("# squall-mpi-bench: %s of float32 sums, %d ranks on %s; squall column: %s\n",
-                op.c_str(), size, host,
+    std::printf("# squall-mpi-bench: %s%s of float32 sums, %d ranks on %s; squall column: %s\n",
+                op.c_str(), uneven ? " (the last rank's block one float shorter)" : "", size, host,
                 interposed ? "libsquall_mpi.so (interposed MPI_*)" : "MPI_* (not interposed)");
     if (cold == 0) {
       std::printf("# calls back to back after %d warm-up calls\n", warmup);
@@ -227,8 +252,8 @@ int main(int argc, char** argv) {
       std::copy(in.begin(), in.end(), reference.begin());
       std::copy(in.begin(), in.end(), out.begin());
     }
-    run_op(op, in, reference, count, true, size);
-    run_op(op, in, out, count, false, size);
+    run_op(op, in, reference, count, true, size, uneven);
+    run_op(op, in, out, count, false, size, uneven);
     long wrong = 0;
     for (std::size_t i = 0; i < out.size(); ++i) wrong += out[i] != reference[i] ? 1 : 0;
     const int iterations =
@@ -240,18 +265,19 @@ int main(int argc, char** argv) {
         double seconds = 0;
         if (cold == 0) {
           for (int i = 0; i < warmup; ++i) {
-            run_op(op, in, target, count, which == 0, size);
+            run_op(op, in, target, count, which == 0, size, uneven);
           }
           PMPI_Barrier(MPI_COMM_WORLD);
           const double start = MPI_Wtime();
-          for (int i = 0; i < iterations; ++i) run_op(op, in, target, count, which == 0, size);
+          for (int i = 0; i < iterations; ++i)
+            run_op(op, in, target, count, which == 0, size, uneven);
           seconds = (MPI_Wtime() - start) / iterations;
         } else {
           for (int i = 0; i < iterations; ++i) {
             std::memset(junk.data(), (r + i) & 0xff, junk.size());
             PMPI_Barrier(MPI_COMM_WORLD);
             const double start = MPI_Wtime();
-            run_op(op, in, target, count, which == 0, size);
+            run_op(op, in, target, count, which == 0, size, uneven);
             seconds += MPI_Wtime() - start;
           }
           seconds /= iterations;

@@ -68,9 +68,10 @@
 //   SQUALL_MPI_COLLECTIVES  which ones squall may take: a comma list of allreduce, allgather,
 //                         reduce_scatter_block, bcast, barrier, iallreduce, iallgather,
 //                         ireduce_scatter_block, ibcast, allgatherv, reduce_scatter,
-//                         ireduce_scatter, or all
-//                         (default: all but ibcast and barrier, no faster than Open MPI's at P = 2,
-//                         and iallgather, slower at P = 4; bcast within one host up to 1 MiB).
+//                         ireduce_scatter, iallgatherv, ibarrier, or all
+//                         (default: all but ibcast, barrier and ibarrier, no faster than Open
+//                         MPI's at P = 2, and iallgather and iallgatherv, slower at P = 4; bcast
+//                         within one host up to 1 MiB).
 //                         Naming bcast takes every MPI_Bcast from SQUALL_MPI_MIN_BYTES, on any
 //                         communicator.
 //   SQUALL_MPI_COMPRESSOR cast[:fp16|bf16|e4m3|e5m2|e4m3_sr|e5m2_sr], int8 or hq[:BITS]: lossy
@@ -138,18 +139,21 @@ enum call_kind : int {
   allgatherv,
   reduce_scatter,
   ireduce_scatter,
+  iallgatherv,
+  ibarrier,
   kinds
 };
 constexpr std::array<const char*, kinds> call_names = {
-    "MPI_Allreduce", "MPI_Allgather",  "MPI_Reduce_scatter_block", "MPI_Bcast",
-    "MPI_Barrier",   "MPI_Iallreduce", "MPI_Iallgather",           "MPI_Ireduce_scatter_block",
-    "MPI_Ibcast",    "MPI_Allgatherv", "MPI_Reduce_scatter",       "MPI_Ireduce_scatter"};
+    "MPI_Allreduce",   "MPI_Allgather",  "MPI_Reduce_scatter_block", "MPI_Bcast",
+    "MPI_Barrier",     "MPI_Iallreduce", "MPI_Iallgather",           "MPI_Ireduce_scatter_block",
+    "MPI_Ibcast",      "MPI_Allgatherv", "MPI_Reduce_scatter",       "MPI_Ireduce_scatter",
+    "MPI_Iallgatherv", "MPI_Ibarrier"};
 
 /// The collectives' names in SQUALL_MPI_COLLECTIVES.
 constexpr std::array<std::string_view, kinds> collective_names = {
-    "allreduce", "allgather",  "reduce_scatter_block", "bcast",
-    "barrier",   "iallreduce", "iallgather",           "ireduce_scatter_block",
-    "ibcast",    "allgatherv", "reduce_scatter",       "ireduce_scatter"};
+    "allreduce",      "allgather",       "reduce_scatter_block",  "bcast",   "barrier",
+    "iallreduce",     "iallgather",      "ireduce_scatter_block", "ibcast",  "allgatherv",
+    "reduce_scatter", "ireduce_scatter", "iallgatherv",           "ibarrier"};
 
 /// The non-empty items of a comma-separated list ("a,,b" -> a, b).
 std::vector<std::string_view> comma_list(std::string_view text) {
@@ -188,13 +192,14 @@ struct config {
   int ranks_per_node = 0;
   bool verbose = false;
   bool stats = false;
-  /// SQUALL_MPI_COLLECTIVES: which collectives squall may take. MPI_Ibcast and barrier are
-  /// off by default: squall-mpi-bench found them at parity or behind Open MPI's at P = 2
-  /// (docs/performance.md), and the library must not make a program slower; so is
-  /// MPI_Iallgather (ahead at P = 2 up to 4 MiB, but 0.78-1.02x of Open MPI's time at P = 4).
+  /// SQUALL_MPI_COLLECTIVES: which collectives squall may take. MPI_Ibcast, the barrier and
+  /// MPI_Ibarrier are off by default: squall-mpi-bench found them at parity or behind Open
+  /// MPI's at P = 2 (docs/performance.md), and the library must not make a program slower; so
+  /// are MPI_Iallgather and MPI_Iallgatherv (ahead at P = 2 up to 4 MiB, but 0.78-1.02x of
+  /// Open MPI's time at P = 4).
   /// MPI_Bcast is on by default within the bounds of `bcast_by_default`.
-  std::array<bool, kinds> takes = {true,  true, true,  true, false, true,
-                                   false, true, false, true, true,  true};
+  std::array<bool, kinds> takes = {true, true,  true, true, false, true,  false,
+                                   true, false, true, true, true,  false, false};
   /// SQUALL_MPI_COLLECTIVES unset: squall takes an MPI_Bcast only up to `default_bcast_bytes`
   /// and on communicators within one host, where its broadcast copies through the
   /// shared-memory windows (1.5-4.2x faster than Open MPI's at 16 KiB-1 MiB, P = 2 and 4);
@@ -287,7 +292,7 @@ struct config {
           c.problem = "SQUALL_MPI_COLLECTIVES: '" + std::string(name) +
                       "' is not all, allreduce, allgather, reduce_scatter_block, bcast, barrier, "
                       "iallreduce, iallgather, ireduce_scatter_block, ibcast, allgatherv, "
-                      "reduce_scatter or ireduce_scatter";
+                      "reduce_scatter, ireduce_scatter, iallgatherv or ibarrier";
         }
       }
     }
@@ -1526,69 +1531,152 @@ int iallreduce_call(const void* sendbuf, void* recvbuf, count_type count, MPI_Da
   return started ? MPI_SUCCESS : fallback();
 }
 
-/// A reduce_scatter_block's route: the bytes of one block and of all, and the element type
-/// squall reduces them as (none: MPI takes the call). `nonblocking`: the floor of the
-/// non-blocking forms applies too.
+// ---- the blocks of reduce-scatters and allgathers -------------------------------------------
+
+/// Every rank's block of a reduce-scatter or an allgather, in items of the call's datatype:
+/// alike (the block forms, or -v counts all equal) or of different sizes, which squall moves
+/// padded to the largest. The same on every rank (`blocks_of`).
+struct blocks {
+  std::vector<count_type> counts;  ///< rank q's items; empty where every rank has `most`
+  count_type most = 0;             ///< the largest block's items
+  count_type total = 0;            ///< all blocks' items
+  int size = 1;                    ///< how many blocks (the communicator's ranks)
+
+  bool alike() const { return counts.empty(); }
+  count_type count(int q) const { return alike() ? most : counts[static_cast<std::size_t>(q)]; }
+};
+
+/// The blocks of a block form: `count` items for each rank of `comm`.
+blocks same_blocks(count_type count, MPI_Comm comm) {
+  int size = 1;
+  if (comm != MPI_COMM_NULL) PMPI_Comm_size(comm, &size);
+  return {.counts = {}, .most = count, .total = count * size, .size = size};
+}
+
+/// Blocks of different sizes squall moves padded to the largest where that moves at most a
+/// quarter more bytes than the blocks hold (`padding_allowed` of `padding_of`): the remainder of
+/// n / P items spread one each over some ranks passes from blocks of 4 items up; one rank
+/// holding most of the data does not (padding would multiply the bytes by up to P), and goes
+/// to MPI.
+constexpr count_type padding_allowed = 5, padding_of = 4;
+
+/// The blocks of a -v call `kind` on `comm` (`recvcounts`, one a rank); none (the call noted
+/// as MPI's) where `comm` is no intracommunicator, a count is negative (MPI says what is
+/// wrong) or padding would cost too much. The same on every rank: a reduce_scatter's ranks pass
+/// the same counts, and an allgatherv's give block q the signature rank q sends (in counts of
+/// their own receive type, alike on a rank).
+template <class Count>
+std::optional<blocks> blocks_of(call_kind kind, const Count* recvcounts, MPI_Datatype datatype,
+                                MPI_Comm comm) {
+  if (!intracommunicator(comm)) {
+    note(kind, false, 0);
+    return std::nullopt;
+  }
+  blocks b;
+  PMPI_Comm_size(comm, &b.size);
+  b.counts.resize(static_cast<std::size_t>(b.size));
+  bool alike = true, negative = false;
+  for (int q = 0; q < b.size; ++q) {
+    const auto count = static_cast<count_type>(recvcounts[q]);
+    b.counts[static_cast<std::size_t>(q)] = count;
+    alike = alike && count == b.counts[0];
+    negative = negative || count < 0;
+    b.most = std::max(b.most, count);
+    b.total += count;
+  }
+  if (negative || b.most * b.size * padding_of > b.total * padding_allowed) {
+    note(kind, false, negative ? 0 : bytes_of(b.total, datatype));
+    return std::nullopt;
+  }
+  if (alike) b.counts.clear();
+  return b;
+}
+
+/// A reduce-scatter's route: the bytes of a block as squall moves it (the largest), of all
+/// blocks as they are and as squall moves them, and the element type squall reduces them as
+/// (none: MPI takes the call). `nonblocking`: the floor of the non-blocking forms applies too.
 struct scatter_route {
   std::uint64_t block = 0;
   std::uint64_t bytes = 0;
+  std::uint64_t padded = 0;
   base b = base::none;
 };
-scatter_route reduce_scatter_route(call_kind kind, bool nonblocking, count_type recvcount,
+scatter_route reduce_scatter_route(call_kind kind, bool nonblocking, const blocks& shape,
                                    MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
-  int size = 1;
-  if (comm != MPI_COMM_NULL) PMPI_Comm_size(comm, &size);
   scatter_route r;
-  r.block = bytes_of(recvcount, datatype);
-  r.bytes = r.block * static_cast<std::uint64_t>(size);
+  r.block = bytes_of(shape.most, datatype);
+  r.bytes = bytes_of(shape.total, datatype);
+  r.padded = r.block * static_cast<std::uint64_t>(shape.size);
   const bool may =
       nonblocking ? usable_nonblocking(kind, comm, r.bytes) : usable(kind, comm, r.bytes);
   if (may && reducible(op)) r.b = signature_base(datatype);
   return r;
 }
 
-/// A reduce_scatter_block's buffers as squall sees them, packed: `in` (every rank's input; the
-/// receive buffer, in place) and `out` (this rank's block).
+/// A reduce-scatter's buffers as squall sees them, packed: `in` (every rank's input; the
+/// receive buffer, in place) and `out` (this rank's block); where the blocks differ in size,
+/// also `in` padded (each block at q times the largest, zeros after it: sums of zeros, never
+/// read back) and this rank's padded result.
 struct scatter_buffers {
-  bool in_place;
-  std::uint64_t block;
+  bool in_place;        ///< squall reduces `whole()` in place (MPI_IN_PLACE, blocks alike)
+  std::uint64_t block;  ///< a block's bytes as squall moves it
+  std::uint64_t own;    ///< this rank's block's bytes
   staged in;
   staged out;
-  scatter_buffers(const void* sendbuf, void* recvbuf, count_type recvcount, int size,
-                  MPI_Datatype type, MPI_Comm comm)
-      : in_place(sendbuf == MPI_IN_PLACE),
-        block(bytes_of(recvcount, type)),
-        in(in_place ? recvbuf : const_cast<void*>(sendbuf), recvcount * size, type, comm),
-        out(recvbuf, recvcount, type, comm) {
+  std::unique_ptr<std::byte[]> padded;
+  std::unique_ptr<std::byte[]> result;  ///< where `own` < `block`
+  scatter_buffers(const void* sendbuf, void* recvbuf, const blocks& b, int rank, MPI_Datatype type,
+                  MPI_Comm comm)
+      : in_place(sendbuf == MPI_IN_PLACE && b.alike()),
+        block(bytes_of(b.most, type)),
+        own(bytes_of(b.count(rank), type)),
+        in(sendbuf == MPI_IN_PLACE ? recvbuf : const_cast<void*>(sendbuf), b.total, type, comm),
+        out(recvbuf, b.count(rank), type, comm) {
     in.pack();
+    if (b.alike()) return;
+    padded = std::make_unique_for_overwrite<std::byte[]>(block * static_cast<std::size_t>(b.size));
+    std::uint64_t from = 0;
+    for (int q = 0; q < b.size; ++q) {
+      const std::uint64_t bytes = bytes_of(b.count(q), type);
+      std::byte* to = padded.get() + static_cast<std::size_t>(q) * block;
+      squall::kernels::copy_bytes(to, in.bytes() + from, bytes);
+      std::memset(to + bytes, 0, block - bytes);
+      from += bytes;
+    }
+    if (own < block) result = std::make_unique_for_overwrite<std::byte[]>(block);
   }
+  std::byte* whole() { return padded ? padded.get() : in.bytes(); }
+  std::byte* mine() { return result ? result.get() : out.bytes(); }
   /// The result into the receive buffer. In place squall leaves this rank's block at `offset`
   /// bytes of `in`; MPI wants it at the front.
   void finish(std::size_t offset) {
     if (in_place && offset != 0) std::memmove(out.bytes(), in.bytes() + offset, block);
+    if (result) squall::kernels::copy_bytes(out.bytes(), result.get(), own);
     out.unpack();
   }
 };
 
-/// MPI_Ireduce_scatter_block, or an MPI_Ireduce_scatter whose blocks are alike (`kind`).
+/// MPI_Ireduce_scatter_block, or an MPI_Ireduce_scatter (`kind`) of blocks `shape`.
 template <class Fallback>
 int ireduce_scatter_block_call(call_kind kind, const void* sendbuf, void* recvbuf,
-                               count_type recvcount, MPI_Datatype datatype, MPI_Op op,
-                               MPI_Comm comm, MPI_Request* request, Fallback fallback) {
-  const scatter_route route = reduce_scatter_route(kind, true, recvcount, datatype, op, comm);
+                               const blocks& shape, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                               MPI_Request* request, Fallback fallback) {
+  const scatter_route route = reduce_scatter_route(kind, true, shape, datatype, op, comm);
   bool started = false;
   if (route.b != base::none) {
     int code = MPI_SUCCESS;
+    int rank = 0;
+    PMPI_Comm_rank(comm, &rank);
     started = start_pending(
         kind, comm, request, code,
         [&](auto& holder, pending_call& call) {
           auto& squall_comm = *holder.comm;
-          auto buffers = std::make_shared<scatter_buffers>(sendbuf, recvbuf, recvcount,
-                                                           squall_comm.size(), datatype, comm);
+          auto buffers =
+              std::make_shared<scatter_buffers>(sendbuf, recvbuf, shape, rank, datatype, comm);
           with_type(route.b, [&]<class T>(T) {
             with_op(op, [&](auto squall_op) {
-              const std::size_t n = elements<T>(route.bytes);
-              T* whole = reinterpret_cast<T*>(buffers->in.bytes());
+              const std::size_t n = elements<T>(route.padded);
+              T* whole = reinterpret_cast<T*>(buffers->whole());
               std::size_t offset = 0;
               if (buffers->in_place) {
                 call.work = squall_comm.ireduce_scatter(host_view<T>(whole, n), squall_op);
@@ -1596,8 +1684,7 @@ int ireduce_scatter_block_call(call_kind kind, const void* sendbuf, void* recvbu
               } else {
                 call.work = squall_comm.ireduce_scatter(
                     host_view<const T>(whole, n),
-                    host_view<T>(reinterpret_cast<T*>(buffers->out.bytes()),
-                                 elements<T>(route.block)),
+                    host_view<T>(reinterpret_cast<T*>(buffers->mine()), elements<T>(route.block)),
                     squall_op);
               }
               call.finish = [buffers, offset] { buffers->finish(offset); };
@@ -1606,15 +1693,15 @@ int ireduce_scatter_block_call(call_kind kind, const void* sendbuf, void* recvbu
         },
         [&](tiers& t, pending_call& call) {
           if (!t.shares) return false;  // on the whole communicator's MPI transport
-          auto buffers = std::make_shared<scatter_buffers>(
-              sendbuf, recvbuf, recvcount, static_cast<int>(t.places.size()), datatype, comm);
+          auto buffers =
+              std::make_shared<scatter_buffers>(sendbuf, recvbuf, shape, rank, datatype, comm);
           call.finish = [buffers] { buffers->finish(0); };
           with_type(route.b, [&]<class T>(T) {
             with_op(op, [&](auto squall_op) {
               const std::size_t block = elements<T>(route.block);
               call.work = t.calls.started(t.rank, [&t, buffers, block, squall_op] {
-                tiered_reduce_scatter(t, reinterpret_cast<const T*>(buffers->in.bytes()),
-                                      reinterpret_cast<T*>(buffers->out.bytes()), block, squall_op);
+                tiered_reduce_scatter(t, reinterpret_cast<const T*>(buffers->whole()),
+                                      reinterpret_cast<T*>(buffers->mine()), block, squall_op);
               });
             });
           });
@@ -1626,10 +1713,11 @@ int ireduce_scatter_block_call(call_kind kind, const void* sendbuf, void* recvbu
   return started ? MPI_SUCCESS : fallback();
 }
 
+/// MPI_Iallgather, or an MPI_Iallgatherv whose blocks are one allgather in place (`kind`).
 template <class Fallback>
-int iallgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
-                    count_type recvcount, MPI_Datatype recvtype, MPI_Comm comm,
-                    MPI_Request* request, Fallback fallback) {
+int iallgather_call(call_kind kind, const void* sendbuf, count_type sendcount,
+                    MPI_Datatype sendtype, void* recvbuf, count_type recvcount,
+                    MPI_Datatype recvtype, MPI_Comm comm, MPI_Request* request, Fallback fallback) {
   int size = 1, rank = 0;
   if (comm != MPI_COMM_NULL) {
     PMPI_Comm_size(comm, &size);
@@ -1638,10 +1726,10 @@ int iallgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype send
   const std::uint64_t block = bytes_of(recvcount, recvtype);
   const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
   bool started = false;
-  if (usable_nonblocking(iallgather, comm, bytes) && block % 4 == 0) {
+  if (usable_nonblocking(kind, comm, bytes) && block % 4 == 0) {
     int code = MPI_SUCCESS;
     started = start_pending(
-        iallgather, comm, request, code,
+        kind, comm, request, code,
         [&](auto& holder, pending_call& call) {
           auto out = std::make_shared<staged>(recvbuf, recvcount * size, recvtype, comm);
           const std::size_t words = static_cast<std::size_t>(block / 4);
@@ -1667,7 +1755,7 @@ int iallgather_call(const void* sendbuf, count_type sendcount, MPI_Datatype send
         });
     if (code != MPI_SUCCESS) return code;
   }
-  note(iallgather, started, bytes);
+  note(kind, started, bytes);
   return started ? MPI_SUCCESS : fallback();
 }
 
@@ -1706,24 +1794,24 @@ int ibcast_call(void* buffer, count_type count, MPI_Datatype datatype, int root,
   return started ? MPI_SUCCESS : fallback();
 }
 
-/// MPI_Reduce_scatter_block, or an MPI_Reduce_scatter whose blocks are alike (`kind`).
+/// MPI_Reduce_scatter_block, or an MPI_Reduce_scatter (`kind`) of blocks `shape`.
 template <class Fallback>
 int reduce_scatter_block_call(call_kind kind, const void* sendbuf, void* recvbuf,
-                              count_type recvcount, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
+                              const blocks& shape, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
                               Fallback fallback) {
-  const scatter_route route = reduce_scatter_route(kind, false, recvcount, datatype, op, comm);
+  const scatter_route route = reduce_scatter_route(kind, false, shape, datatype, op, comm);
   note(kind, route.b != base::none, route.bytes);
   if (route.b == base::none) return fallback();
   return run_state(comm, [&](comm_state& state) {
     tiers* const tiered = shares_tiers(state);
-    int size = 1;
-    PMPI_Comm_size(comm, &size);
-    scatter_buffers buffers(sendbuf, recvbuf, recvcount, size, datatype, comm);
+    int rank = 0;
+    PMPI_Comm_rank(comm, &rank);
+    scatter_buffers buffers(sendbuf, recvbuf, shape, rank, datatype, comm);
     with_type(route.b, [&]<class T>(T) {
       with_op(op, [&](auto squall_op) {
-        const std::size_t n = elements<T>(route.bytes);
-        T* whole = reinterpret_cast<T*>(buffers.in.bytes());
-        T* mine = reinterpret_cast<T*>(buffers.out.bytes());
+        const std::size_t n = elements<T>(route.padded);
+        T* whole = reinterpret_cast<T*>(buffers.whole());
+        T* mine = reinterpret_cast<T*>(buffers.mine());
         if (tiered != nullptr) {
           tiered->calls.ordered(tiered->rank, [&] {
             tiered_reduce_scatter(*tiered, whole, mine, elements<T>(route.block), squall_op);
@@ -1796,116 +1884,197 @@ int allgather_call(call_kind kind, const void* sendbuf, count_type sendcount, MP
   });
 }
 
-/// The count of every block of a -v call `kind` on `comm` where all are alike; none (the call
-/// noted as MPI's) where they differ or `comm` is no intracommunicator. The same on every
-/// rank: a reduce_scatter's ranks pass the same counts, and an allgatherv's give block q the
-/// signature rank q sends (in counts of their own receive type, alike on a rank).
-template <class Count>
-std::optional<count_type> alike_blocks(call_kind kind, const Count* recvcounts,
-                                       MPI_Datatype datatype, MPI_Comm comm) {
-  if (!intracommunicator(comm)) {
-    note(kind, false, 0);
-    return std::nullopt;
-  }
-  int size = 1;
-  PMPI_Comm_size(comm, &size);
-  const auto count = static_cast<count_type>(recvcounts[0]);
-  count_type total = 0;
-  bool alike = true;
-  for (int q = 0; q < size; ++q) {
-    alike = alike && static_cast<count_type>(recvcounts[q]) == count;
-    total += static_cast<count_type>(recvcounts[q]);
-  }
-  if (!alike) {
-    note(kind, false, bytes_of(total, datatype));
-    return std::nullopt;
-  }
-  return count;
-}
+/// An allgatherv's blocks as squall gathers them where they are not one allgather in place
+/// (displaced, of different sizes, or of bytes not a multiple of 4): every rank's block packed
+/// into `words` 32-bit words of `whole` (the largest block's bytes, rounded up; zeros after a
+/// shorter one), this rank's copied in first, each unpacked at its displacement at the end
+/// (the gaps between blocks left as they were).
+struct gathered_blocks {
+  std::size_t words = 0;
+  int rank = 0;
+  bool in_place = false;
+  std::vector<std::pair<std::byte*, count_type>> places;  ///< block q's address and items
+  MPI_Datatype type;
+  MPI_Comm comm;
+  std::unique_ptr<std::int32_t[]> whole;
 
-/// MPI_Allgatherv (`Count`: int or MPI_Count; `Displacement`: int or MPI_Aint). Whether every
-/// block holds alike many items is the same on every rank (MPI requires every rank to give
-/// each block the signature its sender sends): then squall gathers them, as
-/// `allgather_call` where the displacements lay the blocks end to end from the buffer's
-/// start, else into a packed copy whose blocks are unpacked at their displacements (the
-/// displacements are each rank's own). Blocks of different sizes go to MPI.
-template <class Count, class Displacement, class Fallback>
-int allgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
-                    const Count* recvcounts, const Displacement* displs, MPI_Datatype recvtype,
-                    MPI_Comm comm, Fallback fallback) {
-  const std::optional<count_type> alike = alike_blocks(allgatherv, recvcounts, recvtype, comm);
-  if (!alike) return fallback();
-  const count_type count = *alike;
-  int size = 1, rank = 0;
-  PMPI_Comm_size(comm, &size);
-  PMPI_Comm_rank(comm, &rank);
-  bool end_to_end = true;
-  for (int q = 0; q < size; ++q) {
-    end_to_end = end_to_end && static_cast<count_type>(displs[q]) == count * q;
-  }
-  const std::uint64_t block = bytes_of(count, recvtype);
-  const std::uint64_t bytes = block * static_cast<std::uint64_t>(size);
-  if (end_to_end) {
-    return allgather_call(allgatherv, sendbuf, sendcount, sendtype, recvbuf, count, recvtype, comm,
-                          fallback);
-  }
-  if (!usable(allgatherv, comm, bytes) || block % 4 != 0) {
-    note(allgatherv, false, bytes);
-    return fallback();
-  }
-  note(allgatherv, true, bytes);
-  return run_state(comm, [&](comm_state& state) {
+  template <class Displacement>
+  gathered_blocks(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
+                  const blocks& shape, const Displacement* displs, MPI_Datatype recvtype, int rank_,
+                  MPI_Comm comm_)
+      : words(static_cast<std::size_t>((bytes_of(shape.most, recvtype) + 3) / 4)),
+        rank(rank_),
+        in_place(sendbuf == MPI_IN_PLACE),
+        type(recvtype),
+        comm(comm_),
+        whole(std::make_unique_for_overwrite<std::int32_t[]>(
+            words * static_cast<std::size_t>(shape.size))) {
     MPI_Count lb = 0, extent = 0;
     PMPI_Type_get_extent_x(recvtype, &lb, &extent);
-    const auto block_of = [&](int q) {
-      return static_cast<std::byte*>(recvbuf) + static_cast<MPI_Count>(displs[q]) * extent;
-    };
-    const std::size_t words = static_cast<std::size_t>(block / 4);
-    // every word is written by the gather: no zero fill
-    const auto whole =
-        std::make_unique_for_overwrite<std::int32_t[]>(words * static_cast<std::size_t>(size));
-    std::int32_t* const mine = whole.get() + static_cast<std::size_t>(rank) * words;
-    const bool in_place = sendbuf == MPI_IN_PLACE;
-    staged in(in_place ? block_of(rank) : const_cast<void*>(sendbuf), in_place ? count : sendcount,
+    for (int q = 0; q < shape.size; ++q) {
+      places.emplace_back(
+          static_cast<std::byte*>(recvbuf) + static_cast<MPI_Count>(displs[q]) * extent,
+          shape.count(q));
+    }
+    const auto& [own_at, own_count] = places[static_cast<std::size_t>(rank)];
+    staged in(in_place ? own_at : const_cast<void*>(sendbuf), in_place ? own_count : sendcount,
               in_place ? recvtype : sendtype, comm);
-    if (in.size() != block) {
+    if (in.size() != bytes_of(own_count, recvtype)) {
       throw squall::mismatch_error({.operation = "squall_mpi allgatherv"},
                                    "the send and receive signatures differ in size");
     }
     in.pack();
-    squall::kernels::copy_bytes(mine, in.bytes(), block);
-    gather_words(state, mine, whole.get(), words, size);
-    for (int q = 0; q < size; ++q) {
-      if (in_place && q == rank) continue;  // its block is where it was
-      staged out(block_of(q), count, recvtype, comm);
-      squall::kernels::copy_bytes(out.bytes(), whole.get() + static_cast<std::size_t>(q) * words,
-                                  block);
+    auto* into = reinterpret_cast<std::byte*>(mine());
+    squall::kernels::copy_bytes(into, in.bytes(), in.size());
+    std::memset(into + in.size(), 0, words * 4 - in.size());
+  }
+  std::int32_t* mine() { return whole.get() + static_cast<std::size_t>(rank) * words; }
+  void unpack() {
+    for (std::size_t q = 0; q < places.size(); ++q) {
+      if (in_place && q == static_cast<std::size_t>(rank)) continue;  // where it was
+      staged out(places[q].first, places[q].second, type, comm);
+      squall::kernels::copy_bytes(out.bytes(), whole.get() + q * words, out.size());
       out.unpack();
     }
+  }
+};
+
+/// Whether an allgatherv of blocks `shape` at `displs` is one allgather in place: blocks alike,
+/// of whole 32-bit words, end to end from the buffer's start. Each rank's own answer (the
+/// displacements are its own); the route does not depend on it.
+template <class Displacement>
+bool one_allgather(const blocks& shape, const Displacement* displs, MPI_Datatype recvtype) {
+  if (!shape.alike() || bytes_of(shape.most, recvtype) % 4 != 0) return false;
+  for (int q = 0; q < shape.size; ++q) {
+    if (static_cast<count_type>(displs[q]) != shape.most * q) return false;
+  }
+  return true;
+}
+
+/// MPI_Allgatherv (`Count`: int or MPI_Count; `Displacement`: int or MPI_Aint). Its blocks
+/// (`blocks_of`: alike, or of different sizes padded) are the same on every rank (MPI requires
+/// every rank to give each block the signature its sender sends): squall gathers them, as
+/// `allgather_call` where they are one allgather in place, else through `gathered_blocks`.
+template <class Count, class Displacement, class Fallback>
+int allgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
+                    const Count* recvcounts, const Displacement* displs, MPI_Datatype recvtype,
+                    MPI_Comm comm, Fallback fallback) {
+  const std::optional<blocks> shape = blocks_of(allgatherv, recvcounts, recvtype, comm);
+  if (!shape) return fallback();
+  if (one_allgather(*shape, displs, recvtype)) {
+    return allgather_call(allgatherv, sendbuf, sendcount, sendtype, recvbuf, shape->most, recvtype,
+                          comm, fallback);
+  }
+  const std::uint64_t bytes = bytes_of(shape->total, recvtype);
+  if (!usable(allgatherv, comm, bytes)) {
+    note(allgatherv, false, bytes);
+    return fallback();
+  }
+  note(allgatherv, true, bytes);
+  int rank = 0;
+  PMPI_Comm_rank(comm, &rank);
+  return run_state(comm, [&](comm_state& state) {
+    gathered_blocks gathered(sendbuf, sendcount, sendtype, recvbuf, *shape, displs, recvtype, rank,
+                             comm);
+    gather_words(state, gathered.mine(), gathered.whole.get(), gathered.words, shape->size);
+    gathered.unpack();
   });
 }
 
-/// MPI_Reduce_scatter: as MPI_Reduce_scatter_block where every rank's block holds alike many
-/// items, else to MPI.
+/// MPI_Iallgatherv: as MPI_Iallgather where its blocks are one allgather in place, else through
+/// `gathered_blocks`, which the request holds (the counts and displacements are read here, at
+/// the start).
+template <class Count, class Displacement, class Fallback>
+int iallgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype,
+                     void* recvbuf, const Count* recvcounts, const Displacement* displs,
+                     MPI_Datatype recvtype, MPI_Comm comm, MPI_Request* request,
+                     Fallback fallback) {
+  const std::optional<blocks> shape = blocks_of(iallgatherv, recvcounts, recvtype, comm);
+  if (!shape) return fallback();
+  if (one_allgather(*shape, displs, recvtype)) {
+    return iallgather_call(iallgatherv, sendbuf, sendcount, sendtype, recvbuf, shape->most,
+                           recvtype, comm, request, fallback);
+  }
+  const std::uint64_t bytes = bytes_of(shape->total, recvtype);
+  bool started = false;
+  if (usable_nonblocking(iallgatherv, comm, bytes)) {
+    int code = MPI_SUCCESS;
+    int rank = 0;
+    PMPI_Comm_rank(comm, &rank);
+    const auto gathered = [&] {
+      return std::make_shared<gathered_blocks>(sendbuf, sendcount, sendtype, recvbuf, *shape,
+                                               displs, recvtype, rank, comm);
+    };
+    const auto whole = [&](gathered_blocks& g) {
+      return host_view<std::int32_t>(g.whole.get(),
+                                     g.words * static_cast<std::size_t>(shape->size));
+    };
+    started = start_pending(
+        iallgatherv, comm, request, code,
+        [&](auto& holder, pending_call& call) {
+          auto g = gathered();
+          call.work = holder.comm->iallgather(host_view<const std::int32_t>(g->mine(), g->words),
+                                              whole(*g));
+          call.finish = [g] { g->unpack(); };
+        },
+        [&](tiers& t, pending_call& call) {
+          if (!t.shares) return false;  // on the whole communicator's MPI transport
+          auto g = gathered();
+          call.work = t.calls.started(
+              t.rank, [&t, g] { tiered_allgather(t, g->mine(), g->whole.get(), g->words); });
+          call.finish = [g] { g->unpack(); };
+          return true;
+        });
+    if (code != MPI_SUCCESS) return code;
+  }
+  note(iallgatherv, started, bytes);
+  return started ? MPI_SUCCESS : fallback();
+}
+
+/// MPI_Reduce_scatter: as MPI_Reduce_scatter_block, its blocks (`blocks_of`) padded where they
+/// differ in size, or to MPI.
 template <class Count, class Fallback>
 int reduce_scatter_call(const void* sendbuf, void* recvbuf, const Count* recvcounts,
                         MPI_Datatype datatype, MPI_Op op, MPI_Comm comm, Fallback fallback) {
-  const std::optional<count_type> count = alike_blocks(reduce_scatter, recvcounts, datatype, comm);
-  if (!count) return fallback();
-  return reduce_scatter_block_call(reduce_scatter, sendbuf, recvbuf, *count, datatype, op, comm,
+  const std::optional<blocks> shape = blocks_of(reduce_scatter, recvcounts, datatype, comm);
+  if (!shape) return fallback();
+  return reduce_scatter_block_call(reduce_scatter, sendbuf, recvbuf, *shape, datatype, op, comm,
                                    fallback);
 }
 
-/// MPI_Ireduce_scatter: as MPI_Ireduce_scatter_block where every rank's block holds alike many
-/// items (the counts are read here, at the start: the request does not need them), else to MPI.
+/// MPI_Ireduce_scatter: as MPI_Ireduce_scatter_block, its blocks padded where they differ (the
+/// counts are read here, at the start: the request holds what it needs), or to MPI.
 template <class Count, class Fallback>
 int ireduce_scatter_call(const void* sendbuf, void* recvbuf, const Count* recvcounts,
                          MPI_Datatype datatype, MPI_Op op, MPI_Comm comm, MPI_Request* request,
                          Fallback fallback) {
-  const std::optional<count_type> count = alike_blocks(ireduce_scatter, recvcounts, datatype, comm);
-  if (!count) return fallback();
-  return ireduce_scatter_block_call(ireduce_scatter, sendbuf, recvbuf, *count, datatype, op, comm,
+  const std::optional<blocks> shape = blocks_of(ireduce_scatter, recvcounts, datatype, comm);
+  if (!shape) return fallback();
+  return ireduce_scatter_block_call(ireduce_scatter, sendbuf, recvbuf, *shape, datatype, op, comm,
                                     request, fallback);
+}
+
+/// MPI_Ibarrier: squall's barrier on its progress thread, once squall holds `comm` (as the
+/// other non-blocking calls).
+template <class Fallback>
+int ibarrier_call(MPI_Comm comm, MPI_Request* request, Fallback fallback) {
+  // squall's own barriers over MPI (`mpi_transport::barrier`, on a progress thread across
+  // hosts) are not the program's
+  if (squall::detail::on_progress_thread) return fallback();
+  bool started = false;
+  if (usable(ibarrier, comm, lib().settings.min_bytes)) {
+    int code = MPI_SUCCESS;
+    started = start_pending(
+        ibarrier, comm, request, code,
+        [](auto& holder, pending_call& call) {
+          call.work = holder.comm->ibarrier();
+          call.finish = [] {};
+        },
+        [](tiers&, pending_call&) { return false; });  // on the whole communicator
+    if (code != MPI_SUCCESS) return code;
+  }
+  note(ibarrier, started, 0);
+  return started ? MPI_SUCCESS : fallback();
 }
 
 template <class Fallback>
@@ -1989,10 +2158,11 @@ SQUALL_MPI_EXPORT int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int cou
 SQUALL_MPI_EXPORT int MPI_Ireduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
                                                 MPI_Datatype datatype, MPI_Op op, MPI_Comm comm,
                                                 MPI_Request* request) {
-  return ireduce_scatter_block_call(
-      ireduce_scatter_block, sendbuf, recvbuf, recvcount, datatype, op, comm, request, [&] {
-        return PMPI_Ireduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm, request);
-      });
+  return ireduce_scatter_block_call(ireduce_scatter_block, sendbuf, recvbuf,
+                                    same_blocks(recvcount, comm), datatype, op, comm, request, [&] {
+                                      return PMPI_Ireduce_scatter_block(
+                                          sendbuf, recvbuf, recvcount, datatype, op, comm, request);
+                                    });
 }
 
 SQUALL_MPI_EXPORT int MPI_Ireduce_scatter(const void* sendbuf, void* recvbuf,
@@ -2006,11 +2176,25 @@ SQUALL_MPI_EXPORT int MPI_Ireduce_scatter(const void* sendbuf, void* recvbuf,
 SQUALL_MPI_EXPORT int MPI_Iallgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
                                      void* recvbuf, int recvcount, MPI_Datatype recvtype,
                                      MPI_Comm comm, MPI_Request* request) {
-  return iallgather_call(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request,
-                         [&] {
+  return iallgather_call(iallgather, sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype,
+                         comm, request, [&] {
                            return PMPI_Iallgather(sendbuf, sendcount, sendtype, recvbuf, recvcount,
                                                   recvtype, comm, request);
                          });
+}
+
+SQUALL_MPI_EXPORT int MPI_Iallgatherv(const void* sendbuf, int sendcount, MPI_Datatype sendtype,
+                                      void* recvbuf, const int recvcounts[], const int displs[],
+                                      MPI_Datatype recvtype, MPI_Comm comm, MPI_Request* request) {
+  return iallgatherv_call(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm,
+                          request, [&] {
+                            return PMPI_Iallgatherv(sendbuf, sendcount, sendtype, recvbuf,
+                                                    recvcounts, displs, recvtype, comm, request);
+                          });
+}
+
+SQUALL_MPI_EXPORT int MPI_Ibarrier(MPI_Comm comm, MPI_Request* request) {
+  return ibarrier_call(comm, request, [&] { return PMPI_Ibarrier(comm, request); });
 }
 
 SQUALL_MPI_EXPORT int MPI_Ibcast(void* buffer, int count, MPI_Datatype datatype, int root,
@@ -2094,7 +2278,7 @@ SQUALL_MPI_EXPORT int MPI_Cancel(MPI_Request* request) {
 SQUALL_MPI_EXPORT int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
                                                MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
   return reduce_scatter_block_call(
-      reduce_scatter_block, sendbuf, recvbuf, recvcount, datatype, op, comm,
+      reduce_scatter_block, sendbuf, recvbuf, same_blocks(recvcount, comm), datatype, op, comm,
       [&] { return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm); });
 }
 
@@ -2151,7 +2335,7 @@ SQUALL_MPI_EXPORT int MPI_Reduce_scatter_block_c(const void* sendbuf, void* recv
                                                  MPI_Count recvcount, MPI_Datatype datatype,
                                                  MPI_Op op, MPI_Comm comm) {
   return reduce_scatter_block_call(
-      reduce_scatter_block, sendbuf, recvbuf, recvcount, datatype, op, comm,
+      reduce_scatter_block, sendbuf, recvbuf, same_blocks(recvcount, comm), datatype, op, comm,
       [&] { return PMPI_Reduce_scatter_block_c(sendbuf, recvbuf, recvcount, datatype, op, comm); });
 }
 
@@ -2192,8 +2376,8 @@ SQUALL_MPI_EXPORT int MPI_Bcast_c(void* buffer, MPI_Count count, MPI_Datatype da
 SQUALL_MPI_EXPORT int MPI_Ireduce_scatter_block_c(const void* sendbuf, void* recvbuf,
                                                   MPI_Count recvcount, MPI_Datatype datatype,
                                                   MPI_Op op, MPI_Comm comm, MPI_Request* request) {
-  return ireduce_scatter_block_call(ireduce_scatter_block, sendbuf, recvbuf, recvcount, datatype,
-                                    op, comm, request, [&] {
+  return ireduce_scatter_block_call(ireduce_scatter_block, sendbuf, recvbuf,
+                                    same_blocks(recvcount, comm), datatype, op, comm, request, [&] {
                                       return PMPI_Ireduce_scatter_block_c(
                                           sendbuf, recvbuf, recvcount, datatype, op, comm, request);
                                     });
@@ -2210,11 +2394,23 @@ SQUALL_MPI_EXPORT int MPI_Ireduce_scatter_c(const void* sendbuf, void* recvbuf,
 SQUALL_MPI_EXPORT int MPI_Iallgather_c(const void* sendbuf, MPI_Count sendcount,
                                        MPI_Datatype sendtype, void* recvbuf, MPI_Count recvcount,
                                        MPI_Datatype recvtype, MPI_Comm comm, MPI_Request* request) {
-  return iallgather_call(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request,
-                         [&] {
+  return iallgather_call(iallgather, sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype,
+                         comm, request, [&] {
                            return PMPI_Iallgather_c(sendbuf, sendcount, sendtype, recvbuf,
                                                     recvcount, recvtype, comm, request);
                          });
+}
+
+SQUALL_MPI_EXPORT int MPI_Iallgatherv_c(const void* sendbuf, MPI_Count sendcount,
+                                        MPI_Datatype sendtype, void* recvbuf,
+                                        const MPI_Count recvcounts[], const MPI_Aint displs[],
+                                        MPI_Datatype recvtype, MPI_Comm comm,
+                                        MPI_Request* request) {
+  return iallgatherv_call(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm,
+                          request, [&] {
+                            return PMPI_Iallgatherv_c(sendbuf, sendcount, sendtype, recvbuf,
+                                                      recvcounts, displs, recvtype, comm, request);
+                          });
 }
 
 SQUALL_MPI_EXPORT int MPI_Ibcast_c(void* buffer, MPI_Count count, MPI_Datatype datatype, int root,

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>  // accumulate
 #include <string>
 #include <tuple>
 #include <utility>
@@ -53,7 +54,7 @@ bool expect_off() {
 }
 
 /// Whether the settings let squall take collective `name` (SQUALL_MPI_COLLECTIVES, as the
-/// library reads it; unset: all but ibcast, barrier and iallgather).
+/// library reads it; unset: all but ibcast, barrier, ibarrier, iallgather and iallgatherv).
 bool takes(const std::string& name) {
   const char* list = std::getenv("SQUALL_MPI_COLLECTIVES");
   const std::string text = list != nullptr ? "," + std::string(list) + ","
@@ -488,7 +489,7 @@ TEST_CASE("reduce_scatter_block, allgather, bcast and barrier against PMPI") {
   expect_route(takes("barrier"), [] { return MPI_Barrier(MPI_COMM_WORLD); });
 }
 
-TEST_CASE("allgatherv and reduce_scatter: alike blocks squall's, others MPI's, against PMPI") {
+TEST_CASE("allgatherv and reduce_scatter: alike and nearly alike blocks squall's, against PMPI") {
   const int rank = rank_of(MPI_COMM_WORLD);
   const int size = size_of(MPI_COMM_WORLD);
   const auto p = static_cast<std::size_t>(size);
@@ -549,34 +550,89 @@ TEST_CASE("allgatherv and reduce_scatter: alike blocks squall's, others MPI's, a
     });
     CHECK(std::vector<float>(in_place.begin(), in_place.begin() + n) == sums);
   }
-  if (size > 1) {
-    // blocks of different sizes: MPI moves them
+  // blocks of different sizes: squall moves them padded to the largest where that adds at most
+  // a quarter of the bytes (the remainder of n / P spread over the ranks), else MPI does
+  for (const bool spread : {true, false}) {
+    CAPTURE(spread);
     std::vector<int> counts(p), displs(p);
     for (std::size_t q = 0; q < p; ++q) {
-      counts[q] = static_cast<int>(3000 + q);
+      counts[q] = spread ? static_cast<int>(3001 - q % 3) : (q == 0 ? 20000 : 10);
       displs[q] = q == 0 ? 0 : displs[q - 1] + counts[q - 1];
     }
+    const bool alike = std::count(counts.begin(), counts.end(), counts[0]) == size;
+    const bool taken_v = spread || alike;  // one rank holding most: padding would cost P times
     const std::size_t total = static_cast<std::size_t>(displs[p - 1] + counts[p - 1]);
     const int mine_count = counts[static_cast<std::size_t>(rank)];
     const std::vector<std::int32_t> mine =
         data_of<std::int32_t>(static_cast<std::size_t>(mine_count), rank, 5);
-    std::vector<std::int32_t> want(total), got(total);
-    PMPI_Allgatherv(mine.data(), mine_count, MPI_INT, want.data(), counts.data(), displs.data(),
-                    MPI_INT, MPI_COMM_WORLD);
-    expect_route(false, [&] {
-      return MPI_Allgatherv(mine.data(), mine_count, MPI_INT, got.data(), counts.data(),
-                            displs.data(), MPI_INT, MPI_COMM_WORLD);
-    });
-    CHECK(got == want);
+    // end to end, and in reverse order with gaps (in place too)
+    std::vector<int> reversed(p);
+    for (std::size_t q = 0, at = 0; q < p; ++q) {
+      const std::size_t r = p - 1 - q;
+      reversed[r] = static_cast<int>(at);
+      at += static_cast<std::size_t>(counts[r]) + 3;
+    }
+    for (const auto* displacements : {&displs, &reversed}) {
+      for (const bool in_place : {false, true}) {
+        CAPTURE(in_place);
+        const std::size_t extent = total + 3 * p;
+        std::vector<std::int32_t> want(extent, -7), got(extent, -7);
+        const auto own = static_cast<std::size_t>((*displacements)[static_cast<std::size_t>(rank)]);
+        if (in_place) std::copy(mine.begin(), mine.end(), got.begin() + static_cast<long>(own));
+        PMPI_Allgatherv(mine.data(), mine_count, MPI_INT, want.data(), counts.data(),
+                        displacements->data(), MPI_INT, MPI_COMM_WORLD);
+        expect_scatter_route(takes("allgatherv") && taken_v, MPI_COMM_WORLD, [&] {
+          return in_place
+                     ? MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, got.data(), counts.data(),
+                                      displacements->data(), MPI_INT, MPI_COMM_WORLD)
+                     : MPI_Allgatherv(mine.data(), mine_count, MPI_INT, got.data(), counts.data(),
+                                      displacements->data(), MPI_INT, MPI_COMM_WORLD);
+        });
+        CHECK(got == want);  // the gaps untouched too
+      }
+    }
+    // reduce_scatter: float sums and int maxima, out of place and in place
     const std::vector<float> input = data_of<float>(total, rank, 6);
     std::vector<float> sums(static_cast<std::size_t>(mine_count)), out(sums.size());
     PMPI_Reduce_scatter(input.data(), sums.data(), counts.data(), MPI_FLOAT, MPI_SUM,
                         MPI_COMM_WORLD);
-    expect_route(false, [&] {
+    expect_scatter_route(takes("reduce_scatter") && taken_v, MPI_COMM_WORLD, [&] {
       return MPI_Reduce_scatter(input.data(), out.data(), counts.data(), MPI_FLOAT, MPI_SUM,
                                 MPI_COMM_WORLD);
     });
     CHECK(out == sums);
+    std::vector<float> in_place = input;
+    expect_scatter_route(takes("reduce_scatter") && taken_v, MPI_COMM_WORLD, [&] {
+      return MPI_Reduce_scatter(MPI_IN_PLACE, in_place.data(), counts.data(), MPI_FLOAT, MPI_SUM,
+                                MPI_COMM_WORLD);
+    });
+    CHECK(std::vector<float>(in_place.begin(), in_place.begin() + mine_count) == sums);
+    const std::vector<std::int32_t> values = data_of<std::int32_t>(total, rank, 7);
+    std::vector<std::int32_t> maxima(static_cast<std::size_t>(mine_count)), got(maxima.size());
+    PMPI_Reduce_scatter(values.data(), maxima.data(), counts.data(), MPI_INT, MPI_MAX,
+                        MPI_COMM_WORLD);
+    expect_scatter_route(takes("reduce_scatter") && taken_v, MPI_COMM_WORLD, [&] {
+      return MPI_Reduce_scatter(values.data(), got.data(), counts.data(), MPI_INT, MPI_MAX,
+                                MPI_COMM_WORLD);
+    });
+    CHECK(got == maxima);
+  }
+  // alike blocks of bytes that are no multiple of 4: gathered in padded words
+  {
+    const std::vector<int> counts(p, 5001), displs = [&] {
+      std::vector<int> d(p);
+      for (std::size_t q = 0; q < p; ++q) d[q] = static_cast<int>(q * 5001);
+      return d;
+    }();
+    const std::vector<char> mine(5001, static_cast<char>('a' + rank));
+    std::vector<char> want(5001 * p, '-'), got(5001 * p, '-');
+    PMPI_Allgatherv(mine.data(), 5001, MPI_CHAR, want.data(), counts.data(), displs.data(),
+                    MPI_CHAR, MPI_COMM_WORLD);
+    expect_scatter_route(takes("allgatherv"), MPI_COMM_WORLD, [&] {
+      return MPI_Allgatherv(mine.data(), 5001, MPI_CHAR, got.data(), counts.data(), displs.data(),
+                            MPI_CHAR, MPI_COMM_WORLD);
+    });
+    CHECK(got == want);
   }
 }
 
@@ -617,6 +673,7 @@ bool takes_nonblocking(const std::string& name, MPI_Comm comm, std::size_t bytes
 /// nodes, reduce_scatter_block and allgather where the nodes hold alike many ranks.
 bool tiered_nonblocking(const std::string& name, MPI_Comm comm, bool taken) {
   const bool any_nodes = name == "iallreduce" || name == "ibcast";
+  if (name == "ibarrier") return false;  // on the whole communicator
   return taken && spans_nodes(comm) && (any_nodes || nodes_alike(comm));
 }
 
@@ -759,7 +816,7 @@ TEST_CASE("iallreduce: many in flight with MPI's own requests, completed every w
   MPI_Comm_free(&comm);
 }
 
-TEST_CASE("iallgather, ireduce_scatter(_block) and ibcast in flight together, against PMPI") {
+TEST_CASE("iallgather(v), ireduce_scatter(_block), ibcast and ibarrier in flight together") {
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   hold(comm);
@@ -793,7 +850,28 @@ TEST_CASE("iallgather, ireduce_scatter(_block) and ibcast in flight together, ag
     PMPI_Allreduce(input.data(), summed_ref.data(), static_cast<int>(input.size()), MPI_FLOAT,
                    MPI_SUM, comm);
     const int n = static_cast<int>(block);
-    std::vector<MPI_Request> requests(7, MPI_REQUEST_NULL);
+    // blocks of different sizes (padded by squall): an ireduce_scatter, and an iallgatherv
+    // into blocks in reverse order with gaps
+    std::vector<int> uneven(p), reversed(p);
+    for (std::size_t q = 0; q < p; ++q) uneven[q] = n - static_cast<int>(q % 3);
+    for (std::size_t q = 0, at = 0; q < p; ++q) {
+      reversed[p - 1 - q] = static_cast<int>(at);
+      at += static_cast<std::size_t>(uneven[p - 1 - q]) + 2;
+    }
+    const int own_count = uneven[static_cast<std::size_t>(rank)];
+    const auto uneven_total =
+        static_cast<std::size_t>(std::accumulate(uneven.begin(), uneven.end(), 0));
+    const std::vector<float> uneven_input = data_of<float>(uneven_total, rank, 10);
+    std::vector<float> uneven_scattered(static_cast<std::size_t>(own_count));
+    std::vector<float> uneven_scattered_ref(uneven_scattered.size());
+    PMPI_Reduce_scatter(uneven_input.data(), uneven_scattered_ref.data(), uneven.data(), MPI_FLOAT,
+                        MPI_SUM, comm);
+    const std::vector<std::int32_t> own_v =
+        data_of<std::int32_t>(static_cast<std::size_t>(own_count), rank, 11);
+    std::vector<std::int32_t> gathered_v(uneven_total + 2 * p, -7), gathered_v_ref(gathered_v);
+    PMPI_Allgatherv(own_v.data(), own_count, MPI_INT, gathered_v_ref.data(), uneven.data(),
+                    reversed.data(), MPI_INT, comm);
+    std::vector<MPI_Request> requests(10, MPI_REQUEST_NULL);
     const auto [h0, p0] = routes();
     const unsigned long long tiered_before = squall_mpi_tiered_calls();
     REQUIRE(MPI_Ireduce_scatter_block(input.data(), scattered.data(), n, MPI_FLOAT, MPI_SUM, comm,
@@ -809,6 +887,11 @@ TEST_CASE("iallgather, ireduce_scatter(_block) and ibcast in flight together, ag
                            MPI_SUM, comm, &requests[5]) == MPI_SUCCESS);
     REQUIRE(MPI_Ireduce_scatter(input.data(), scattered_v.data(), counts.data(), MPI_FLOAT, MPI_SUM,
                                 comm, &requests[6]) == MPI_SUCCESS);
+    REQUIRE(MPI_Ireduce_scatter(uneven_input.data(), uneven_scattered.data(), uneven.data(),
+                                MPI_FLOAT, MPI_SUM, comm, &requests[7]) == MPI_SUCCESS);
+    REQUIRE(MPI_Iallgatherv(own_v.data(), own_count, MPI_INT, gathered_v.data(), uneven.data(),
+                            reversed.data(), MPI_INT, comm, &requests[8]) == MPI_SUCCESS);
+    REQUIRE(MPI_Ibarrier(comm, &requests[9]) == MPI_SUCCESS);
     const auto [h1, p1] = routes();
     const std::size_t all_bytes = block * p * 4;
     std::size_t taken = 0;
@@ -816,13 +899,14 @@ TEST_CASE("iallgather, ireduce_scatter(_block) and ibcast in flight together, ag
     for (const auto& [name, calls, bytes] :
          {std::tuple{"ireduce_scatter_block", 2, all_bytes}, std::tuple{"iallgather", 2, all_bytes},
           std::tuple{"ibcast", 1, block * 8}, std::tuple{"iallreduce", 1, all_bytes},
-          std::tuple{"ireduce_scatter", 1, all_bytes}}) {
+          std::tuple{"ireduce_scatter", 2, all_bytes}, std::tuple{"iallgatherv", 1, all_bytes},
+          std::tuple{"ibarrier", 1, ~std::size_t{0}}}) {
       const bool takes_it = takes_nonblocking(name, comm, bytes);
       taken += takes_it ? static_cast<std::size_t>(calls) : 0;
       tiered += tiered_nonblocking(name, comm, takes_it) ? static_cast<unsigned>(calls) : 0;
     }
     CHECK(h1 - h0 == taken);
-    CHECK(p1 - p0 == 7 - taken);
+    CHECK(p1 - p0 == 10 - taken);
     CHECK(squall_mpi_tiered_calls() - tiered_before == tiered);
     // a blocking allreduce while they are in flight: queued behind them, in this order on
     // every rank
@@ -832,7 +916,9 @@ TEST_CASE("iallgather, ireduce_scatter(_block) and ibcast in flight together, ag
             MPI_SUCCESS);
     CHECK(blocking == blocking_ref);
     std::reverse(requests.begin(), requests.end());
-    REQUIRE(MPI_Waitall(7, requests.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS);
+    REQUIRE(MPI_Waitall(10, requests.data(), MPI_STATUSES_IGNORE) == MPI_SUCCESS);
+    CHECK(uneven_scattered == uneven_scattered_ref);
+    CHECK(gathered_v == gathered_v_ref);
     CHECK(scattered == scattered_ref);
     CHECK(scattered_v == scattered_ref);
     CHECK(std::vector<float>(scattered_in_place.begin(),

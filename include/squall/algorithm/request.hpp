@@ -29,6 +29,11 @@ struct request_state {
   std::exception_ptr failure;
 };
 
+/// Whether this thread is a progress engine's: squall's own calls into MPI run there, and the
+/// PMPI interposer tells them from the program's by it (its MPI_Ibarrier, which
+/// `mpi_transport::barrier` calls).
+inline thread_local bool on_progress_thread = false;
+
 /// Runs submitted operations in order on a thread of its own; see the file comment. After an
 /// operation fails, the communicator has failed: every operation still queued, and every one
 /// submitted later, fails with the same error without running.
@@ -102,6 +107,7 @@ class progress_engine {
   };
 
   void serve() {
+    on_progress_thread = true;
     std::unique_lock guard(lock_);
     for (;;) {
       wake_.wait(guard, [this] { return stopping_ || !queue_.empty(); });
