@@ -3,14 +3,15 @@
 // MPI_Allgather, MPI_Reduce_scatter_block or MPI_Bcast of float data, or their non-blocking
 // forms started and waited for at once (MPI_Iallreduce + MPI_Wait, ...), or MPI_Allgatherv,
 // MPI_Iallgatherv and MPI_Reduce_scatter with every rank's block alike (allgatherv,
-// iallgatherv, reduce_scatterv) or, with --blocks uneven, the last rank's one float shorter,
+// iallgatherv, reduce_scatterv) or, with --blocks uneven, the last rank's one float shorter
+// (reduce_scatterv: squall's own split), with --blocks reversed, in reverse rank order,
 // against the MPI library's own PMPI_* of the same calls, interleaved in one run. Run it with
 // libsquall_mpi.so preloaded (scripts/bench.sh does: SQUALL_BENCH=interpose) and the "squall"
 // column is the interposed call; without it both columns are MPI's.
 //
 //   mpiexec -n P env LD_PRELOAD=libsquall_mpi.so squall-mpi-bench [--op allreduce|iallreduce|
 //       allgather|iallgather|allgatherv|iallgatherv|reduce_scatter|ireduce_scatter|
-//       reduce_scatterv|bcast|ibcast|barrier|ibarrier] [--blocks alike|uneven] [-b 4K]
+//       reduce_scatterv|bcast|ibcast|barrier|ibarrier] [--blocks alike|uneven|reversed] [-b 4K]
 //       [-e 256M] [-f 4] [--reps 5] [--warmup N] [--cold BYTES] [--thread single|multiple]
 //
 // Sizes from -b to -e, each -f times the last. Per size (bytes of the whole result, as nccl-tests
@@ -63,7 +64,7 @@ std::size_t parse_bytes(const char* text) {
 /// One collective on `count` floats of result, through MPI_* (interposed) or PMPI_*. A
 /// broadcast sends `out` of rank 0.
 int run_op(const std::string& op, const std::vector<float>& in, std::vector<float>& out, int count,
-           bool mpi, int size, bool uneven) {
+           bool mpi, int size, const std::string& blocks) {
   const int block = count / size;
   MPI_Request request = MPI_REQUEST_NULL;
   const auto wait = [&](int code) {  // the non-blocking forms: started and waited for at once
@@ -73,8 +74,11 @@ int run_op(const std::string& op, const std::vector<float>& in, std::vector<floa
   MPI_Comm world = MPI_COMM_WORLD;
   if (op == "allgatherv" || op == "iallgatherv" || op == "reduce_scatterv") {  // end to end
     std::vector<int> counts(static_cast<std::size_t>(size), block), displs(counts.size());
-    if (uneven && size > 1) counts.back() = block - 1;
-    for (std::size_t q = 0; q < displs.size(); ++q) displs[q] = static_cast<int>(q) * block;
+    if (blocks == "uneven" && size > 1) counts.back() = block - 1;
+    for (std::size_t q = 0; q < displs.size(); ++q) {
+      const std::size_t place = blocks == "reversed" ? displs.size() - 1 - q : q;
+      displs[q] = static_cast<int>(place) * block;
+    }
     const int mine = counts[static_cast<std::size_t>(rank_of_world())];
     if (op == "iallgatherv") {
       return wait(mpi ? PMPI_Iallgatherv(in.data(), mine, MPI_FLOAT, out.data(), counts.data(),
@@ -166,7 +170,7 @@ int main(int argc, char** argv) {
   int warmup = 10;
   std::size_t cold = 0;  // bytes written between calls; 0: calls back to back
   std::size_t factor_step = 4;
-  bool uneven = false;
+  std::string blocks = "alike";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--op") {
@@ -182,11 +186,13 @@ int main(int argc, char** argv) {
     } else if (flag == "--warmup") {
       warmup = std::max(0, std::atoi(argv[i + 1]));
     } else if (flag == "--blocks") {
-      if (std::string(argv[i + 1]) != "alike" && std::string(argv[i + 1]) != "uneven") {
-        if (rank == 0) std::fprintf(stderr, "squall-mpi-bench: --blocks alike or uneven\n");
+      blocks = argv[i + 1];
+      if (blocks != "alike" && blocks != "uneven" && blocks != "reversed") {
+        if (rank == 0) {
+          std::fprintf(stderr, "squall-mpi-bench: --blocks alike, uneven or reversed\n");
+        }
         MPI_Abort(MPI_COMM_WORLD, 2);
       }
-      uneven = std::string(argv[i + 1]) == "uneven";
     } else if (flag == "--cold") {
       cold = parse_bytes(argv[i + 1]);
     } else if (flag == "--thread") {
@@ -223,9 +229,12 @@ int main(int argc, char** argv) {
     char host[MPI_MAX_PROCESSOR_NAME] = {};
     int length = 0;
     MPI_Get_processor_name(host, &length);
-    std::printf("# squall-mpi-bench: %s%s of float32 sums, %d ranks on %s; squall column: %s\n",
-                op.c_str(), uneven ? " (the last rank's block one float shorter)" : "", size, host,
-                interposed ? "libsquall_mpi.so (interposed MPI_*)" : "MPI_* (not interposed)");
+    std::printf(
+        "# squall-mpi-bench: %s%s of float32 sums, %d ranks on %s; squall column: %s\n", op.c_str(),
+        blocks == "uneven"     ? " (the last rank's block one float shorter)"
+        : blocks == "reversed" ? " (the blocks in reverse rank order)"
+                               : "",
+        size, host, interposed ? "libsquall_mpi.so (interposed MPI_*)" : "MPI_* (not interposed)");
     if (cold == 0) {
       std::printf("# calls back to back after %d warm-up calls\n", warmup);
     } else {
@@ -236,8 +245,8 @@ int main(int argc, char** argv) {
   }
   for (std::size_t bytes = first; bytes <= last; bytes *= factor_step) {
     // Allgather and reduce-scatter need a whole block per rank; the others take any count.
-    const bool blocks = base == "allgather" || base == "reduce_scatter";
-    const std::size_t per = blocks ? static_cast<std::size_t>(size) : 1;
+    const bool per_rank = base == "allgather" || base == "reduce_scatter";
+    const std::size_t per = per_rank ? static_cast<std::size_t>(size) : 1;
     const int count = static_cast<int>(bytes / sizeof(float) / per * per);
     if (count == 0) continue;
     const std::size_t input_count = base == "allgather" ? static_cast<std::size_t>(count / size)
@@ -252,8 +261,8 @@ int main(int argc, char** argv) {
       std::copy(in.begin(), in.end(), reference.begin());
       std::copy(in.begin(), in.end(), out.begin());
     }
-    run_op(op, in, reference, count, true, size, uneven);
-    run_op(op, in, out, count, false, size, uneven);
+    run_op(op, in, reference, count, true, size, blocks);
+    run_op(op, in, out, count, false, size, blocks);
     long wrong = 0;
     for (std::size_t i = 0; i < out.size(); ++i) wrong += out[i] != reference[i] ? 1 : 0;
     const int iterations =
@@ -265,19 +274,19 @@ int main(int argc, char** argv) {
         double seconds = 0;
         if (cold == 0) {
           for (int i = 0; i < warmup; ++i) {
-            run_op(op, in, target, count, which == 0, size, uneven);
+            run_op(op, in, target, count, which == 0, size, blocks);
           }
           PMPI_Barrier(MPI_COMM_WORLD);
           const double start = MPI_Wtime();
           for (int i = 0; i < iterations; ++i)
-            run_op(op, in, target, count, which == 0, size, uneven);
+            run_op(op, in, target, count, which == 0, size, blocks);
           seconds = (MPI_Wtime() - start) / iterations;
         } else {
           for (int i = 0; i < iterations; ++i) {
             std::memset(junk.data(), (r + i) & 0xff, junk.size());
             PMPI_Barrier(MPI_COMM_WORLD);
             const double start = MPI_Wtime();
-            run_op(op, in, target, count, which == 0, size, uneven);
+            run_op(op, in, target, count, which == 0, size, blocks);
             seconds += MPI_Wtime() - start;
           }
           seconds /= iterations;

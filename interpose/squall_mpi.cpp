@@ -1553,21 +1553,32 @@ blocks same_blocks(count_type count, MPI_Comm comm) {
   return {.counts = {}, .most = count, .total = count * size, .size = size};
 }
 
-/// Blocks of different sizes squall moves padded to the largest where that moves at most a
-/// quarter more bytes than the blocks hold (`padding_allowed` of `padding_of`): the remainder of
-/// n / P items spread one each over some ranks passes from blocks of 4 items up; one rank
-/// holding most of the data does not (padding would multiply the bytes by up to P), and goes
-/// to MPI.
-constexpr count_type padding_allowed = 5, padding_of = 4;
+/// Blocks squall cannot move where they lie (of different sizes, except a reduce-scatter's in
+/// squall's own split; an allgatherv's of bytes no multiple of 4) go through a packed copy,
+/// every block padded to the largest, only where that copy is small: below
+/// `packed_copy_bytes` squall's collectives copy through the shared-memory windows anyway (a
+/// copy in and a copy out), above they read peers' memory straight into the result and the
+/// packed copy would add a copy of every byte (squall-mpi-bench measured the padded allgatherv
+/// at 0.36-0.52x of Open MPI's speed from 64 KiB at P = 2, and the padded reduce-scatter at
+/// 0.92-0.97x from 1 MiB: docs/performance.md; alike blocks displaced on some rank take that
+/// copy at every size, `gatherv_route`); and where padding adds at most a quarter of the
+/// bytes (`padding_allowed` of `padding_of`: one rank holding most of the data would multiply
+/// them by up to P). Otherwise MPI takes the call.
+constexpr std::uint64_t packed_copy_bytes = squall::collective_tuning{}.peer_memory_bytes;
+constexpr std::uint64_t padding_allowed = 5, padding_of = 4;
+
+/// Whether blocks of `bytes` in all, `padded` bytes padded, may go through a packed copy.
+bool packable(std::uint64_t bytes, std::uint64_t padded) {
+  return padded < packed_copy_bytes && padded * padding_of <= bytes * padding_allowed;
+}
 
 /// The blocks of a -v call `kind` on `comm` (`recvcounts`, one a rank); none (the call noted
-/// as MPI's) where `comm` is no intracommunicator, a count is negative (MPI says what is
-/// wrong) or padding would cost too much. The same on every rank: a reduce_scatter's ranks pass
-/// the same counts, and an allgatherv's give block q the signature rank q sends (in counts of
-/// their own receive type, alike on a rank).
+/// as MPI's) where `comm` is no intracommunicator or a count is negative (MPI says what is
+/// wrong). The same on every rank: a reduce_scatter's ranks pass the same counts, and an
+/// allgatherv's give block q the signature rank q sends (in counts of their own receive type,
+/// alike on a rank).
 template <class Count>
-std::optional<blocks> blocks_of(call_kind kind, const Count* recvcounts, MPI_Datatype datatype,
-                                MPI_Comm comm) {
+std::optional<blocks> blocks_of(call_kind kind, const Count* recvcounts, MPI_Comm comm) {
   if (!intracommunicator(comm)) {
     note(kind, false, 0);
     return std::nullopt;
@@ -1584,22 +1595,26 @@ std::optional<blocks> blocks_of(call_kind kind, const Count* recvcounts, MPI_Dat
     b.most = std::max(b.most, count);
     b.total += count;
   }
-  if (negative || b.most * b.size * padding_of > b.total * padding_allowed) {
-    note(kind, false, negative ? 0 : bytes_of(b.total, datatype));
+  if (negative) {
+    note(kind, false, 0);
     return std::nullopt;
   }
   if (alike) b.counts.clear();
   return b;
 }
 
-/// A reduce-scatter's route: the bytes of a block as squall moves it (the largest), of all
-/// blocks as they are and as squall moves them, and the element type squall reduces them as
-/// (none: MPI takes the call). `nonblocking`: the floor of the non-blocking forms applies too.
+/// A reduce-scatter's route: the bytes of the largest block, of all blocks as they are and
+/// padded to the largest, the element type squall reduces them as (none: MPI takes the call),
+/// and whether blocks of different sizes are squall's own split (`detail::split_range` of the
+/// elements: the first ranks one element more), which squall reduces where they lie, or go
+/// through a padded copy (`packable`). `nonblocking`: the floor of the non-blocking forms
+/// applies too.
 struct scatter_route {
   std::uint64_t block = 0;
   std::uint64_t bytes = 0;
   std::uint64_t padded = 0;
   base b = base::none;
+  bool split = true;
 };
 scatter_route reduce_scatter_route(call_kind kind, bool nonblocking, const blocks& shape,
                                    MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
@@ -1610,30 +1625,41 @@ scatter_route reduce_scatter_route(call_kind kind, bool nonblocking, const block
   const bool may =
       nonblocking ? usable_nonblocking(kind, comm, r.bytes) : usable(kind, comm, r.bytes);
   if (may && reducible(op)) r.b = signature_base(datatype);
+  if (r.b == base::none || shape.alike()) return r;
+  const std::uint64_t element = r.b == base::f32 || r.b == base::i32 ? 4 : 8;
+  const std::uint64_t item = bytes_of(1, datatype);
+  const auto size = static_cast<std::size_t>(shape.size);
+  for (int q = 0; q < shape.size; ++q) {
+    const std::size_t share =
+        squall::detail::split_range(r.bytes / element, size, static_cast<std::size_t>(q)).count;
+    r.split = r.split && static_cast<std::uint64_t>(shape.count(q)) * item == share * element;
+  }
+  if (!r.split && !packable(r.bytes, r.padded)) r.b = base::none;
   return r;
 }
 
 /// A reduce-scatter's buffers as squall sees them, packed: `in` (every rank's input; the
-/// receive buffer, in place) and `out` (this rank's block); where the blocks differ in size,
-/// also `in` padded (each block at q times the largest, zeros after it: sums of zeros, never
-/// read back) and this rank's padded result.
+/// receive buffer, in place) and `out` (this rank's block); with `pad` (blocks of different
+/// sizes not in squall's split, or in tiers, whose reduce-scatter takes alike blocks), also
+/// `in` padded (each block at q times the largest, zeros after it: sums of zeros, never read
+/// back) and this rank's padded result.
 struct scatter_buffers {
-  bool in_place;        ///< squall reduces `whole()` in place (MPI_IN_PLACE, blocks alike)
-  std::uint64_t block;  ///< a block's bytes as squall moves it
+  bool in_place;        ///< squall reduces `whole()` in place (MPI_IN_PLACE, not padded)
+  std::uint64_t block;  ///< the largest block's bytes
   std::uint64_t own;    ///< this rank's block's bytes
   staged in;
   staged out;
   std::unique_ptr<std::byte[]> padded;
-  std::unique_ptr<std::byte[]> result;  ///< where `own` < `block`
-  scatter_buffers(const void* sendbuf, void* recvbuf, const blocks& b, int rank, MPI_Datatype type,
-                  MPI_Comm comm)
-      : in_place(sendbuf == MPI_IN_PLACE && b.alike()),
+  std::unique_ptr<std::byte[]> result;  ///< where padded and `own` < `block`
+  scatter_buffers(const void* sendbuf, void* recvbuf, const blocks& b, int rank, bool pad,
+                  MPI_Datatype type, MPI_Comm comm)
+      : in_place(sendbuf == MPI_IN_PLACE && !(pad && !b.alike())),
         block(bytes_of(b.most, type)),
         own(bytes_of(b.count(rank), type)),
         in(sendbuf == MPI_IN_PLACE ? recvbuf : const_cast<void*>(sendbuf), b.total, type, comm),
         out(recvbuf, b.count(rank), type, comm) {
     in.pack();
-    if (b.alike()) return;
+    if (!pad || b.alike()) return;
     padded = std::make_unique_for_overwrite<std::byte[]>(block * static_cast<std::size_t>(b.size));
     std::uint64_t from = 0;
     for (int q = 0; q < b.size; ++q) {
@@ -1647,10 +1673,15 @@ struct scatter_buffers {
   }
   std::byte* whole() { return padded ? padded.get() : in.bytes(); }
   std::byte* mine() { return result ? result.get() : out.bytes(); }
+  /// The bytes of `whole()` and of `mine()` (padded, or as they are).
+  std::uint64_t whole_bytes(int size) const {
+    return padded ? block * static_cast<std::uint64_t>(size) : in.size();
+  }
+  std::uint64_t mine_bytes() const { return padded ? block : own; }
   /// The result into the receive buffer. In place squall leaves this rank's block at `offset`
   /// bytes of `in`; MPI wants it at the front.
   void finish(std::size_t offset) {
-    if (in_place && offset != 0) std::memmove(out.bytes(), in.bytes() + offset, block);
+    if (in_place && offset != 0) std::memmove(out.bytes(), in.bytes() + offset, own);
     if (result) squall::kernels::copy_bytes(out.bytes(), result.get(), own);
     out.unpack();
   }
@@ -1671,21 +1702,22 @@ int ireduce_scatter_block_call(call_kind kind, const void* sendbuf, void* recvbu
         kind, comm, request, code,
         [&](auto& holder, pending_call& call) {
           auto& squall_comm = *holder.comm;
-          auto buffers =
-              std::make_shared<scatter_buffers>(sendbuf, recvbuf, shape, rank, datatype, comm);
+          auto buffers = std::make_shared<scatter_buffers>(sendbuf, recvbuf, shape, rank,
+                                                           !route.split, datatype, comm);
           with_type(route.b, [&]<class T>(T) {
             with_op(op, [&](auto squall_op) {
-              const std::size_t n = elements<T>(route.padded);
+              const std::size_t n = elements<T>(buffers->whole_bytes(shape.size));
               T* whole = reinterpret_cast<T*>(buffers->whole());
               std::size_t offset = 0;
               if (buffers->in_place) {
                 call.work = squall_comm.ireduce_scatter(host_view<T>(whole, n), squall_op);
                 offset = squall_comm.block_offset(n) * sizeof(T);
               } else {
-                call.work = squall_comm.ireduce_scatter(
-                    host_view<const T>(whole, n),
-                    host_view<T>(reinterpret_cast<T*>(buffers->mine()), elements<T>(route.block)),
-                    squall_op);
+                call.work =
+                    squall_comm.ireduce_scatter(host_view<const T>(whole, n),
+                                                host_view<T>(reinterpret_cast<T*>(buffers->mine()),
+                                                             elements<T>(buffers->mine_bytes())),
+                                                squall_op);
               }
               call.finish = [buffers, offset] { buffers->finish(offset); };
             });
@@ -1693,8 +1725,8 @@ int ireduce_scatter_block_call(call_kind kind, const void* sendbuf, void* recvbu
         },
         [&](tiers& t, pending_call& call) {
           if (!t.shares) return false;  // on the whole communicator's MPI transport
-          auto buffers =
-              std::make_shared<scatter_buffers>(sendbuf, recvbuf, shape, rank, datatype, comm);
+          auto buffers = std::make_shared<scatter_buffers>(sendbuf, recvbuf, shape, rank, true,
+                                                           datatype, comm);
           call.finish = [buffers] { buffers->finish(0); };
           with_type(route.b, [&]<class T>(T) {
             with_op(op, [&](auto squall_op) {
@@ -1806,10 +1838,11 @@ int reduce_scatter_block_call(call_kind kind, const void* sendbuf, void* recvbuf
     tiers* const tiered = shares_tiers(state);
     int rank = 0;
     PMPI_Comm_rank(comm, &rank);
-    scatter_buffers buffers(sendbuf, recvbuf, shape, rank, datatype, comm);
+    scatter_buffers buffers(sendbuf, recvbuf, shape, rank, tiered != nullptr || !route.split,
+                            datatype, comm);
     with_type(route.b, [&]<class T>(T) {
       with_op(op, [&](auto squall_op) {
-        const std::size_t n = elements<T>(route.padded);
+        const std::size_t n = elements<T>(buffers.whole_bytes(shape.size));
         T* whole = reinterpret_cast<T*>(buffers.whole());
         T* mine = reinterpret_cast<T*>(buffers.mine());
         if (tiered != nullptr) {
@@ -1829,7 +1862,8 @@ int reduce_scatter_block_call(call_kind kind, const void* sendbuf, void* recvbuf
                 offset = squall_comm.block_offset(n) * sizeof(T);
               } else {
                 squall_comm.reduce_scatter(host_view<const T>(whole, n),
-                                           host_view<T>(mine, elements<T>(route.block)), squall_op);
+                                           host_view<T>(mine, elements<T>(buffers.mine_bytes())),
+                                           squall_op);
               }
               buffers.finish(offset);
             },
@@ -1939,38 +1973,51 @@ struct gathered_blocks {
   }
 };
 
-/// Whether an allgatherv of blocks `shape` at `displs` is one allgather in place: blocks alike,
-/// of whole 32-bit words, end to end from the buffer's start. Each rank's own answer (the
-/// displacements are its own); the route does not depend on it.
-template <class Displacement>
-bool one_allgather(const blocks& shape, const Displacement* displs, MPI_Datatype recvtype) {
-  if (!shape.alike() || bytes_of(shape.most, recvtype) % 4 != 0) return false;
-  for (int q = 0; q < shape.size; ++q) {
-    if (static_cast<count_type>(displs[q]) != shape.most * q) return false;
+/// An allgatherv's route, the same on every rank: squall takes alike blocks of whole 32-bit
+/// words at any size (as one allgather in place where this rank's displacements lay them end
+/// to end, else through `gathered_blocks`: the displacements are each rank's own, so another
+/// rank may gather in place), other blocks only where the packed copy is small (`packable`).
+struct gatherv_route {
+  std::uint64_t bytes = 0;   ///< all blocks'
+  bool whole_words = false;  ///< alike blocks of whole 32-bit words
+  bool packable = false;
+  template <class Displacement>
+  bool in_place(const blocks& shape, const Displacement* displs) const {
+    if (!whole_words) return false;
+    for (int q = 0; q < shape.size; ++q) {
+      if (static_cast<count_type>(displs[q]) != shape.most * q) return false;
+    }
+    return true;
   }
-  return true;
+};
+gatherv_route gatherv_route_of(const blocks& shape, MPI_Datatype recvtype) {
+  const std::uint64_t block = bytes_of(shape.most, recvtype);
+  gatherv_route r;
+  r.bytes = bytes_of(shape.total, recvtype);
+  r.whole_words = shape.alike() && block % 4 == 0;
+  r.packable = packable(r.bytes, (block + 3) / 4 * 4 * static_cast<std::uint64_t>(shape.size));
+  return r;
 }
 
 /// MPI_Allgatherv (`Count`: int or MPI_Count; `Displacement`: int or MPI_Aint). Its blocks
-/// (`blocks_of`: alike, or of different sizes padded) are the same on every rank (MPI requires
-/// every rank to give each block the signature its sender sends): squall gathers them, as
-/// `allgather_call` where they are one allgather in place, else through `gathered_blocks`.
+/// (`blocks_of`) are the same on every rank (MPI requires every rank to give each block the
+/// signature its sender sends), and so is its route (`gatherv_route`).
 template <class Count, class Displacement, class Fallback>
 int allgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
                     const Count* recvcounts, const Displacement* displs, MPI_Datatype recvtype,
                     MPI_Comm comm, Fallback fallback) {
-  const std::optional<blocks> shape = blocks_of(allgatherv, recvcounts, recvtype, comm);
+  const std::optional<blocks> shape = blocks_of(allgatherv, recvcounts, comm);
   if (!shape) return fallback();
-  if (one_allgather(*shape, displs, recvtype)) {
+  const gatherv_route route = gatherv_route_of(*shape, recvtype);
+  if (route.in_place(*shape, displs)) {
     return allgather_call(allgatherv, sendbuf, sendcount, sendtype, recvbuf, shape->most, recvtype,
                           comm, fallback);
   }
-  const std::uint64_t bytes = bytes_of(shape->total, recvtype);
-  if (!usable(allgatherv, comm, bytes)) {
-    note(allgatherv, false, bytes);
+  if (!usable(allgatherv, comm, route.bytes) || !(route.whole_words || route.packable)) {
+    note(allgatherv, false, route.bytes);
     return fallback();
   }
-  note(allgatherv, true, bytes);
+  note(allgatherv, true, route.bytes);
   int rank = 0;
   PMPI_Comm_rank(comm, &rank);
   return run_state(comm, [&](comm_state& state) {
@@ -1981,23 +2028,23 @@ int allgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype send
   });
 }
 
-/// MPI_Iallgatherv: as MPI_Iallgather where its blocks are one allgather in place, else through
-/// `gathered_blocks`, which the request holds (the counts and displacements are read here, at
-/// the start).
+/// MPI_Iallgatherv: as MPI_Allgatherv's route, started as MPI_Iallgather where in place, else
+/// through `gathered_blocks`, which the request holds (the counts and displacements are read
+/// here, at the start).
 template <class Count, class Displacement, class Fallback>
 int iallgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype,
                      void* recvbuf, const Count* recvcounts, const Displacement* displs,
                      MPI_Datatype recvtype, MPI_Comm comm, MPI_Request* request,
                      Fallback fallback) {
-  const std::optional<blocks> shape = blocks_of(iallgatherv, recvcounts, recvtype, comm);
+  const std::optional<blocks> shape = blocks_of(iallgatherv, recvcounts, comm);
   if (!shape) return fallback();
-  if (one_allgather(*shape, displs, recvtype)) {
+  const gatherv_route route = gatherv_route_of(*shape, recvtype);
+  if (route.in_place(*shape, displs)) {
     return iallgather_call(iallgatherv, sendbuf, sendcount, sendtype, recvbuf, shape->most,
                            recvtype, comm, request, fallback);
   }
-  const std::uint64_t bytes = bytes_of(shape->total, recvtype);
   bool started = false;
-  if (usable_nonblocking(iallgatherv, comm, bytes)) {
+  if (usable_nonblocking(iallgatherv, comm, route.bytes) && (route.whole_words || route.packable)) {
     int code = MPI_SUCCESS;
     int rank = 0;
     PMPI_Comm_rank(comm, &rank);
@@ -2005,16 +2052,14 @@ int iallgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype sen
       return std::make_shared<gathered_blocks>(sendbuf, sendcount, sendtype, recvbuf, *shape,
                                                displs, recvtype, rank, comm);
     };
-    const auto whole = [&](gathered_blocks& g) {
-      return host_view<std::int32_t>(g.whole.get(),
-                                     g.words * static_cast<std::size_t>(shape->size));
-    };
     started = start_pending(
         iallgatherv, comm, request, code,
         [&](auto& holder, pending_call& call) {
           auto g = gathered();
-          call.work = holder.comm->iallgather(host_view<const std::int32_t>(g->mine(), g->words),
-                                              whole(*g));
+          call.work = holder.comm->iallgather(
+              host_view<const std::int32_t>(g->mine(), g->words),
+              host_view<std::int32_t>(g->whole.get(),
+                                      g->words * static_cast<std::size_t>(shape->size)));
           call.finish = [g] { g->unpack(); };
         },
         [&](tiers& t, pending_call& call) {
@@ -2027,7 +2072,7 @@ int iallgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype sen
         });
     if (code != MPI_SUCCESS) return code;
   }
-  note(iallgatherv, started, bytes);
+  note(iallgatherv, started, route.bytes);
   return started ? MPI_SUCCESS : fallback();
 }
 
@@ -2036,7 +2081,7 @@ int iallgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype sen
 template <class Count, class Fallback>
 int reduce_scatter_call(const void* sendbuf, void* recvbuf, const Count* recvcounts,
                         MPI_Datatype datatype, MPI_Op op, MPI_Comm comm, Fallback fallback) {
-  const std::optional<blocks> shape = blocks_of(reduce_scatter, recvcounts, datatype, comm);
+  const std::optional<blocks> shape = blocks_of(reduce_scatter, recvcounts, comm);
   if (!shape) return fallback();
   return reduce_scatter_block_call(reduce_scatter, sendbuf, recvbuf, *shape, datatype, op, comm,
                                    fallback);
@@ -2048,7 +2093,7 @@ template <class Count, class Fallback>
 int ireduce_scatter_call(const void* sendbuf, void* recvbuf, const Count* recvcounts,
                          MPI_Datatype datatype, MPI_Op op, MPI_Comm comm, MPI_Request* request,
                          Fallback fallback) {
-  const std::optional<blocks> shape = blocks_of(ireduce_scatter, recvcounts, datatype, comm);
+  const std::optional<blocks> shape = blocks_of(ireduce_scatter, recvcounts, comm);
   if (!shape) return fallback();
   return ireduce_scatter_block_call(ireduce_scatter, sendbuf, recvbuf, *shape, datatype, op, comm,
                                     request, fallback);

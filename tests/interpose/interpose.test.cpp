@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>  // accumulate
 #include <string>
 #include <tuple>
 #include <utility>
@@ -550,18 +549,39 @@ TEST_CASE("allgatherv and reduce_scatter: alike and nearly alike blocks squall's
     });
     CHECK(std::vector<float>(in_place.begin(), in_place.begin() + n) == sums);
   }
-  // blocks of different sizes: squall moves them padded to the largest where that adds at most
-  // a quarter of the bytes (the remainder of n / P spread over the ranks), else MPI does
-  for (const bool spread : {true, false}) {
-    CAPTURE(spread);
-    std::vector<int> counts(p), displs(p);
+  // blocks of different sizes: a reduce-scatter's in squall's own split reduced where they lie;
+  // others through a copy padded to the largest block where it is small, else by MPI
+  const auto split_of = [&](std::size_t total) {
+    std::vector<int> counts(p);
     for (std::size_t q = 0; q < p; ++q) {
-      counts[q] = spread ? static_cast<int>(3001 - q % 3) : (q == 0 ? 20000 : 10);
-      displs[q] = q == 0 ? 0 : displs[q - 1] + counts[q - 1];
+      counts[q] = static_cast<int>(total / p + (q < total % p ? 1 : 0));
     }
+    return counts;
+  };
+  const auto near = [&](int most) {
+    std::vector<int> counts(p);
+    for (std::size_t q = 0; q < p; ++q) counts[q] = most - static_cast<int>(q % 3);
+    return counts;
+  };
+  std::vector<int> one_holds_most(p, 10);
+  one_holds_most[0] = 20000;
+  for (const auto& [name, counts] :
+       {std::pair{"split", split_of(3000 * p - 1)},
+        std::pair{"split, large", split_of(70001 * p - 1)}, std::pair{"near", near(3001)},
+        std::pair{"near, large", near(70001)}, std::pair{"one holds most", one_holds_most}}) {
+    const std::string shape = name;
+    CAPTURE(shape);
+    std::vector<int> displs(p);
+    for (std::size_t q = 1; q < p; ++q) displs[q] = displs[q - 1] + counts[q - 1];
     const bool alike = std::count(counts.begin(), counts.end(), counts[0]) == size;
-    const bool taken_v = spread || alike;  // one rank holding most: padding would cost P times
-    const std::size_t total = static_cast<std::size_t>(displs[p - 1] + counts[p - 1]);
+    const auto total = static_cast<std::size_t>(displs[p - 1] + counts[p - 1]);
+    // libsquall_mpi's rule (4-byte items here): a padded copy below 64 KiB adding at most a
+    // quarter of the bytes
+    const std::size_t padded =
+        static_cast<std::size_t>(*std::max_element(counts.begin(), counts.end())) * 4 * p;
+    const bool small_copy = padded < (std::size_t{64} << 10) && padded * 4 <= total * 4 * 5;
+    const bool taken_v = alike || small_copy;
+    const bool taken_rs = alike || counts == split_of(total) || small_copy;
     const int mine_count = counts[static_cast<std::size_t>(rank)];
     const std::vector<std::int32_t> mine =
         data_of<std::int32_t>(static_cast<std::size_t>(mine_count), rank, 5);
@@ -596,13 +616,13 @@ TEST_CASE("allgatherv and reduce_scatter: alike and nearly alike blocks squall's
     std::vector<float> sums(static_cast<std::size_t>(mine_count)), out(sums.size());
     PMPI_Reduce_scatter(input.data(), sums.data(), counts.data(), MPI_FLOAT, MPI_SUM,
                         MPI_COMM_WORLD);
-    expect_scatter_route(takes("reduce_scatter") && taken_v, MPI_COMM_WORLD, [&] {
+    expect_scatter_route(takes("reduce_scatter") && taken_rs, MPI_COMM_WORLD, [&] {
       return MPI_Reduce_scatter(input.data(), out.data(), counts.data(), MPI_FLOAT, MPI_SUM,
                                 MPI_COMM_WORLD);
     });
     CHECK(out == sums);
     std::vector<float> in_place = input;
-    expect_scatter_route(takes("reduce_scatter") && taken_v, MPI_COMM_WORLD, [&] {
+    expect_scatter_route(takes("reduce_scatter") && taken_rs, MPI_COMM_WORLD, [&] {
       return MPI_Reduce_scatter(MPI_IN_PLACE, in_place.data(), counts.data(), MPI_FLOAT, MPI_SUM,
                                 MPI_COMM_WORLD);
     });
@@ -611,7 +631,7 @@ TEST_CASE("allgatherv and reduce_scatter: alike and nearly alike blocks squall's
     std::vector<std::int32_t> maxima(static_cast<std::size_t>(mine_count)), got(maxima.size());
     PMPI_Reduce_scatter(values.data(), maxima.data(), counts.data(), MPI_INT, MPI_MAX,
                         MPI_COMM_WORLD);
-    expect_scatter_route(takes("reduce_scatter") && taken_v, MPI_COMM_WORLD, [&] {
+    expect_scatter_route(takes("reduce_scatter") && taken_rs, MPI_COMM_WORLD, [&] {
       return MPI_Reduce_scatter(values.data(), got.data(), counts.data(), MPI_INT, MPI_MAX,
                                 MPI_COMM_WORLD);
     });
@@ -850,27 +870,26 @@ TEST_CASE("iallgather(v), ireduce_scatter(_block), ibcast and ibarrier in flight
     PMPI_Allreduce(input.data(), summed_ref.data(), static_cast<int>(input.size()), MPI_FLOAT,
                    MPI_SUM, comm);
     const int n = static_cast<int>(block);
-    // blocks of different sizes (padded by squall): an ireduce_scatter, and an iallgatherv
-    // into blocks in reverse order with gaps
+    // an ireduce_scatter of blocks of different sizes in squall's split (the last rank's one
+    // element shorter), and an iallgatherv into blocks in reverse order with gaps
+    const std::size_t uneven_total = block * p - (p > 1 ? 1 : 0);
     std::vector<int> uneven(p), reversed(p);
-    for (std::size_t q = 0; q < p; ++q) uneven[q] = n - static_cast<int>(q % 3);
+    for (std::size_t q = 0; q < p; ++q) {
+      uneven[q] = static_cast<int>(uneven_total / p + (q < uneven_total % p ? 1 : 0));
+    }
     for (std::size_t q = 0, at = 0; q < p; ++q) {
       reversed[p - 1 - q] = static_cast<int>(at);
-      at += static_cast<std::size_t>(uneven[p - 1 - q]) + 2;
+      at += block + 2;
     }
     const int own_count = uneven[static_cast<std::size_t>(rank)];
-    const auto uneven_total =
-        static_cast<std::size_t>(std::accumulate(uneven.begin(), uneven.end(), 0));
     const std::vector<float> uneven_input = data_of<float>(uneven_total, rank, 10);
     std::vector<float> uneven_scattered(static_cast<std::size_t>(own_count));
     std::vector<float> uneven_scattered_ref(uneven_scattered.size());
     PMPI_Reduce_scatter(uneven_input.data(), uneven_scattered_ref.data(), uneven.data(), MPI_FLOAT,
                         MPI_SUM, comm);
-    const std::vector<std::int32_t> own_v =
-        data_of<std::int32_t>(static_cast<std::size_t>(own_count), rank, 11);
-    std::vector<std::int32_t> gathered_v(uneven_total + 2 * p, -7), gathered_v_ref(gathered_v);
-    PMPI_Allgatherv(own_v.data(), own_count, MPI_INT, gathered_v_ref.data(), uneven.data(),
-                    reversed.data(), MPI_INT, comm);
+    std::vector<std::int32_t> gathered_v((block + 2) * p, -7), gathered_v_ref(gathered_v);
+    PMPI_Allgatherv(mine.data(), n, MPI_INT, gathered_v_ref.data(), counts.data(), reversed.data(),
+                    MPI_INT, comm);
     std::vector<MPI_Request> requests(10, MPI_REQUEST_NULL);
     const auto [h0, p0] = routes();
     const unsigned long long tiered_before = squall_mpi_tiered_calls();
@@ -889,7 +908,7 @@ TEST_CASE("iallgather(v), ireduce_scatter(_block), ibcast and ibarrier in flight
                                 comm, &requests[6]) == MPI_SUCCESS);
     REQUIRE(MPI_Ireduce_scatter(uneven_input.data(), uneven_scattered.data(), uneven.data(),
                                 MPI_FLOAT, MPI_SUM, comm, &requests[7]) == MPI_SUCCESS);
-    REQUIRE(MPI_Iallgatherv(own_v.data(), own_count, MPI_INT, gathered_v.data(), uneven.data(),
+    REQUIRE(MPI_Iallgatherv(mine.data(), n, MPI_INT, gathered_v.data(), counts.data(),
                             reversed.data(), MPI_INT, comm, &requests[8]) == MPI_SUCCESS);
     REQUIRE(MPI_Ibarrier(comm, &requests[9]) == MPI_SUCCESS);
     const auto [h1, p1] = routes();
