@@ -1560,7 +1560,7 @@ blocks same_blocks(count_type count, MPI_Comm comm) {
 /// copy in and a copy out), above they read peers' memory straight into the result and the
 /// packed copy would add a copy of every byte (squall-mpi-bench measured the padded allgatherv
 /// at 0.36-0.52x of Open MPI's speed from 64 KiB at P = 2, and the padded reduce-scatter at
-/// 0.92-0.97x from 1 MiB: docs/performance.md; alike blocks displaced on some rank take that
+/// 0.92-1.03x from 1 MiB: docs/performance.md; alike blocks displaced on some rank take that
 /// copy at every size, `gatherv_route`); and where padding adds at most a quarter of the
 /// bytes (`padding_allowed` of `padding_of`: one rank holding most of the data would multiply
 /// them by up to P). Otherwise MPI takes the call.
