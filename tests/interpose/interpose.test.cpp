@@ -64,6 +64,8 @@ bool takes(const std::string& name) {
          text.find("," + name + ",") != std::string::npos;
 }
 
+bool takes_nonblocking(const std::string& name, MPI_Comm comm, std::size_t bytes);
+
 /// Runs `call` and checks that squall took it (`handled`) or MPI did.
 template <class F>
 void expect_route(bool handled, F&& call) {
@@ -221,6 +223,28 @@ TEST_CASE("the large-count forms (MPI 4) take the same routes") {
                                 MPI_COMM_WORLD);
   });
   CHECK(block == block_ref);
+  // blocks of different sizes in squall's split (the last rank's one shorter), and the
+  // non-blocking allgatherv of the reversed blocks
+  std::vector<MPI_Count> split(counts);
+  if (size > 1) split.back() -= 1;
+  PMPI_Reduce_scatter_c(gathered.data(), block_ref.data(), split.data(), MPI_DOUBLE, MPI_SUM,
+                        MPI_COMM_WORLD);
+  expect_scatter_route(takes("reduce_scatter"), MPI_COMM_WORLD, [&] {
+    return MPI_Reduce_scatter_c(gathered.data(), block.data(), split.data(), MPI_DOUBLE, MPI_SUM,
+                                MPI_COMM_WORLD);
+  });
+  const auto mine = static_cast<long>(split[static_cast<std::size_t>(rank)]);
+  CHECK(std::equal(block.begin(), block.begin() + mine, block_ref.begin()));
+  std::fill(gathered.begin(), gathered.end(), -1.0);
+  MPI_Request request = MPI_REQUEST_NULL;
+  expect_scatter_route(
+      takes_nonblocking("iallgatherv", MPI_COMM_WORLD, gathered.size() * sizeof(double)),
+      MPI_COMM_WORLD, [&] {
+        return MPI_Iallgatherv_c(input.data(), count, MPI_DOUBLE, gathered.data(), counts.data(),
+                                 reversed.data(), MPI_DOUBLE, MPI_COMM_WORLD, &request);
+      });
+  REQUIRE(MPI_Wait(&request, MPI_STATUS_IGNORE) == MPI_SUCCESS);
+  CHECK(gathered == gathered_ref);
   std::vector<double> data = rank == 0 ? input : std::vector<double>(input.size());
   const std::vector<double> expected = data_of<double>(static_cast<std::size_t>(count), 0, 4);
   expect_allreduce_route(
