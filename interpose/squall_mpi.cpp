@@ -1891,7 +1891,21 @@ void gather_words(comm_state& state, const std::int32_t* mine, std::int32_t* who
   }
 }
 
-/// MPI_Allgather, or an MPI_Allgatherv whose blocks are alike and lie end to end (`kind`).
+/// squall's allgather of `recvcount` items a rank on `state`'s communicator, in place in the
+/// receive buffer (packed around it where its datatype does not lie as its bytes).
+void gather_in_place(comm_state& state, const void* sendbuf, count_type sendcount,
+                     MPI_Datatype sendtype, void* recvbuf, count_type recvcount,
+                     MPI_Datatype recvtype, int rank, int size, MPI_Comm comm) {
+  const std::uint64_t block = bytes_of(recvcount, recvtype);
+  staged out(recvbuf, recvcount * size, recvtype, comm);
+  const std::size_t words = static_cast<std::size_t>(block / 4);
+  auto* whole = reinterpret_cast<std::int32_t*>(out.bytes());
+  const std::int32_t* mine = own_block(out, sendbuf, sendcount, sendtype, block, rank, comm);
+  gather_words(state, mine, whole, words, size);
+  out.unpack();
+}
+
+/// MPI_Allgather (`kind`), or its large-count form.
 template <class Fallback>
 int allgather_call(call_kind kind, const void* sendbuf, count_type sendcount, MPI_Datatype sendtype,
                    void* recvbuf, count_type recvcount, MPI_Datatype recvtype, MPI_Comm comm,
@@ -1909,12 +1923,8 @@ int allgather_call(call_kind kind, const void* sendbuf, count_type sendcount, MP
   }
   note(kind, true, bytes);
   return run_state(comm, [&](comm_state& state) {
-    staged out(recvbuf, recvcount * size, recvtype, comm);
-    const std::size_t words = static_cast<std::size_t>(block / 4);
-    auto* whole = reinterpret_cast<std::int32_t*>(out.bytes());
-    const std::int32_t* mine = own_block(out, sendbuf, sendcount, sendtype, block, rank, comm);
-    gather_words(state, mine, whole, words, size);
-    out.unpack();
+    gather_in_place(state, sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, rank, size,
+                    comm);
   });
 }
 
@@ -1973,17 +1983,96 @@ struct gathered_blocks {
   }
 };
 
-/// An allgatherv's route, the same on every rank: squall takes alike blocks of whole 32-bit
-/// words at any size (as one allgather in place where this rank's displacements lay them end
-/// to end, else through `gathered_blocks`: the displacements are each rank's own, so another
-/// rank may gather in place), other blocks only where the packed copy is small (`packable`).
+/// An allgatherv's blocks where squall's allgatherv (`communicator::allgatherv`: on one host
+/// each rank reads every peer's block straight into its place) puts them, as 32-bit words:
+/// into the receive buffer at this rank's displacements where its datatype lies as its bytes
+/// and every place is 4-byte aligned, else into a packed copy (blocks end to end) unpacked
+/// afterwards. `mine` is this rank's block.
+struct placed_blocks {
+  std::vector<std::size_t> words;
+  std::vector<std::int32_t*> into;
+  std::vector<std::pair<std::byte*, count_type>> places;  ///< block q's address and items
+  std::unique_ptr<std::int32_t[]> packed;
+  std::optional<staged> own;
+  const std::int32_t* mine = nullptr;
+  int rank = 0;
+  bool in_place = false;
+  MPI_Datatype type;
+  MPI_Comm comm;
+
+  template <class Displacement>
+  placed_blocks(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
+                const blocks& shape, const Displacement* displs, MPI_Datatype recvtype, int rank_,
+                MPI_Comm comm_)
+      : rank(rank_), in_place(sendbuf == MPI_IN_PLACE), type(recvtype), comm(comm_) {
+    MPI_Count lb = 0, extent = 0;
+    PMPI_Type_get_extent_x(recvtype, &lb, &extent);
+    const auto p = static_cast<std::size_t>(shape.size);
+    const auto me = static_cast<std::size_t>(rank);
+    bool direct = layout_of(1, recvtype).contiguous;
+    std::size_t total = 0;
+    for (int q = 0; q < shape.size; ++q) {
+      std::byte* at = static_cast<std::byte*>(recvbuf) + static_cast<MPI_Count>(displs[q]) * extent;
+      places.emplace_back(at, shape.count(q));
+      words.push_back(static_cast<std::size_t>(bytes_of(shape.count(q), recvtype) / 4));
+      total += words.back();
+      direct = direct && reinterpret_cast<std::uintptr_t>(at) % alignof(std::int32_t) == 0;
+    }
+    into.resize(p);
+    if (direct) {
+      for (std::size_t q = 0; q < p; ++q)
+        into[q] = reinterpret_cast<std::int32_t*>(places[q].first);
+    } else {
+      packed = std::make_unique_for_overwrite<std::int32_t[]>(total);
+      for (std::size_t q = 0, at = 0; q < p; at += words[q], ++q) into[q] = packed.get() + at;
+    }
+    if (in_place) {  // this rank's block is in the receive buffer
+      if (!direct) {
+        staged block(places[me].first, places[me].second, recvtype, comm);
+        block.pack();
+        squall::kernels::copy_bytes(into[me], block.bytes(), block.size());
+      }
+      mine = into[me];
+      return;
+    }
+    own.emplace(const_cast<void*>(sendbuf), sendcount, sendtype, comm);
+    if (own->size() != words[me] * 4) {
+      throw squall::mismatch_error({.operation = "squall_mpi allgatherv"},
+                                   "the send and receive signatures differ in size");
+    }
+    own->pack();
+    mine = reinterpret_cast<const std::int32_t*>(own->bytes());
+    if (reinterpret_cast<std::uintptr_t>(mine) % alignof(std::int32_t) != 0) {
+      squall::kernels::copy_bytes(into[me], own->bytes(), own->size());
+      mine = into[me];
+    }
+  }
+  void unpack() {
+    if (!packed) return;
+    for (std::size_t q = 0; q < places.size(); ++q) {
+      if (in_place && q == static_cast<std::size_t>(rank)) continue;  // where it was
+      staged out(places[q].first, places[q].second, type, comm);
+      squall::kernels::copy_bytes(out.bytes(), into[q], out.size());
+      out.unpack();
+    }
+  }
+};
+
+/// An allgatherv's route, the same on every rank: squall takes blocks of whole 32-bit words at
+/// any size (as one allgather in place where they are alike and this rank's displacements lay
+/// them end to end, else through squall's allgatherv, `placed_blocks`: the displacements are
+/// each rank's own, so another rank may gather in place), other blocks only where the packed
+/// copy is small (`packable`). Across hosts, where blocks of different sizes travel padded to
+/// the largest, only where padding adds at most a quarter of the bytes (decided where the
+/// communicator's state is known, alike on every rank).
 struct gatherv_route {
   std::uint64_t bytes = 0;   ///< all blocks'
-  bool whole_words = false;  ///< alike blocks of whole 32-bit words
+  bool whole_words = false;  ///< every block of whole 32-bit words
   bool packable = false;
+  bool padding_cheap = false;  ///< blocks padded to the largest add at most a quarter
   template <class Displacement>
   bool in_place(const blocks& shape, const Displacement* displs) const {
-    if (!whole_words) return false;
+    if (!whole_words || !shape.alike()) return false;
     for (int q = 0; q < shape.size; ++q) {
       if (static_cast<count_type>(displs[q]) != shape.most * q) return false;
     }
@@ -1992,10 +2081,16 @@ struct gatherv_route {
 };
 gatherv_route gatherv_route_of(const blocks& shape, MPI_Datatype recvtype) {
   const std::uint64_t block = bytes_of(shape.most, recvtype);
+  const std::uint64_t item = bytes_of(1, recvtype);
   gatherv_route r;
   r.bytes = bytes_of(shape.total, recvtype);
-  r.whole_words = shape.alike() && block % 4 == 0;
-  r.packable = packable(r.bytes, (block + 3) / 4 * 4 * static_cast<std::uint64_t>(shape.size));
+  r.whole_words = true;
+  for (int q = 0; q < shape.size; ++q) {
+    r.whole_words = r.whole_words && static_cast<std::uint64_t>(shape.count(q)) * item % 4 == 0;
+  }
+  const std::uint64_t padded = (block + 3) / 4 * 4 * static_cast<std::uint64_t>(shape.size);
+  r.packable = packable(r.bytes, padded);
+  r.padding_cheap = padded * padding_of <= r.bytes * padding_allowed;
   return r;
 }
 
@@ -2009,28 +2104,50 @@ int allgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype send
   const std::optional<blocks> shape = blocks_of(allgatherv, recvcounts, comm);
   if (!shape) return fallback();
   const gatherv_route route = gatherv_route_of(*shape, recvtype);
-  if (route.in_place(*shape, displs)) {
-    return allgather_call(allgatherv, sendbuf, sendcount, sendtype, recvbuf, shape->most, recvtype,
-                          comm, fallback);
-  }
   if (!usable(allgatherv, comm, route.bytes) || !(route.whole_words || route.packable)) {
     note(allgatherv, false, route.bytes);
     return fallback();
   }
-  note(allgatherv, true, route.bytes);
   int rank = 0;
   PMPI_Comm_rank(comm, &rank);
-  return run_state(comm, [&](comm_state& state) {
-    gathered_blocks gathered(sendbuf, sendcount, sendtype, recvbuf, *shape, displs, recvtype, rank,
-                             comm);
-    gather_words(state, gathered.mine(), gathered.whole.get(), gathered.words, shape->size);
-    gathered.unpack();
+  bool handled = false;
+  const int code = run_state(comm, [&](comm_state& state) {
+    tiers* const tiered = shares_tiers(state);
+    const bool padded = tiered != nullptr || !state.one_host || !route.whole_words;
+    if (padded && !shape->alike() && !route.padding_cheap) return;  // MPI's
+    handled = true;
+    if (tiered != nullptr && route.in_place(*shape, displs)) {  // the tiers' allgather, in place
+      gather_in_place(state, sendbuf, sendcount, sendtype, recvbuf, shape->most, recvtype, rank,
+                      shape->size, comm);
+      return;
+    }
+    if (tiered != nullptr || !route.whole_words) {
+      gathered_blocks gathered(sendbuf, sendcount, sendtype, recvbuf, *shape, displs, recvtype,
+                               rank, comm);
+      gather_words(state, gathered.mine(), gathered.whole.get(), gathered.words, shape->size);
+      gathered.unpack();
+      return;
+    }
+    placed_blocks placed(sendbuf, sendcount, sendtype, recvbuf, *shape, displs, recvtype, rank,
+                         comm);
+    std::visit(
+        [&](auto& holder) {
+          holder.comm->allgatherv(host_view<const std::int32_t>(
+                                      placed.mine, placed.words[static_cast<std::size_t>(rank)]),
+                                  std::span<const std::size_t>(placed.words),
+                                  std::span<std::int32_t* const>(placed.into));
+        },
+        state.impl);
+    placed.unpack();
   });
+  note(allgatherv, handled, route.bytes);
+  return handled || code != MPI_SUCCESS ? code : fallback();
 }
 
-/// MPI_Iallgatherv: as MPI_Allgatherv's route, started as MPI_Iallgather where in place, else
-/// through `gathered_blocks`, which the request holds (the counts and displacements are read
-/// here, at the start).
+/// MPI_Iallgatherv: started as MPI_Iallgather where in place, else through `gathered_blocks`,
+/// which the request holds (the counts and displacements are read here, at the start): alike
+/// blocks of whole words at any size (another rank may gather in place), others where the
+/// packed copy is small.
 template <class Count, class Displacement, class Fallback>
 int iallgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype,
                      void* recvbuf, const Count* recvcounts, const Displacement* displs,
@@ -2044,7 +2161,8 @@ int iallgatherv_call(const void* sendbuf, count_type sendcount, MPI_Datatype sen
                            recvtype, comm, request, fallback);
   }
   bool started = false;
-  if (usable_nonblocking(iallgatherv, comm, route.bytes) && (route.whole_words || route.packable)) {
+  if (usable_nonblocking(iallgatherv, comm, route.bytes) &&
+      ((shape->alike() && route.whole_words) || route.packable)) {
     int code = MPI_SUCCESS;
     int rank = 0;
     PMPI_Comm_rank(comm, &rank);

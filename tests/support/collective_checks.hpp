@@ -162,6 +162,41 @@ void check_allgather(Comm& comm, std::size_t count, findings& f) {
           });
 }
 
+/// allgatherv of `base + 3q` doubles from rank q (rank 0's empty where `base` is 0), each
+/// rank placing the blocks in reverse rank order with a gap of 5 after each (the gaps must stay
+/// untouched); out of place, then in place (this rank's block already in its place).
+template <class Comm>
+void check_allgatherv(Comm& comm, std::size_t base, findings& f) {
+  const auto p = static_cast<std::size_t>(comm.size());
+  const auto r = static_cast<std::size_t>(comm.rank());
+  constexpr std::size_t gap = 5;
+  std::vector<std::size_t> counts(p), at(p);
+  std::size_t end = 0;
+  for (std::size_t k = p; k-- > 0;) {
+    counts[k] = base + 3 * k;
+    at[k] = end;
+    end += counts[k] + gap;
+  }
+  const std::vector<double> mine = exact_input<double>(comm.rank(), counts[r]);
+  for (const bool in_place : {false, true}) {
+    const std::string what =
+        where(comm, in_place ? "allgatherv in place" : "allgatherv", base) + ", block of rank ";
+    std::vector<double> out(end, -1.0);
+    std::vector<double*> into(p);
+    for (std::size_t q = 0; q < p; ++q) into[q] = out.data() + at[q];
+    if (in_place) std::copy(mine.begin(), mine.end(), into[r]);
+    const double* in = in_place ? into[r] : mine.data();
+    comm.allgatherv(view_of<Comm>(in, counts[r]), std::span<const std::size_t>(counts),
+                    std::span<double* const>(into));
+    for (std::size_t q = 0; q < p; ++q) {
+      compare(f, what + std::to_string(q), into[q], counts[q], 0,
+              [q](std::size_t i) { return exact_value<double>(static_cast<int>(q), i); });
+      compare(f, what + std::to_string(q) + ": the gap after it", into[q] + counts[q], gap, 0,
+              [](std::size_t) { return -1.0; });
+    }
+  }
+}
+
 /// broadcast of `count` bfloat16 from every root; the other ranks' buffers hold other values.
 template <class Comm>
 void check_broadcast(Comm& comm, std::size_t count, findings& f) {
@@ -281,6 +316,9 @@ void check_dense_collectives(Comm& comm, findings& f,
     check_reduce_scatter(comm, count, f);
     check_allgather(comm, count, f);
     check_broadcast(comm, count, f);
+  }
+  for (const std::size_t base : {std::size_t{0}, std::size_t{1009}, std::size_t{16385}}) {
+    check_allgatherv(comm, base, f);  // 16385 doubles a rank: above peer_memory_bytes
   }
   check_allreduce<double, avg_op>(comm, 777, false, f);
   check_allreduce<std::int64_t, min_op>(comm, 777, true, f);

@@ -302,6 +302,16 @@ TEST_SUITE("collectives") {
                       squall::invalid_argument);
       CHECK_THROWS_AS(comm.allreduce(in(a.data(), 5), view(a.data() + 2, 5)),
                       squall::invalid_argument);
+      // allgatherv: counts or places not one per rank, or this rank's block of another size
+      const std::vector<std::size_t> three = {1, 2, 3}, two = {4, 5};
+      const std::vector<float*> places = {b.data(), b.data() + 4};
+      CHECK_THROWS_WITH_AS(comm.allgatherv(in(a.data(), 4), std::span<const std::size_t>(three),
+                                           std::span<float* const>(places)),
+                           doctest::Contains("must hold one entry per rank (2)"),
+                           squall::invalid_argument);
+      CHECK_THROWS_AS(comm.allgatherv(in(a.data(), 3), std::span<const std::size_t>(two),
+                                      std::span<float* const>(places)),
+                      squall::invalid_argument);
       comm.barrier();
     });
   }

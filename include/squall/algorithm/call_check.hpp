@@ -29,7 +29,8 @@ enum class collective : std::uint8_t {
   allgather,
   reduce_scatter,
   broadcast,
-  barrier
+  barrier,
+  allgatherv
 };
 
 constexpr std::string_view to_string(collective c) noexcept {
@@ -44,6 +45,8 @@ constexpr std::string_view to_string(collective c) noexcept {
       return "broadcast";
     case collective::barrier:
       return "barrier";
+    case collective::allgatherv:
+      return "allgatherv";
   }
   return "?";
 }

@@ -32,11 +32,12 @@
 #include <squall/topology/tree.hpp>
 #include <squall/tuning/tuning.hpp>
 
-#include <algorithm>  // min
+#include <algorithm>  // max, min
 #include <cstddef>    // byte, size_t
 #include <cstdint>
 #include <memory>  // unique_ptr
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>  // move
@@ -84,6 +85,17 @@ inline void require_count(std::string_view operation, std::string_view what, std
     throw invalid_argument({.operation = operation}, std::string(what) + " has " +
                                                          std::to_string(got) + " elements where " +
                                                          std::to_string(want) + " are needed");
+  }
+}
+
+/// Throws `invalid_argument` unless an allgatherv's `counts` and `into` hold one entry for
+/// each of the `size` ranks.
+inline void require_per_rank(std::size_t counts, std::size_t into, int rank, int size) {
+  if (counts != static_cast<std::size_t>(size) || into != static_cast<std::size_t>(size)) {
+    throw invalid_argument({.operation = "allgatherv", .rank = rank},
+                           "counts (" + std::to_string(counts) + ") and into (" +
+                               std::to_string(into) + ") must hold one entry per rank (" +
+                               std::to_string(size) + ")");
   }
 }
 
@@ -250,6 +262,57 @@ class dense_core {
     }
     if (in.data() != mine) place(in, view<T>(mine, count));
     run(s, out.data(), out.count(), make_reducer<T, sum_op>(backend_));
+  }
+
+  template <element T>
+  void allgatherv(view<const T> in, std::span<const std::size_t> counts, std::span<T* const> into) {
+    const auto p = static_cast<std::size_t>(size());
+    const auto me = static_cast<std::size_t>(rank());
+    require_per_rank(counts.size(), into.size(), rank(), size());
+    require_count("allgatherv", "in", in.count(), counts[me]);
+    std::size_t total = 0, most = 0;
+    for (const std::size_t c : counts) {
+      total += c;
+      most = std::max(most, c);
+    }
+    // Where an allgather of the largest block copies through the windows, or no peer memory
+    // serves, it runs as that allgather (the same call on every rank, whatever its places);
+    // else every rank reads each peer's block into its place.
+    const schedule s = gather_schedule(total * sizeof(T));
+    bool windows = false;
+    if constexpr (direct_transport<Transport>) {
+      windows = s.one_shot && copies_through_windows(most * sizeof(T), most * p * sizeof(T), true);
+    }
+    if constexpr (peer_memory_transport<Transport>) {
+      if (!windows && s.one_shot && uses_peer_memory(total * sizeof(T))) {
+        begin_call(collective::allgatherv, dtype_of<T>, "", total);
+        settle();
+        std::vector<std::size_t> bytes(p);
+        std::vector<std::byte*> places(p);
+        for (std::size_t q = 0; q < p; ++q) {
+          bytes[q] = counts[q] * sizeof(T);
+          places[q] = reinterpret_cast<std::byte*>(into[q]);
+        }
+        executor().allgatherv_peer_memory(reinterpret_cast<const std::byte*>(in.data()), bytes,
+                                          places, total * sizeof(T));
+        return;
+      }
+    }
+    bool end_to_end = true;  // blocks alike, in rank order from into[0]: one allgather there
+    for (std::size_t q = 0; q < p; ++q)
+      end_to_end = end_to_end && counts[q] == most && into[q] == into[0] + q * most;
+    if (end_to_end) {
+      allgather(in, view<T>(into[0], most * p));
+      return;
+    }
+    // every block padded to the largest in scratch, gathered, and copied to its place
+    T* const padded = reinterpret_cast<T*>(work_.reserve(backend_, most * p * sizeof(T)));
+    place(in, view<T>(padded + me * most, counts[me]));
+    allgather(view<const T>(padded + me * most, most), view<T>(padded, most * p));
+    for (std::size_t q = 0; q < p; ++q) {
+      if (q == me && into[q] == in.data()) continue;  // this rank's block lies there already
+      place(view<const T>(padded + q * most, counts[q]), view<T>(into[q], counts[q]));
+    }
   }
 
   template <element T>
@@ -702,6 +765,26 @@ requires(!std::same_as<typename Backend::memory_space,
     stage(mine, in);
     host_core::allgather(host_view<const T>(mine), h);
     stage(out, host_view<const T>(h));
+  }
+
+  template <element T>
+  void allgatherv(view<const T> in, std::span<const std::size_t> counts, std::span<T* const> into) {
+    const auto p = static_cast<std::size_t>(this->size());
+    const auto me = static_cast<std::size_t>(this->rank());
+    require_per_rank(counts.size(), into.size(), this->rank(), this->size());
+    require_count("allgatherv", "in", in.count(), counts[me]);
+    std::vector<T*> places(p);
+    std::size_t total = 0;
+    for (const std::size_t c : counts) total += c;
+    const host_view<T> h = staging<T>(total);
+    for (std::size_t q = 0, at = 0; q < p; at += counts[q], ++q) places[q] = h.data() + at;
+    const host_view<T> mine(places[me], counts[me]);
+    stage(mine, in);
+    host_core::allgatherv(host_view<const T>(mine), counts, std::span<T* const>(places));
+    for (std::size_t q = 0; q < p; ++q) {
+      if (q == me && into[q] == in.data()) continue;  // this rank's block lies there already
+      stage(view<T>(into[q], counts[q]), host_view<const T>(places[q], counts[q]));
+    }
   }
 
   template <element T>

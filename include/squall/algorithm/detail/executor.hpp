@@ -15,7 +15,7 @@
 #include <squall/topology/schedule.hpp>
 #include <squall/tuning/tuning.hpp>
 
-#include <algorithm>  // min
+#include <algorithm>  // max_element, min
 #include <array>
 #include <cstddef>  // byte, size_t
 #include <cstdint>  // uint64_t
@@ -398,6 +398,32 @@ class executor {
     wire_.barrier();
   }
 
+  /// Allgather of blocks of different sizes through the peers' own memory, by reads: every
+  /// rank shows its block `in` (`bytes[rank]` long); each reads every peer q's `bytes[q]`
+  /// into `into[q]`, a place of its own choosing, and copies its own there unless it lies
+  /// there already; a barrier ends it, so no block changes while a peer reads it. `total`
+  /// (the blocks' sum, alike on every rank) is what the ranks check they all run.
+  void allgatherv_peer_memory(const std::byte* in, std::span<const std::size_t> bytes,
+                              std::span<std::byte* const> into,
+                              std::size_t total) requires peer_memory_transport<Transport> {
+    const int size = transport_.size();
+    const int me = transport_.rank();
+    const auto mine = static_cast<std::size_t>(me);
+    // a peer's block is mapped (registered memory) as the largest block's extent from its
+    // start, else read by cross-memory copy
+    share_buffers(shared::allgatherv, total, in, nullptr,
+                  std::max<std::size_t>(1, *std::max_element(bytes.begin(), bytes.end())));
+    wire_.count(static_cast<std::uint64_t>(size - 1) * bytes[mine], 0);  // the peers' reads
+    const bool stream = streams(total);
+    for (int k = 1; k < size; ++k) {
+      const int q = wrap(me + k, size);
+      const auto i = static_cast<std::size_t>(q);
+      if (bytes[i] != 0) read_into(q, 0, into[i], bytes[i], stream);
+    }
+    if (into[mine] != in && bytes[mine] != 0) kernels::copy_bytes(into[mine], in, bytes[mine]);
+    wire_.barrier();
+  }
+
   /// Broadcast through the root's own memory: every other rank reads the root's `bytes`
   /// at once; a barrier ends it, so the root's buffer stays unchanged until all have read.
   void broadcast_peer_memory(std::byte* data, std::size_t bytes,
@@ -418,7 +444,13 @@ class executor {
 
  private:
   // What a peer-memory collective tells the peers it runs (`share_buffers`).
-  enum shared : std::uint64_t { allreduce = 1, reduce_scatter = 2, allgather = 3, broadcast = 4 };
+  enum shared : std::uint64_t {
+    allreduce = 1,
+    reduce_scatter = 2,
+    allgather = 3,
+    broadcast = 4,
+    allgatherv = 5
+  };
   // kind, bytes, two addresses, their registrations (issue 22; 0: not registered)
   static constexpr std::size_t shared_words = 6;
 
@@ -516,8 +548,8 @@ class executor {
     wire_.write_peer(q, buffer_of(q, i) + at, {from, n});
   }
   static std::string describe_shared(std::uint64_t kind, std::uint64_t bytes) {
-    static constexpr std::array<const char*, 5> names = {"?", "allreduce", "reduce_scatter",
-                                                         "allgather", "broadcast"};
+    static constexpr std::array<const char*, 6> names = {"?",         "allreduce", "reduce_scatter",
+                                                         "allgather", "broadcast", "allgatherv"};
     std::string text = names[(kind & 0xff) < names.size() ? (kind & 0xff) : 0];
     if ((kind & 0xff) == shared::broadcast) text += " from root " + std::to_string(kind >> 8);
     return text + " of " + std::to_string(bytes) + " bytes";
