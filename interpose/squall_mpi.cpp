@@ -1553,15 +1553,14 @@ blocks same_blocks(count_type count, MPI_Comm comm) {
   return {.counts = {}, .most = count, .total = count * size, .size = size};
 }
 
-/// Blocks squall cannot move where they lie (of different sizes, except a reduce-scatter's in
+/// Blocks squall cannot move where they lie (a reduce-scatter's of different sizes, except in
 /// squall's own split; an allgatherv's of bytes no multiple of 4) go through a packed copy,
 /// every block padded to the largest, only where that copy is small: below
 /// `packed_copy_bytes` squall's collectives copy through the shared-memory windows anyway (a
 /// copy in and a copy out), above they read peers' memory straight into the result and the
 /// packed copy would add a copy of every byte (squall-mpi-bench measured the padded allgatherv
 /// at 0.36-0.52x of Open MPI's speed from 64 KiB at P = 2, and the padded reduce-scatter at
-/// 0.92-1.03x from 1 MiB: docs/performance.md; alike blocks displaced on some rank take that
-/// copy at every size, `gatherv_route`); and where padding adds at most a quarter of the
+/// 0.92-1.03x from 1 MiB: docs/performance.md); and where padding adds at most a quarter of the
 /// bytes (`padding_allowed` of `padding_of`: one rank holding most of the data would multiply
 /// them by up to P). Otherwise MPI takes the call.
 constexpr std::uint64_t packed_copy_bytes = squall::collective_tuning{}.peer_memory_bytes;

@@ -32,7 +32,7 @@
 #include <squall/topology/tree.hpp>
 #include <squall/tuning/tuning.hpp>
 
-#include <algorithm>  // max, min
+#include <algorithm>  // all_of, max, min
 #include <cstddef>    // byte, size_t
 #include <cstdint>
 #include <memory>  // unique_ptr
@@ -275,16 +275,20 @@ class dense_core {
       total += c;
       most = std::max(most, c);
     }
-    // Where an allgather of the largest block copies through the windows, or no peer memory
-    // serves, it runs as that allgather (the same call on every rank, whatever its places);
-    // else every rank reads each peer's block into its place.
+    // Alike blocks where their allgather copies through the windows, and any blocks where no
+    // peer memory serves (below `peer_memory_bytes` padded to the largest, or no such
+    // transport), run as an allgather of the largest block (the same call on every rank,
+    // whatever its places); else every rank reads each peer's block into its place.
+    const bool alike =
+        std::all_of(counts.begin(), counts.end(), [most](std::size_t c) { return c == most; });
     const schedule s = gather_schedule(total * sizeof(T));
     bool windows = false;
     if constexpr (direct_transport<Transport>) {
-      windows = s.one_shot && copies_through_windows(most * sizeof(T), most * p * sizeof(T), true);
+      windows = alike && s.one_shot &&
+                copies_through_windows(most * sizeof(T), most * p * sizeof(T), true);
     }
     if constexpr (peer_memory_transport<Transport>) {
-      if (!windows && s.one_shot && uses_peer_memory(total * sizeof(T))) {
+      if (!windows && s.one_shot && uses_peer_memory(most * p * sizeof(T))) {
         begin_call(collective::allgatherv, dtype_of<T>, "", total);
         settle();
         std::vector<std::size_t> bytes(p);
