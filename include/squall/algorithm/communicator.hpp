@@ -265,12 +265,14 @@ class communicator {
   /// Blocks of different sizes, each where this rank chooses: rank q's `in` (`counts[q]`
   /// elements) lands at `into[q]` on every rank, this rank's own too unless `into[rank()]` is
   /// `in.data()`. `counts` must be the same on every rank (the mismatch check compares their
-  /// sum); `into` is each rank's own, blocks not overlapping each other or `in`. Through the
-  /// peers' own memory where the transport has it and the blocks add up to
-  /// `peer_memory_bytes` (each rank reads every peer's block into its place: nothing padded,
-  /// nothing copied twice); otherwise an allgather of blocks padded to the largest, through
-  /// scratch, then copied to their places. Throws `invalid_argument` if `counts` or `into`
-  /// does not hold one entry per rank or `in.count()` is not `counts[rank()]`.
+  /// sum, or the largest where the call runs as an allgather); `into` is each rank's own,
+  /// blocks not overlapping each other or `in`. Through the peers' own memory where the
+  /// transport has it and the blocks padded to the largest reach `peer_memory_bytes` (each
+  /// rank reads every peer's block into its place: nothing padded, nothing copied twice),
+  /// except alike blocks whose allgather copies through the windows; otherwise an allgather of
+  /// the largest block (in place where this rank's places lie end to end in rank order, else
+  /// padded through scratch and copied to the places). Throws `invalid_argument` if `counts`
+  /// or `into` does not hold one entry per rank or `in.count()` is not `counts[rank()]`.
   template <element T>
   void allgatherv(view<const T> in, std::span<const std::size_t> counts, std::span<T* const> into) {
     ordered([&] { dense_.allgatherv(in, counts, into); });
