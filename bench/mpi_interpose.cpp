@@ -39,12 +39,6 @@
 
 namespace {
 
-int rank_of_world() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-
 std::size_t parse_bytes(const char* text) {
   char* end = nullptr;
   const unsigned long long value = std::strtoull(text, &end, 10);
@@ -64,7 +58,7 @@ std::size_t parse_bytes(const char* text) {
 /// One collective on `count` floats of result, through MPI_* (interposed) or PMPI_*. A
 /// broadcast sends `out` of rank 0.
 int run_op(const std::string& op, const std::vector<float>& in, std::vector<float>& out, int count,
-           bool mpi, int size, const std::string& blocks) {
+           bool mpi, int rank, int size, const std::string& blocks) {
   const int block = count / size;
   MPI_Request request = MPI_REQUEST_NULL;
   const auto wait = [&](int code) {  // the non-blocking forms: started and waited for at once
@@ -79,7 +73,7 @@ int run_op(const std::string& op, const std::vector<float>& in, std::vector<floa
       const std::size_t place = blocks == "reversed" ? displs.size() - 1 - q : q;
       displs[q] = static_cast<int>(place) * block;
     }
-    const int mine = counts[static_cast<std::size_t>(rank_of_world())];
+    const int mine = counts[static_cast<std::size_t>(rank)];
     if (op == "iallgatherv") {
       return wait(mpi ? PMPI_Iallgatherv(in.data(), mine, MPI_FLOAT, out.data(), counts.data(),
                                          displs.data(), MPI_FLOAT, world, &request)
@@ -261,8 +255,8 @@ int main(int argc, char** argv) {
       std::copy(in.begin(), in.end(), reference.begin());
       std::copy(in.begin(), in.end(), out.begin());
     }
-    run_op(op, in, reference, count, true, size, blocks);
-    run_op(op, in, out, count, false, size, blocks);
+    run_op(op, in, reference, count, true, rank, size, blocks);
+    run_op(op, in, out, count, false, rank, size, blocks);
     long wrong = 0;
     for (std::size_t i = 0; i < out.size(); ++i) wrong += out[i] != reference[i] ? 1 : 0;
     const int iterations =
@@ -274,19 +268,19 @@ int main(int argc, char** argv) {
         double seconds = 0;
         if (cold == 0) {
           for (int i = 0; i < warmup; ++i) {
-            run_op(op, in, target, count, which == 0, size, blocks);
+            run_op(op, in, target, count, which == 0, rank, size, blocks);
           }
           PMPI_Barrier(MPI_COMM_WORLD);
           const double start = MPI_Wtime();
           for (int i = 0; i < iterations; ++i)
-            run_op(op, in, target, count, which == 0, size, blocks);
+            run_op(op, in, target, count, which == 0, rank, size, blocks);
           seconds = (MPI_Wtime() - start) / iterations;
         } else {
           for (int i = 0; i < iterations; ++i) {
             std::memset(junk.data(), (r + i) & 0xff, junk.size());
             PMPI_Barrier(MPI_COMM_WORLD);
             const double start = MPI_Wtime();
-            run_op(op, in, target, count, which == 0, size, blocks);
+            run_op(op, in, target, count, which == 0, rank, size, blocks);
             seconds += MPI_Wtime() - start;
           }
           seconds /= iterations;

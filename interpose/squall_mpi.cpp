@@ -666,8 +666,13 @@ library& lib() {
 // so that its own MPI calls are never intercepted.
 __attribute__((tls_model("initial-exec"))) thread_local bool inside = false;
 
+/// Whether this call is squall's own: made while squall runs a call on this thread (`inside`)
+/// or on one of squall's progress threads (its MPI transport's barriers across hosts call
+/// MPI_Ibarrier there).
+bool own_call() { return inside || squall::detail::on_progress_thread; }
+
 void note(call_kind kind, bool handled, std::uint64_t bytes) {
-  if (inside) return;  // squall's own calls are not the program's
+  if (own_call()) return;  // squall's own calls are not the program's
   // A relaxed load and store, not a locked add: the fall-through path stays a few ns; threads
   // calling at once (MPI_THREAD_MULTIPLE) may lose a count, never corrupt one.
   const auto add = [](std::atomic<unsigned long long>& n, std::uint64_t v) {
@@ -705,7 +710,7 @@ bool intracommunicator(MPI_Comm comm) {
 /// `kind`, the call is not squall's own, it is big enough and `comm` is an intracommunicator.
 bool usable(call_kind kind, MPI_Comm comm, std::uint64_t bytes) {
   const library& l = lib();
-  return l.on && !inside && l.settings.takes[kind] && bytes >= l.settings.min_bytes &&
+  return l.on && !own_call() && l.settings.takes[kind] && bytes >= l.settings.min_bytes &&
          intracommunicator(comm);
 }
 
@@ -1927,58 +1932,79 @@ int allgather_call(call_kind kind, const void* sendbuf, count_type sendcount, MP
   });
 }
 
-/// An allgatherv's blocks as squall gathers them where they are not one allgather in place
-/// (displaced, of different sizes, or of bytes not a multiple of 4): every rank's block packed
-/// into `words` 32-bit words of `whole` (the largest block's bytes, rounded up; zeros after a
-/// shorter one), this rank's copied in first, each unpacked at its displacement at the end
-/// (the gaps between blocks left as they were).
+/// Where an allgatherv's blocks go in this rank's receive buffer: block q at its displacement
+/// times the receive type's extent, `count(q)` items. `unpack(from)` writes block q from the
+/// packed bytes at `from(q)` (this rank's own skipped where it is already there: MPI_IN_PLACE).
+struct receive_places {
+  std::vector<std::pair<std::byte*, count_type>> at;  ///< block q's address and items
+  MPI_Datatype type;
+  MPI_Comm comm;
+  int rank;
+  bool in_place;
+
+  template <class Displacement>
+  receive_places(void* recvbuf, const blocks& shape, const Displacement* displs,
+                 MPI_Datatype recvtype, int rank_, bool in_place_, MPI_Comm comm_)
+      : type(recvtype), comm(comm_), rank(rank_), in_place(in_place_) {
+    MPI_Count lb = 0, extent = 0;
+    PMPI_Type_get_extent_x(recvtype, &lb, &extent);
+    for (int q = 0; q < shape.size; ++q) {
+      at.emplace_back(static_cast<std::byte*>(recvbuf) + static_cast<MPI_Count>(displs[q]) * extent,
+                      shape.count(q));
+    }
+  }
+  /// This rank's block as squall sends it, packed: the send buffer, or in place its block of
+  /// the receive buffer; its bytes must be `bytes`.
+  staged own(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype,
+             std::uint64_t bytes) const {
+    const auto& [own_at, own_count] = at[static_cast<std::size_t>(rank)];
+    staged in(in_place ? own_at : const_cast<void*>(sendbuf), in_place ? own_count : sendcount,
+              in_place ? type : sendtype, comm);
+    if (in.size() != bytes) {
+      throw squall::mismatch_error({.operation = "squall_mpi allgatherv"},
+                                   "the send and receive signatures differ in size");
+    }
+    in.pack();
+    return in;
+  }
+  template <class From>
+  void unpack(From&& from) {
+    for (std::size_t q = 0; q < at.size(); ++q) {
+      if (in_place && q == static_cast<std::size_t>(rank)) continue;  // where it was
+      staged out(at[q].first, at[q].second, type, comm);
+      squall::kernels::copy_bytes(out.bytes(), from(q), out.size());
+      out.unpack();
+    }
+  }
+};
+
+/// An allgatherv's blocks as squall gathers them in tiers, or where their bytes are not whole
+/// 32-bit words: every rank's block packed into `words` 32-bit words of `whole` (the largest
+/// block's bytes, rounded up; zeros after a shorter one), this rank's copied in first, each
+/// unpacked at its displacement at the end (the gaps between blocks left as they were).
 struct gathered_blocks {
   std::size_t words = 0;
   int rank = 0;
-  bool in_place = false;
-  std::vector<std::pair<std::byte*, count_type>> places;  ///< block q's address and items
-  MPI_Datatype type;
-  MPI_Comm comm;
+  receive_places places;
   std::unique_ptr<std::int32_t[]> whole;
 
   template <class Displacement>
   gathered_blocks(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
                   const blocks& shape, const Displacement* displs, MPI_Datatype recvtype, int rank_,
-                  MPI_Comm comm_)
+                  MPI_Comm comm)
       : words(static_cast<std::size_t>((bytes_of(shape.most, recvtype) + 3) / 4)),
         rank(rank_),
-        in_place(sendbuf == MPI_IN_PLACE),
-        type(recvtype),
-        comm(comm_),
+        places(recvbuf, shape, displs, recvtype, rank_, sendbuf == MPI_IN_PLACE, comm),
         whole(std::make_unique_for_overwrite<std::int32_t[]>(
             words * static_cast<std::size_t>(shape.size))) {
-    MPI_Count lb = 0, extent = 0;
-    PMPI_Type_get_extent_x(recvtype, &lb, &extent);
-    for (int q = 0; q < shape.size; ++q) {
-      places.emplace_back(
-          static_cast<std::byte*>(recvbuf) + static_cast<MPI_Count>(displs[q]) * extent,
-          shape.count(q));
-    }
-    const auto& [own_at, own_count] = places[static_cast<std::size_t>(rank)];
-    staged in(in_place ? own_at : const_cast<void*>(sendbuf), in_place ? own_count : sendcount,
-              in_place ? recvtype : sendtype, comm);
-    if (in.size() != bytes_of(own_count, recvtype)) {
-      throw squall::mismatch_error({.operation = "squall_mpi allgatherv"},
-                                   "the send and receive signatures differ in size");
-    }
-    in.pack();
+    staged in = places.own(sendbuf, sendcount, sendtype, bytes_of(shape.count(rank), recvtype));
     auto* into = reinterpret_cast<std::byte*>(mine());
     squall::kernels::copy_bytes(into, in.bytes(), in.size());
     std::memset(into + in.size(), 0, words * 4 - in.size());
   }
   std::int32_t* mine() { return whole.get() + static_cast<std::size_t>(rank) * words; }
   void unpack() {
-    for (std::size_t q = 0; q < places.size(); ++q) {
-      if (in_place && q == static_cast<std::size_t>(rank)) continue;  // where it was
-      staged out(places[q].first, places[q].second, type, comm);
-      squall::kernels::copy_bytes(out.bytes(), whole.get() + q * words, out.size());
-      out.unpack();
-    }
+    places.unpack([this](std::size_t q) { return whole.get() + q * words; });
   }
 };
 
@@ -1988,72 +2014,47 @@ struct gathered_blocks {
 /// and every place is 4-byte aligned, else into a packed copy (blocks end to end) unpacked
 /// afterwards. `mine` is this rank's block.
 struct placed_blocks {
+  receive_places places;
   std::vector<std::size_t> words;
   std::vector<std::int32_t*> into;
-  std::vector<std::pair<std::byte*, count_type>> places;  ///< block q's address and items
   std::unique_ptr<std::int32_t[]> packed;
   std::optional<staged> own;
   const std::int32_t* mine = nullptr;
-  int rank = 0;
-  bool in_place = false;
-  MPI_Datatype type;
-  MPI_Comm comm;
 
   template <class Displacement>
   placed_blocks(const void* sendbuf, count_type sendcount, MPI_Datatype sendtype, void* recvbuf,
-                const blocks& shape, const Displacement* displs, MPI_Datatype recvtype, int rank_,
-                MPI_Comm comm_)
-      : rank(rank_), in_place(sendbuf == MPI_IN_PLACE), type(recvtype), comm(comm_) {
-    MPI_Count lb = 0, extent = 0;
-    PMPI_Type_get_extent_x(recvtype, &lb, &extent);
-    const auto p = static_cast<std::size_t>(shape.size);
+                const blocks& shape, const Displacement* displs, MPI_Datatype recvtype, int rank,
+                MPI_Comm comm)
+      : places(recvbuf, shape, displs, recvtype, rank, sendbuf == MPI_IN_PLACE, comm) {
     const auto me = static_cast<std::size_t>(rank);
     bool direct = layout_of(1, recvtype).contiguous;
     std::size_t total = 0;
-    for (int q = 0; q < shape.size; ++q) {
-      std::byte* at = static_cast<std::byte*>(recvbuf) + static_cast<MPI_Count>(displs[q]) * extent;
-      places.emplace_back(at, shape.count(q));
-      words.push_back(static_cast<std::size_t>(bytes_of(shape.count(q), recvtype) / 4));
+    for (const auto& [at, count] : places.at) {
+      words.push_back(static_cast<std::size_t>(bytes_of(count, recvtype) / 4));
       total += words.back();
       direct = direct && reinterpret_cast<std::uintptr_t>(at) % alignof(std::int32_t) == 0;
     }
-    into.resize(p);
     if (direct) {
-      for (std::size_t q = 0; q < p; ++q)
-        into[q] = reinterpret_cast<std::int32_t*>(places[q].first);
+      for (const auto& [at, count] : places.at) into.push_back(reinterpret_cast<std::int32_t*>(at));
     } else {
       packed = std::make_unique_for_overwrite<std::int32_t[]>(total);
-      for (std::size_t q = 0, at = 0; q < p; at += words[q], ++q) into[q] = packed.get() + at;
-    }
-    if (in_place) {  // this rank's block is in the receive buffer
-      if (!direct) {
-        staged block(places[me].first, places[me].second, recvtype, comm);
-        block.pack();
-        squall::kernels::copy_bytes(into[me], block.bytes(), block.size());
+      for (std::size_t q = 0, at = 0; q < words.size(); at += words[q], ++q) {
+        into.push_back(packed.get() + at);
       }
+    }
+    if (places.in_place && direct) {  // this rank's block is in its place already
       mine = into[me];
       return;
     }
-    own.emplace(const_cast<void*>(sendbuf), sendcount, sendtype, comm);
-    if (own->size() != words[me] * 4) {
-      throw squall::mismatch_error({.operation = "squall_mpi allgatherv"},
-                                   "the send and receive signatures differ in size");
-    }
-    own->pack();
+    own.emplace(places.own(sendbuf, sendcount, sendtype, words[me] * 4));
     mine = reinterpret_cast<const std::int32_t*>(own->bytes());
-    if (reinterpret_cast<std::uintptr_t>(mine) % alignof(std::int32_t) != 0) {
+    if (places.in_place || reinterpret_cast<std::uintptr_t>(mine) % alignof(std::int32_t) != 0) {
       squall::kernels::copy_bytes(into[me], own->bytes(), own->size());
       mine = into[me];
     }
   }
   void unpack() {
-    if (!packed) return;
-    for (std::size_t q = 0; q < places.size(); ++q) {
-      if (in_place && q == static_cast<std::size_t>(rank)) continue;  // where it was
-      staged out(places[q].first, places[q].second, type, comm);
-      squall::kernels::copy_bytes(out.bytes(), into[q], out.size());
-      out.unpack();
-    }
+    if (packed) places.unpack([this](std::size_t q) { return into[q]; });
   }
 };
 
@@ -2220,9 +2221,6 @@ int ireduce_scatter_call(const void* sendbuf, void* recvbuf, const Count* recvco
 /// other non-blocking calls).
 template <class Fallback>
 int ibarrier_call(MPI_Comm comm, MPI_Request* request, Fallback fallback) {
-  // squall's own barriers over MPI (`mpi_transport::barrier`, on a progress thread across
-  // hosts) are not the program's
-  if (squall::detail::on_progress_thread) return fallback();
   bool started = false;
   if (usable(ibarrier, comm, lib().settings.min_bytes)) {
     int code = MPI_SUCCESS;

@@ -512,6 +512,38 @@ TEST_CASE("reduce_scatter_block, allgather, bcast and barrier against PMPI") {
   expect_route(takes("barrier"), [] { return MPI_Barrier(MPI_COMM_WORLD); });
 }
 
+/// MPI_Reduce_scatter of blocks `counts` on MPI_COMM_WORLD against PMPI_Reduce_scatter: float
+/// sums out of place and in place, int maxima; squall takes each where `taken`.
+void reduce_scatter_v_case(const std::vector<int>& counts, bool taken, int salt) {
+  const int rank = rank_of(MPI_COMM_WORLD);
+  std::size_t total = 0;
+  for (const int c : counts) total += static_cast<std::size_t>(c);
+  const int mine = counts[static_cast<std::size_t>(rank)];
+  const std::vector<float> input = data_of<float>(total, rank, salt);
+  std::vector<float> sums(static_cast<std::size_t>(mine)), out(sums.size());
+  PMPI_Reduce_scatter(input.data(), sums.data(), counts.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  expect_scatter_route(takes("reduce_scatter") && taken, MPI_COMM_WORLD, [&] {
+    return MPI_Reduce_scatter(input.data(), out.data(), counts.data(), MPI_FLOAT, MPI_SUM,
+                              MPI_COMM_WORLD);
+  });
+  CHECK(out == sums);
+  std::vector<float> in_place = input;
+  expect_scatter_route(takes("reduce_scatter") && taken, MPI_COMM_WORLD, [&] {
+    return MPI_Reduce_scatter(MPI_IN_PLACE, in_place.data(), counts.data(), MPI_FLOAT, MPI_SUM,
+                              MPI_COMM_WORLD);
+  });
+  CHECK(std::vector<float>(in_place.begin(), in_place.begin() + mine) == sums);
+  const std::vector<std::int32_t> values = data_of<std::int32_t>(total, rank, salt + 1);
+  std::vector<std::int32_t> maxima(sums.size()), got(sums.size());
+  PMPI_Reduce_scatter(values.data(), maxima.data(), counts.data(), MPI_INT, MPI_MAX,
+                      MPI_COMM_WORLD);
+  expect_scatter_route(takes("reduce_scatter") && taken, MPI_COMM_WORLD, [&] {
+    return MPI_Reduce_scatter(values.data(), got.data(), counts.data(), MPI_INT, MPI_MAX,
+                              MPI_COMM_WORLD);
+  });
+  CHECK(got == maxima);
+}
+
 TEST_CASE("allgatherv and reduce_scatter: alike and nearly alike blocks squall's, against PMPI") {
   const int rank = rank_of(MPI_COMM_WORLD);
   const int size = size_of(MPI_COMM_WORLD);
@@ -556,22 +588,7 @@ TEST_CASE("allgatherv and reduce_scatter: alike and nearly alike blocks squall's
       });
       CHECK(got == want);  // the gaps untouched too
     }
-    // reduce_scatter of alike blocks, out of place and in place
-    const std::vector<float> input = data_of<float>(block * p, rank, 4);
-    std::vector<float> sums(block), out(block);
-    PMPI_Reduce_scatter(input.data(), sums.data(), counts.data(), MPI_FLOAT, MPI_SUM,
-                        MPI_COMM_WORLD);
-    expect_scatter_route(takes("reduce_scatter") && big, MPI_COMM_WORLD, [&] {
-      return MPI_Reduce_scatter(input.data(), out.data(), counts.data(), MPI_FLOAT, MPI_SUM,
-                                MPI_COMM_WORLD);
-    });
-    CHECK(out == sums);
-    std::vector<float> in_place = input;
-    expect_scatter_route(takes("reduce_scatter") && big, MPI_COMM_WORLD, [&] {
-      return MPI_Reduce_scatter(MPI_IN_PLACE, in_place.data(), counts.data(), MPI_FLOAT, MPI_SUM,
-                                MPI_COMM_WORLD);
-    });
-    CHECK(std::vector<float>(in_place.begin(), in_place.begin() + n) == sums);
+    reduce_scatter_v_case(counts, big, 4);  // alike blocks
   }
   // blocks of different sizes: an allgatherv's read into their places; a reduce-scatter's in
   // squall's own split reduced where they lie, others through a small padded copy or by MPI
@@ -641,31 +658,7 @@ TEST_CASE("allgatherv and reduce_scatter: alike and nearly alike blocks squall's
         CHECK(got == want);  // the gaps untouched too
       }
     }
-    // reduce_scatter: float sums and int maxima, out of place and in place
-    const std::vector<float> input = data_of<float>(total, rank, 6);
-    std::vector<float> sums(static_cast<std::size_t>(mine_count)), out(sums.size());
-    PMPI_Reduce_scatter(input.data(), sums.data(), counts.data(), MPI_FLOAT, MPI_SUM,
-                        MPI_COMM_WORLD);
-    expect_scatter_route(takes("reduce_scatter") && taken_rs, MPI_COMM_WORLD, [&] {
-      return MPI_Reduce_scatter(input.data(), out.data(), counts.data(), MPI_FLOAT, MPI_SUM,
-                                MPI_COMM_WORLD);
-    });
-    CHECK(out == sums);
-    std::vector<float> in_place = input;
-    expect_scatter_route(takes("reduce_scatter") && taken_rs, MPI_COMM_WORLD, [&] {
-      return MPI_Reduce_scatter(MPI_IN_PLACE, in_place.data(), counts.data(), MPI_FLOAT, MPI_SUM,
-                                MPI_COMM_WORLD);
-    });
-    CHECK(std::vector<float>(in_place.begin(), in_place.begin() + mine_count) == sums);
-    const std::vector<std::int32_t> values = data_of<std::int32_t>(total, rank, 7);
-    std::vector<std::int32_t> maxima(static_cast<std::size_t>(mine_count)), got(maxima.size());
-    PMPI_Reduce_scatter(values.data(), maxima.data(), counts.data(), MPI_INT, MPI_MAX,
-                        MPI_COMM_WORLD);
-    expect_scatter_route(takes("reduce_scatter") && taken_rs, MPI_COMM_WORLD, [&] {
-      return MPI_Reduce_scatter(values.data(), got.data(), counts.data(), MPI_INT, MPI_MAX,
-                                MPI_COMM_WORLD);
-    });
-    CHECK(got == maxima);
+    reduce_scatter_v_case(counts, taken_rs, 6);
   }
   // alike blocks of bytes that are no multiple of 4: gathered in padded words
   {
