@@ -1347,11 +1347,8 @@ std::size_t settle(int n, const MPI_Request* requests, bool wait = false,
       pending_call& call = *it->second;
       bool failure = false;
       try {
-        if (wait) {
-          call.work.wait();
-        } else if (!call.work.test()) {
-          return false;
-        }
+        if (!wait && !call.work.test()) return false;
+        call.work.wait();  // done: returns at once, or throws what the call failed with
         failure = complete(it->first, call, nullptr);
       } catch (const std::exception& e) {
         failure = complete(it->first, call, &e);
@@ -2217,8 +2214,9 @@ int ireduce_scatter_call(const void* sendbuf, void* recvbuf, const Count* recvco
                                     request, fallback);
 }
 
-/// MPI_Ibarrier: squall's barrier on its progress thread, once squall holds `comm` (as the
-/// other non-blocking calls).
+/// MPI_Ibarrier: squall's barrier, once squall holds `comm` (as the other non-blocking calls).
+/// On one host this rank arrives here and the completion calls poll for the others
+/// (`communicator::ibarrier`); behind other calls in flight, on squall's progress thread.
 template <class Fallback>
 int ibarrier_call(MPI_Comm comm, MPI_Request* request, Fallback fallback) {
   bool started = false;

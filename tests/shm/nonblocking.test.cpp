@@ -198,6 +198,94 @@ TEST_SUITE("shm_nonblocking") {
     });
   }
 
+  TEST_CASE("ibarrier in two halves: arrives at the call, completes once all arrived") {
+    // Ranks arrive 60 ms apart. steady_clock is CLOCK_MONOTONIC, one clock for every process.
+    for (int ranks = 1; ranks <= 4; ++ranks) {
+      CAPTURE(ranks);
+      test::expect_ranks_succeed(ranks, [](const shm_job& me) {
+        comm_type comm(shm_transport(me), {}, squall::cast_compressor<squall::bfloat16>{});
+        const auto now = [] {
+          return static_cast<std::int64_t>(
+              std::chrono::steady_clock::now().time_since_epoch().count());
+        };
+        const int p = me.size;
+        comm.barrier();
+        std::this_thread::sleep_for(60ms * me.rank);
+        // times[0]: arrival, [1]: the call returned, [2]: test() said done
+        std::vector<std::int64_t> times(3), all(3 * static_cast<std::size_t>(p));
+        times[0] = now();
+        squall::request r = comm.ibarrier();
+        times[1] = now();
+        int polls = 0;
+        while (!r.test()) {
+          ++polls;
+          std::this_thread::sleep_for(1ms);
+        }
+        times[2] = now();
+        r.wait();  // done: returns at once
+        comm.allgather(squall::host_view<const std::int64_t>(times),
+                       squall::host_view<std::int64_t>(all));
+        std::int64_t last = 0;
+        for (int q = 0; q < p; ++q) last = std::max(last, all[3 * static_cast<std::size_t>(q)]);
+        if (times[2] < last) return wrong(me.rank, "test() said done before every rank arrived");
+        // The first rank's call returned before the last rank arrived: it did not wait.
+        if (me.rank == 0 && p > 1 && (times[1] >= last || polls == 0)) {
+          return wrong(me.rank, "ibarrier() waited for the other ranks");
+        }
+
+        // The next call completes a pending one first: a blocking allreduce, a non-blocking
+        // one (on the progress thread), another ibarrier, a request dropped unwaited.
+        std::vector<float> a = input(me.rank, 70001, 5), b = input(me.rank, 1000, 6);
+        squall::request first = comm.ibarrier();
+        comm.allreduce(squall::host_view<float>(a));
+        first.wait();
+        squall::request second = comm.ibarrier();
+        squall::request sum = comm.iallreduce(squall::host_view<float>(b));
+        squall::request third = comm.ibarrier();  // behind the iallreduce: the whole barrier
+        sum.wait();
+        third.wait();
+        second.wait();
+        { auto dropped = comm.ibarrier(); }
+        squall::request fourth = comm.ibarrier();
+        fourth.wait();
+        for (std::size_t i = 0; i < a.size(); ++i) {
+          if (a[i] != sum_at(p, i, 5)) return wrong(me.rank, "the allreduce after an ibarrier");
+        }
+        for (std::size_t i = 0; i < b.size(); ++i) {
+          if (b[i] != sum_at(p, i, 6)) return wrong(me.rank, "the iallreduce after an ibarrier");
+        }
+        return 0;
+      });
+    }
+  }
+
+  TEST_CASE("an ibarrier against another call is a mismatch_error on every rank") {
+    const auto result =
+        squall::launch(2,
+                       [](const shm_job& me) {
+                         comm_type comm(shm_transport(me, squall::options{.deadline = 10s}), {},
+                                        squall::cast_compressor<squall::bfloat16>{});
+                         std::vector<float> data(1000, 1.0f);
+                         try {
+                           if (me.rank == 0) {
+                             comm.ibarrier().wait();
+                           } else {
+                             comm.allreduce(squall::host_view<float>(data));
+                           }
+                         } catch (const squall::mismatch_error& e) {
+                           const std::string what = e.what();
+                           return what.find("barrier") != std::string::npos &&
+                                          what.find("allreduce") != std::string::npos
+                                      ? 0
+                                      : wrong(me.rank, e.what());
+                         }
+                         return wrong(me.rank, "a barrier met an allreduce without an error");
+                       },
+                       {.kill_on_failure = false});
+    INFO(test::statuses(result));
+    CHECK(result.ok());
+  }
+
   TEST_CASE("the progress thread does not spin while idle") {
     test::expect_ranks_succeed(2, [](const shm_job& me) {
       comm_type comm(shm_transport(me), {}, squall::cast_compressor<squall::bfloat16>{});

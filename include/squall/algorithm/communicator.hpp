@@ -363,8 +363,18 @@ class communicator {
   request ibroadcast(view<T> data, int root) {
     return started([this, data, root] { dense_.broadcast(data, root); });
   }
+  /// On a transport whose peers' windows this rank maps (shared memory), this rank arrives
+  /// now, on the caller's thread, and the request's `test` polls for the others (no hand-off
+  /// to the progress thread), unless other non-blocking calls are still in flight; the
+  /// communicator's next call completes it first.
   request ibarrier() {
-    return started([this] { dense_.barrier(); });
+    if constexpr (direct_transport<Transport>) {
+      return calls_.split(
+          rank(), [this] { return dense_.barrier_arrive(); },
+          [this] { announced([this] { dense_.barrier(); }); });
+    } else {
+      return started([this] { dense_.barrier(); });
+    }
   }
 
  private:

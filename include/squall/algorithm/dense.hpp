@@ -364,6 +364,32 @@ class dense_core {
     }
   }
 
+  /// The first half of `barrier()`, for a barrier in two halves (`communicator::ibarrier`):
+  /// states the call for the mismatch check and arrives. Returns the rest, a callable
+  /// `bool(bool block)`: one poll, or to the end; true once every rank has arrived (and the
+  /// check passed). It must complete before this core's next call, on one thread at a time.
+  auto barrier_arrive() {
+    begin_call(collective::barrier, dtype::float32, "", 0);
+    using arrival = decltype(transport_.barrier());
+    return [this, pending = std::optional<arrival>(transport_.barrier()),
+            check = check_.pending()](bool block) mutable {
+      if (!pending) return true;
+      try {
+        if (block) {
+          pending->wait();
+        } else if (!pending->test()) {
+          return false;
+        }
+      } catch (...) {
+        pending.reset();  // now, while the transport lives (a failed wait has recorded it)
+        throw;
+      }
+      pending.reset();
+      if (check) check_.read_pending(transport_);
+      return true;
+    };
+  }
+
   // ---- for the compressed algorithms ----------------------------------------------------------
 
   /// Starts a call: resets the byte counts and states the call for the mismatch check.

@@ -4,7 +4,9 @@
 /// one worker thread per communicator, started at its first non-blocking call, that runs the
 /// calls one after another in the order this rank started them (every rank starts them in the
 /// same order, so every rank runs the same sequence). The thread sleeps on a condition
-/// variable when there is nothing to run: no spinning while idle.
+/// variable when there is nothing to run: no spinning while idle. A call that can start on the
+/// caller's thread and finish by polling (a barrier on shared memory) runs in two halves
+/// instead (`split_call`): no thread between the caller and the transport.
 
 #include <squall/core/error.hpp>
 
@@ -33,6 +35,60 @@ struct request_state {
 /// PMPI interposer tells them from the program's by it (its MPI_Ibarrier, which
 /// `mpi_transport::barrier` calls).
 inline thread_local bool on_progress_thread = false;
+
+/// A call whose first half ran on the caller's thread (`call_order::split`); its rest runs
+/// on whichever thread asks first: the request's `test` or `wait`, or the communicator's next
+/// call, which must not start before it (the progress engine's, for a call queued there). One
+/// thread at a time: `test` skips a poll while another thread completes it.
+class split_call {
+ public:
+  split_call() = default;
+  split_call(const split_call&) = delete;
+  split_call& operator=(const split_call&) = delete;
+  virtual ~split_call() = default;
+
+  /// Completes the call (its own waits have deadlines); rethrows its failure.
+  void wait() {
+    const std::lock_guard guard(lock_);
+    if (!done_) run(true);
+    if (failure_) std::rethrow_exception(failure_);
+  }
+  /// One poll; whether the call is done (then `wait()` returns or throws at once). Never
+  /// blocks, never throws.
+  bool test() {
+    const std::unique_lock guard(lock_, std::try_to_lock);
+    if (!guard.owns_lock()) return false;
+    if (!done_) run(false);
+    return done_;
+  }
+
+ private:
+  /// The rest of the call: one poll, or (`block`) to the end; true once done.
+  virtual bool rest(bool block) = 0;
+  void run(bool block) {
+    try {
+      done_ = rest(block);
+    } catch (...) {
+      failure_ = std::current_exception();
+      done_ = true;
+    }
+  }
+
+  std::mutex lock_;
+  bool done_ = false;
+  std::exception_ptr failure_;
+};
+
+/// A `split_call` whose rest is `Rest`, a callable `bool(bool block)` (move-only allowed).
+template <class Rest>
+class split_call_of final : public split_call {
+ public:
+  explicit split_call_of(Rest rest) : rest_(std::move(rest)) {}
+
+ private:
+  bool rest(bool block) override { return rest_(block); }
+  Rest rest_;
+};
 
 /// Runs submitted operations in order on a thread of its own; see the file comment. After an
 /// operation fails, the communicator has failed: every operation still queued, and every one
@@ -159,6 +215,7 @@ class request {
   request() = default;
   request(detail::progress_engine* engine, std::shared_ptr<detail::request_state> state, int rank)
       : engine_(engine), state_(std::move(state)), rank_(rank) {}
+  explicit request(std::shared_ptr<detail::split_call> split) : split_(std::move(split)) {}
   request(request&&) noexcept = default;
   request& operator=(request&&) noexcept = default;
   request(const request&) = delete;
@@ -167,17 +224,25 @@ class request {
   /// Blocks until the collective is done; rethrows its error. A request that holds nothing
   /// (default-constructed, moved from, or already waited on) returns at once.
   void wait() {
+    if (split_) {
+      std::exchange(split_, nullptr)->wait();
+      return;
+    }
     if (!state_) return;
     const auto state = std::exchange(state_, nullptr);
     engine_->wait(state, rank_);
   }
   /// True once the collective is done (then `wait()` returns or throws at once).
-  bool test() { return !state_ || engine_->test(state_); }
+  bool test() {
+    if (split_) return split_->test();
+    return !state_ || engine_->test(state_);
+  }
 
  private:
   detail::progress_engine* engine_ = nullptr;
   std::shared_ptr<detail::request_state> state_;
   int rank_ = no_rank;
+  std::shared_ptr<detail::split_call> split_;  ///< or, for a call in two halves, its rest
 };
 
 namespace detail {
@@ -185,31 +250,71 @@ namespace detail {
 /// The order of one communicator's calls (squall's communicators; the interposer's tiers):
 /// a non-blocking call queued on a progress engine made at the first; a blocking one on the
 /// caller's thread when nothing is in flight, else queued behind what is and waited for (so
-/// it runs in the order it was called).
+/// it runs in the order it was called); a call in two halves (`split`) starts on the caller's
+/// thread when nothing is in flight, and every later call first completes it.
 class call_order {
  public:
   explicit call_order(std::chrono::nanoseconds deadline) : deadline_(deadline) {}
+  call_order(call_order&&) noexcept = default;
+  call_order& operator=(call_order&&) = delete;
+  ~call_order() { finish(); }
 
   /// A blocking call of rank `rank`: `body`, in order.
   template <class F>
   void ordered(int rank, F&& body) {
     if (!engine_ || engine_->idle()) {
+      complete_split();
       std::forward<F>(body)();
       return;
     }
     engine_->wait(engine_->submit([&] { body(); }), rank);
   }
-  /// A non-blocking call of rank `rank`: `body` queued on the engine.
+  /// A non-blocking call of rank `rank`: `body` queued on the engine (behind the rest of a
+  /// call in two halves, if one is pending).
   request started(int rank, std::function<void()> body) {
     if (!engine_) engine_ = std::make_unique<progress_engine>(deadline_);
+    if (auto before = std::exchange(split_, nullptr)) {
+      body = [before = std::move(before), body = std::move(body)] {
+        before->wait();
+        body();
+      };
+    }
     return request(engine_.get(), engine_->submit(std::move(body)), rank);
   }
-  /// Runs what is queued, then stops the engine's thread (before what its calls use goes).
-  void finish() { engine_.reset(); }
+  /// A call in two halves of rank `rank`: when nothing is in flight, `arrive()` on this thread
+  /// (it returns the rest: a callable `bool(bool block)`, true once done) and a request that
+  /// runs the rest; else `whole` queued as a non-blocking call.
+  template <class Arrive>
+  request split(int rank, Arrive&& arrive, std::function<void()> whole) {
+    if (engine_ && !engine_->idle()) return started(rank, std::move(whole));
+    complete_split();
+    using rest = decltype(arrive());
+    split_ = std::make_shared<split_call_of<rest>>(std::forward<Arrive>(arrive)());
+    return request(split_);
+  }
+  /// Runs what is queued and the rest of a pending call in two halves (its error, if any,
+  /// dropped: the request's wait raised it, or nobody asks), then stops the engine's thread
+  /// (before what its calls use goes).
+  void finish() noexcept {
+    engine_.reset();
+    if (auto pending = std::exchange(split_, nullptr)) {
+      try {
+        pending->wait();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): see above
+      }
+    }
+  }
 
  private:
+  /// Completes the pending call in two halves, if any; rethrows its failure (the next call
+  /// of a communicator whose call failed fails too).
+  void complete_split() {
+    if (auto pending = std::exchange(split_, nullptr)) pending->wait();
+  }
+
   std::chrono::nanoseconds deadline_;  ///< options::resolved_deadline, for the requests' waits
   std::unique_ptr<progress_engine> engine_;
+  std::shared_ptr<split_call> split_;  ///< a call in two halves whose rest may still be pending
 };
 
 }  // namespace detail
