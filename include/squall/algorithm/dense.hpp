@@ -275,10 +275,11 @@ class dense_core {
       total += c;
       most = std::max(most, c);
     }
-    // Alike blocks where their allgather copies through the windows, and any blocks where no
-    // peer memory serves (below `peer_memory_bytes` padded to the largest, or no such
-    // transport), run as an allgather of the largest block (the same call on every rank,
-    // whatever its places); else every rank reads each peer's block into its place.
+    // Alike blocks where their allgather copies through the windows: that allgather, each
+    // peer's block copied out of its window into its place. Where no peer memory serves
+    // (below `peer_memory_bytes` padded to the largest, or no such transport): an allgather
+    // of the largest block (the same call on every rank, whatever its places). Else every
+    // rank reads each peer's block into its place.
     const bool alike =
         std::all_of(counts.begin(), counts.end(), [most](std::size_t c) { return c == most; });
     const schedule s = gather_schedule(total * sizeof(T));
@@ -286,6 +287,19 @@ class dense_core {
     if constexpr (direct_transport<Transport>) {
       windows = alike && s.one_shot &&
                 copies_through_windows(most * sizeof(T), most * p * sizeof(T), true);
+    }
+    if constexpr (direct_transport<Transport>) {
+      if (windows) {
+        begin_call(collective::allgatherv, dtype_of<T>, "", total);
+        if (in.data() != into[me]) place_check(in, view<T>(into[me], most));
+        executor().allgather_windows(
+            reinterpret_cast<const std::byte*>(in.data()),
+            [into](int q) {
+              return reinterpret_cast<std::byte*>(into[static_cast<std::size_t>(q)]);
+            },
+            most * sizeof(T), copy_only_reducer(), window_round_, check_after_barrier());
+        return;
+      }
     }
     if constexpr (peer_memory_transport<Transport>) {
       if (!windows && s.one_shot && uses_peer_memory(most * p * sizeof(T))) {

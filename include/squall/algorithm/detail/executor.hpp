@@ -272,14 +272,23 @@ class executor {
   void allgather_windows(const std::byte* in, std::byte* out, std::size_t block_bytes,
                          const reducer& r, std::size_t& round,
                          Check&& after_barrier) requires direct_transport<Transport> {
+    allgather_windows(
+        in, [out, block_bytes](int q) { return out + static_cast<std::size_t>(q) * block_bytes; },
+        block_bytes, r, round, after_barrier);
+  }
+  /// The same, rank q's block copied to `place_of(q)` (an allgatherv's places, any order).
+  template <class Place, class Check>
+  void allgather_windows(const std::byte* in, Place&& place_of, std::size_t block_bytes,
+                         const reducer& r, std::size_t& round,
+                         Check&& after_barrier) requires direct_transport<Transport> {
     const int size = transport_.size();
     const int me = transport_.rank();
     const std::size_t half = publish(in, block_bytes, r, round, true, after_barrier);
     for (int k = 1; k < size; ++k) {
       const int q = wrap(me + k, size);
-      r.copy(out + static_cast<std::size_t>(q) * block_bytes, window_of(q, half), block_bytes);
+      r.copy(place_of(q), window_of(q, half), block_bytes);
     }
-    std::byte* const mine = out + static_cast<std::size_t>(me) * block_bytes;
+    std::byte* const mine = place_of(me);
     if (in != mine) r.copy(mine, in, block_bytes);
     r.settle();
     const auto others = static_cast<std::uint64_t>(size - 1) * block_bytes;
