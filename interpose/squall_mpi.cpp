@@ -31,23 +31,23 @@
 //   SQUALL_MPI_MIN_BYTES bytes in all (the data moves as 32-bit words, no arithmetic); by
 //   default bcast only up to 1 MiB and on communicators within one host (shared memory),
 //   where squall's broadcast copies through its windows;
-// - allgatherv and reduce_scatter: as allgather and reduce_scatter_block where every rank's
-//   block holds alike many bytes (what MPI requires every rank to give each block alike, so the
-//   same on every rank); an allgatherv's displacements are each rank's own: blocks end to end
-//   from the buffer's start are gathered in place, others through a packed copy unpacked at
-//   them; blocks of different sizes go to MPI;
+// - allgatherv and reduce_scatter: blocks alike as allgather and reduce_scatter_block (the
+//   counts are the same on every rank, as MPI requires); of different sizes as the -v forms'
+//   section below says (an allgatherv's of whole words through communicator::allgatherv on one
+//   host, a reduce-scatter's in squall's own split where they lie); an allgatherv's
+//   displacements are each rank's own;
 // - barrier: once squall holds state for the communicator (a handled call made it);
-// - iallreduce, iallgather, ireduce_scatter_block, ibcast, ireduce_scatter (alike blocks, as
-//   ireduce_scatter_block): as their blocking forms, from
-//   SQUALL_MPI_IALLREDUCE_MIN_BYTES, once squall holds the communicator (as barrier;
-//   MPI_COMM_WORLD from MPI_Init), on communicators within one host (shared memory) and,
-//   where every rank's MPI gives MPI_THREAD_MULTIPLE, across hosts (in tiers as above);
+// - iallreduce, iallgather, ireduce_scatter_block, ibcast, ireduce_scatter, iallgatherv and
+//   ibarrier: as their blocking forms, from SQUALL_MPI_IALLREDUCE_MIN_BYTES, once squall holds
+//   the communicator (as barrier; MPI_COMM_WORLD from MPI_Init), on communicators within one
+//   host (shared memory) and, where every rank's MPI gives MPI_THREAD_MULTIPLE, across hosts
+//   (in tiers as above);
 // - never: intercommunicators, user-defined ops, MPI_PROD and the logical, bitwise and
-//   MAXLOC/MINLOC ops, mixed-type signatures, the other non-blocking forms (MPI_Ibarrier,
-//   MPI_Iallgatherv, MPI_Ireduce and friends), the other -v forms, MPI_Init
-//   not called through this library (then it stays off), MPICH's `use mpi_f08` callers (mpif.h,
-//   `use mpi` and `use mpi_f08` under Open MPI and mpif.h and `use mpi` under MPICH are taken: the
-//   Fortran section at the end).
+//   MAXLOC/MINLOC ops, mixed-type signatures, the other non-blocking forms (MPI_Ireduce and
+//   friends), the other collectives, MPI_Init not called through this library (then it stays
+//   off), MPICH's `use mpi_f08` callers and the non-blocking calls of Open MPI's (mpif.h,
+//   `use mpi` and the blocking calls of `use mpi_f08` under Open MPI, mpif.h and `use mpi`
+//   under MPICH are taken: the Fortran section at the end).
 //
 // Environment (read at MPI_Init; every rank must agree):
 //   SQUALL_MPI_ENABLE     1 (default) or 0: everything falls through.
@@ -2629,6 +2629,16 @@ SQUALL_MPI_EXPORT int squall_mpi_counts(unsigned long long* handled, unsigned lo
 // MPICH's mpif.h and `use mpi` bindings go that way and are still taken: they call the C
 // MPI_* functions above (its `use mpi_f08` bindings call PMPI_* from internal functions, and
 // are not). Other compilers' name manglings are not taken: they reach MPI as before.
+//
+// The non-blocking forms are taken from mpif.h and `use mpi` (gfortran's names) only, with
+// the completion calls (MPI_Wait, MPI_Test, their -all, -any and -some forms,
+// MPI_Request_get_status, MPI_Request_free, MPI_Cancel), which under Open MPI call PMPI_*
+// directly and would never complete squall's generalized requests: these look the requests
+// up (their C handles), complete squall's finished ones, then call the MPI's own binding, a
+// blocking one polling the binding of its test form meanwhile, as the C forms do. Not from
+// `use mpi_f08`: Open MPI's MPI_Test there calls `pmpi_test_`, the Fortran profiling name,
+// which a tool library must not define, so a program polling squall's request with it would
+// never see it complete; its non-blocking calls go to MPI.
 
 namespace {
 
@@ -2768,6 +2778,82 @@ void fortran_reduce_scatter(Binding mpi, void* sendbuf, void* recvbuf, MPI_Fint*
   mpi()(sendbuf, recvbuf, recvcounts, datatype, op, comm, ierr);
 }
 
+// ---- the non-blocking forms (mpif.h and `use mpi`) and their completion calls
+
+using ireduce_f = void (*)(void*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*,
+                           MPI_Fint*);
+using iallgather_f = void (*)(void*, MPI_Fint*, MPI_Fint*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*,
+                              MPI_Fint*, MPI_Fint*);
+using iallgatherv_f = void (*)(void*, MPI_Fint*, MPI_Fint*, void*, MPI_Fint*, MPI_Fint*, MPI_Fint*,
+                               MPI_Fint*, MPI_Fint*, MPI_Fint*);
+using ibcast_f = void (*)(void*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*);
+using ibarrier_f = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*);
+using wait_f = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*);
+using test_f = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*);
+using waitall_f = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*);
+using testall_f = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*);
+using waitany_f = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*);
+using testany_f = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*);
+using some_f = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*);
+using free_f = void (*)(MPI_Fint*, MPI_Fint*);
+
+/// A non-blocking start: `start(&c)` (the C form, into a C request) where the buffers allow,
+/// the Fortran handle of `c` into `request`; else the MPI's own binding (`binding()`).
+template <class Start, class Binding>
+void fortran_start(bool takes, MPI_Fint* request, MPI_Fint* ierr, Start&& start,
+                   Binding&& binding) {
+  if (!takes) return binding();
+  MPI_Request c = MPI_REQUEST_NULL;
+  *ierr = start(&c);
+  if (*ierr == MPI_SUCCESS) *request = MPI_Request_c2f(c);
+}
+
+/// The C handles of `n` Fortran requests (what `library::pending` is keyed on).
+std::vector<MPI_Request> c_requests(MPI_Fint n, const MPI_Fint* requests) {
+  std::vector<MPI_Request> c(static_cast<std::size_t>(std::max<MPI_Fint>(n, 0)));
+  for (std::size_t i = 0; i < c.size(); ++i) c[i] = MPI_Request_f2c(requests[i]);
+  return c;
+}
+
+/// A Fortran test call: squall's finished requests among `requests` completed, then the
+/// MPI's own binding (`test()`).
+template <class Test>
+void fortran_test(MPI_Fint n, const MPI_Fint* requests, Test&& test) {
+  if (lib().in_flight.load(std::memory_order_acquire) != 0) {
+    const std::vector<MPI_Request> c = c_requests(n, requests);
+    settle(static_cast<int>(c.size()), c.data());
+  }
+  test();
+}
+
+/// A blocking Fortran completion call: the MPI's own binding (`wait()`) when none of
+/// `requests` is squall's, else `wait_polling` over squall's and the binding of the test form
+/// (`test()`, which sets `*ierr` and returns whether the call is done).
+template <class Wait, class Test>
+void fortran_wait(MPI_Fint n, const MPI_Fint* requests, MPI_Fint* ierr, Wait&& wait, Test&& test) {
+  if (lib().in_flight.load(std::memory_order_acquire) == 0) return wait();
+  const std::vector<MPI_Request> c = c_requests(n, requests);
+  wait_polling(static_cast<int>(c.size()), c.data(), [&](int* flag) {
+    if (flag == nullptr) {
+      wait();
+    } else {
+      *flag = test() ? 1 : 0;
+    }
+    return *ierr;
+  });
+}
+
+/// MPI_Request_free and MPI_Cancel: refused for a pending call squall runs, as in C.
+template <class Binding>
+void fortran_free(const char* what, Binding mpi, MPI_Fint* request, MPI_Fint* ierr) {
+  MPI_Comm user = MPI_COMM_NULL;
+  if (squall_runs(MPI_Request_f2c(*request), &user)) {
+    *ierr = refuse(what, user);
+    return;
+  }
+  mpi()(request, ierr);
+}
+
 }  // namespace
 
 // The binding of `name`, looked up once, on first use.
@@ -2882,6 +2968,212 @@ SQUALL_MPI_EXPORT void ompi_reduce_scatter_f(void* sendbuf, void* recvbuf, MPI_F
 SQUALL_MPI_EXPORT void mpi_barrier_(MPI_Fint* comm, MPI_Fint* ierr) { fortran_barrier(comm, ierr); }
 SQUALL_MPI_EXPORT void ompi_barrier_f(MPI_Fint* comm, MPI_Fint* ierr) {
   fortran_barrier(comm, ierr);
+}
+
+// The non-blocking forms and the completion calls: gfortran's names only (see above).
+SQUALL_MPI_EXPORT void mpi_iallreduce_(void* sendbuf, void* recvbuf, MPI_Fint* count,
+                                       MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
+                                       MPI_Fint* request, MPI_Fint* ierr) {
+  fortran_start(
+      fortran_takes(sendbuf, recvbuf), request, ierr,
+      [&](MPI_Request* c) {
+        return MPI_Iallreduce(fortran_send(sendbuf), recvbuf, *count, MPI_Type_f2c(*datatype),
+                              MPI_Op_f2c(*op), MPI_Comm_f2c(*comm), c);
+      },
+      [&] {
+        SQUALL_MPI_FORTRAN_BINDING(ireduce_f, "mpi_iallreduce_")
+        ()(sendbuf, recvbuf, count, datatype, op, comm, request, ierr);
+      });
+}
+
+SQUALL_MPI_EXPORT void mpi_ireduce_scatter_block_(void* sendbuf, void* recvbuf, MPI_Fint* recvcount,
+                                                  MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
+                                                  MPI_Fint* request, MPI_Fint* ierr) {
+  fortran_start(
+      fortran_takes(sendbuf, recvbuf), request, ierr,
+      [&](MPI_Request* c) {
+        return MPI_Ireduce_scatter_block(fortran_send(sendbuf), recvbuf, *recvcount,
+                                         MPI_Type_f2c(*datatype), MPI_Op_f2c(*op),
+                                         MPI_Comm_f2c(*comm), c);
+      },
+      [&] {
+        SQUALL_MPI_FORTRAN_BINDING(ireduce_f, "mpi_ireduce_scatter_block_")
+        ()(sendbuf, recvbuf, recvcount, datatype, op, comm, request, ierr);
+      });
+}
+
+SQUALL_MPI_EXPORT void mpi_ireduce_scatter_(void* sendbuf, void* recvbuf, MPI_Fint* recvcounts,
+                                            MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
+                                            MPI_Fint* request, MPI_Fint* ierr) {
+  fortran_start(
+      fortran_integer_is_int && fortran_takes(sendbuf, recvbuf), request, ierr,
+      [&](MPI_Request* c) {
+        return MPI_Ireduce_scatter(
+            fortran_send(sendbuf), recvbuf, reinterpret_cast<const int*>(recvcounts),
+            MPI_Type_f2c(*datatype), MPI_Op_f2c(*op), MPI_Comm_f2c(*comm), c);
+      },
+      [&] {
+        SQUALL_MPI_FORTRAN_BINDING(ireduce_f, "mpi_ireduce_scatter_")
+        ()(sendbuf, recvbuf, recvcounts, datatype, op, comm, request, ierr);
+      });
+}
+
+SQUALL_MPI_EXPORT void mpi_iallgather_(void* sendbuf, MPI_Fint* sendcount, MPI_Fint* sendtype,
+                                       void* recvbuf, MPI_Fint* recvcount, MPI_Fint* recvtype,
+                                       MPI_Fint* comm, MPI_Fint* request, MPI_Fint* ierr) {
+  fortran_start(
+      fortran_takes(sendbuf, recvbuf), request, ierr,
+      [&](MPI_Request* c) {
+        return MPI_Iallgather(fortran_send(sendbuf), *sendcount, MPI_Type_f2c(*sendtype), recvbuf,
+                              *recvcount, MPI_Type_f2c(*recvtype), MPI_Comm_f2c(*comm), c);
+      },
+      [&] {
+        SQUALL_MPI_FORTRAN_BINDING(iallgather_f, "mpi_iallgather_")
+        ()(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request, ierr);
+      });
+}
+
+SQUALL_MPI_EXPORT void mpi_iallgatherv_(void* sendbuf, MPI_Fint* sendcount, MPI_Fint* sendtype,
+                                        void* recvbuf, MPI_Fint* recvcounts, MPI_Fint* displs,
+                                        MPI_Fint* recvtype, MPI_Fint* comm, MPI_Fint* request,
+                                        MPI_Fint* ierr) {
+  fortran_start(
+      fortran_integer_is_int && fortran_takes(sendbuf, recvbuf), request, ierr,
+      [&](MPI_Request* c) {
+        return MPI_Iallgatherv(fortran_send(sendbuf), *sendcount, MPI_Type_f2c(*sendtype), recvbuf,
+                               reinterpret_cast<const int*>(recvcounts),
+                               reinterpret_cast<const int*>(displs), MPI_Type_f2c(*recvtype),
+                               MPI_Comm_f2c(*comm), c);
+      },
+      [&] {
+        SQUALL_MPI_FORTRAN_BINDING(iallgatherv_f, "mpi_iallgatherv_")
+        ()(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm, request,
+           ierr);
+      });
+}
+
+SQUALL_MPI_EXPORT void mpi_ibcast_(void* buffer, MPI_Fint* count, MPI_Fint* datatype,
+                                   MPI_Fint* root, MPI_Fint* comm, MPI_Fint* request,
+                                   MPI_Fint* ierr) {
+  fortran_start(
+      fortran_takes(buffer), request, ierr,
+      [&](MPI_Request* c) {
+        return MPI_Ibcast(buffer, *count, MPI_Type_f2c(*datatype), *root, MPI_Comm_f2c(*comm), c);
+      },
+      [&] {
+        SQUALL_MPI_FORTRAN_BINDING(ibcast_f, "mpi_ibcast_")
+        ()(buffer, count, datatype, root, comm, request, ierr);
+      });
+}
+
+SQUALL_MPI_EXPORT void mpi_ibarrier_(MPI_Fint* comm, MPI_Fint* request, MPI_Fint* ierr) {
+  fortran_start(
+      true, request, ierr, [&](MPI_Request* c) { return MPI_Ibarrier(MPI_Comm_f2c(*comm), c); },
+      [] {});
+}
+
+SQUALL_MPI_EXPORT void mpi_wait_(MPI_Fint* request, MPI_Fint* status, MPI_Fint* ierr) {
+  fortran_wait(
+      1, request, ierr,
+      [&] { SQUALL_MPI_FORTRAN_BINDING(wait_f, "mpi_wait_")
+            ()(request, status, ierr); },
+      [&] {
+        MPI_Fint flag = 0;
+        SQUALL_MPI_FORTRAN_BINDING(test_f, "mpi_test_")()(request, &flag, status, ierr);
+        return flag != 0;
+      });
+}
+
+SQUALL_MPI_EXPORT void mpi_waitall_(MPI_Fint* count, MPI_Fint* requests, MPI_Fint* statuses,
+                                    MPI_Fint* ierr) {
+  fortran_wait(
+      *count, requests, ierr,
+      [&] {
+        SQUALL_MPI_FORTRAN_BINDING(waitall_f, "mpi_waitall_")()(count, requests, statuses, ierr);
+      },
+      [&] {
+        MPI_Fint flag = 0;
+        SQUALL_MPI_FORTRAN_BINDING(testall_f, "mpi_testall_")
+        ()(count, requests, &flag, statuses, ierr);
+        return flag != 0;
+      });
+}
+
+SQUALL_MPI_EXPORT void mpi_waitany_(MPI_Fint* count, MPI_Fint* requests, MPI_Fint* index,
+                                    MPI_Fint* status, MPI_Fint* ierr) {
+  fortran_wait(
+      *count, requests, ierr,
+      [&] {
+        SQUALL_MPI_FORTRAN_BINDING(waitany_f, "mpi_waitany_")
+        ()(count, requests, index, status, ierr);
+      },
+      [&] {
+        MPI_Fint flag = 0;
+        SQUALL_MPI_FORTRAN_BINDING(testany_f, "mpi_testany_")
+        ()(count, requests, index, &flag, status, ierr);
+        return flag != 0;
+      });
+}
+
+SQUALL_MPI_EXPORT void mpi_waitsome_(MPI_Fint* incount, MPI_Fint* requests, MPI_Fint* outcount,
+                                     MPI_Fint* indices, MPI_Fint* statuses, MPI_Fint* ierr) {
+  fortran_wait(
+      *incount, requests, ierr,
+      [&] {
+        SQUALL_MPI_FORTRAN_BINDING(some_f, "mpi_waitsome_")
+        ()(incount, requests, outcount, indices, statuses, ierr);
+      },
+      [&] {
+        SQUALL_MPI_FORTRAN_BINDING(some_f, "mpi_testsome_")
+        ()(incount, requests, outcount, indices, statuses, ierr);
+        return *outcount != 0;  // some completed, or none was active (MPI_UNDEFINED)
+      });
+}
+
+SQUALL_MPI_EXPORT void mpi_test_(MPI_Fint* request, MPI_Fint* flag, MPI_Fint* status,
+                                 MPI_Fint* ierr) {
+  fortran_test(1, request, [&] {
+    SQUALL_MPI_FORTRAN_BINDING(test_f, "mpi_test_")()(request, flag, status, ierr);
+  });
+}
+
+SQUALL_MPI_EXPORT void mpi_testall_(MPI_Fint* count, MPI_Fint* requests, MPI_Fint* flag,
+                                    MPI_Fint* statuses, MPI_Fint* ierr) {
+  fortran_test(*count, requests, [&] {
+    SQUALL_MPI_FORTRAN_BINDING(testall_f, "mpi_testall_")()(count, requests, flag, statuses, ierr);
+  });
+}
+
+SQUALL_MPI_EXPORT void mpi_testany_(MPI_Fint* count, MPI_Fint* requests, MPI_Fint* index,
+                                    MPI_Fint* flag, MPI_Fint* status, MPI_Fint* ierr) {
+  fortran_test(*count, requests, [&] {
+    SQUALL_MPI_FORTRAN_BINDING(testany_f, "mpi_testany_")
+    ()(count, requests, index, flag, status, ierr);
+  });
+}
+
+SQUALL_MPI_EXPORT void mpi_testsome_(MPI_Fint* incount, MPI_Fint* requests, MPI_Fint* outcount,
+                                     MPI_Fint* indices, MPI_Fint* statuses, MPI_Fint* ierr) {
+  fortran_test(*incount, requests, [&] {
+    SQUALL_MPI_FORTRAN_BINDING(some_f, "mpi_testsome_")
+    ()(incount, requests, outcount, indices, statuses, ierr);
+  });
+}
+
+SQUALL_MPI_EXPORT void mpi_request_get_status_(MPI_Fint* request, MPI_Fint* flag, MPI_Fint* status,
+                                               MPI_Fint* ierr) {
+  fortran_test(1, request, [&] {
+    SQUALL_MPI_FORTRAN_BINDING(test_f, "mpi_request_get_status_")()(request, flag, status, ierr);
+  });
+}
+
+SQUALL_MPI_EXPORT void mpi_request_free_(MPI_Fint* request, MPI_Fint* ierr) {
+  fortran_free("MPI_Request_free", SQUALL_MPI_FORTRAN_BINDING(free_f, "mpi_request_free_"), request,
+               ierr);
+}
+
+SQUALL_MPI_EXPORT void mpi_cancel_(MPI_Fint* request, MPI_Fint* ierr) {
+  fortran_free("MPI_Cancel", SQUALL_MPI_FORTRAN_BINDING(free_f, "mpi_cancel_"), request, ierr);
 }
 
 }  // extern "C"
