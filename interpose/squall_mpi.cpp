@@ -3075,8 +3075,10 @@ SQUALL_MPI_EXPORT void mpi_ibarrier_(MPI_Fint* comm, MPI_Fint* request, MPI_Fint
 SQUALL_MPI_EXPORT void mpi_wait_(MPI_Fint* request, MPI_Fint* status, MPI_Fint* ierr) {
   fortran_wait(
       1, request, ierr,
-      [&] { SQUALL_MPI_FORTRAN_BINDING(wait_f, "mpi_wait_")
-            ()(request, status, ierr); },
+      [&] {
+        SQUALL_MPI_FORTRAN_BINDING(wait_f, "mpi_wait_")
+        ()(request, status, ierr);
+      },
       [&] {
         MPI_Fint flag = 0;
         SQUALL_MPI_FORTRAN_BINDING(test_f, "mpi_test_")()(request, &flag, status, ierr);
