@@ -2797,12 +2797,13 @@ using testany_f = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*
 using some_f = void (*)(MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*, MPI_Fint*);
 using free_f = void (*)(MPI_Fint*, MPI_Fint*);
 
-/// A non-blocking start: `start(&c)` (the C form, into a C request) where the buffers allow,
-/// the Fortran handle of `c` into `request`; else the MPI's own binding (`binding()`).
-template <class Start, class Binding>
-void fortran_start(bool takes, MPI_Fint* request, MPI_Fint* ierr, Start&& start,
-                   Binding&& binding) {
-  if (!takes) return binding();
+/// A non-blocking start: `start(&c)` (the C form, into a C request) where the buffers allow
+/// (`takes`), the Fortran handle of `c` into `request`; else the MPI's own binding with the
+/// call's arguments (`args`, then `request` and `ierr`).
+template <class Binding, class Start, class... Args>
+void fortran_start(Binding mpi, bool takes, MPI_Fint* request, MPI_Fint* ierr, Start&& start,
+                   Args... args) {
+  if (!takes) return mpi()(args..., request, ierr);
   MPI_Request c = MPI_REQUEST_NULL;
   *ierr = start(&c);
   if (*ierr == MPI_SUCCESS) *request = MPI_Request_c2f(c);
@@ -2975,62 +2976,54 @@ SQUALL_MPI_EXPORT void mpi_iallreduce_(void* sendbuf, void* recvbuf, MPI_Fint* c
                                        MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
                                        MPI_Fint* request, MPI_Fint* ierr) {
   fortran_start(
-      fortran_takes(sendbuf, recvbuf), request, ierr,
+      SQUALL_MPI_FORTRAN_BINDING(ireduce_f, "mpi_iallreduce_"), fortran_takes(sendbuf, recvbuf),
+      request, ierr,
       [&](MPI_Request* c) {
         return MPI_Iallreduce(fortran_send(sendbuf), recvbuf, *count, MPI_Type_f2c(*datatype),
                               MPI_Op_f2c(*op), MPI_Comm_f2c(*comm), c);
       },
-      [&] {
-        SQUALL_MPI_FORTRAN_BINDING(ireduce_f, "mpi_iallreduce_")
-        ()(sendbuf, recvbuf, count, datatype, op, comm, request, ierr);
-      });
+      sendbuf, recvbuf, count, datatype, op, comm);
 }
 
 SQUALL_MPI_EXPORT void mpi_ireduce_scatter_block_(void* sendbuf, void* recvbuf, MPI_Fint* recvcount,
                                                   MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
                                                   MPI_Fint* request, MPI_Fint* ierr) {
   fortran_start(
+      SQUALL_MPI_FORTRAN_BINDING(ireduce_f, "mpi_ireduce_scatter_block_"),
       fortran_takes(sendbuf, recvbuf), request, ierr,
       [&](MPI_Request* c) {
         return MPI_Ireduce_scatter_block(fortran_send(sendbuf), recvbuf, *recvcount,
                                          MPI_Type_f2c(*datatype), MPI_Op_f2c(*op),
                                          MPI_Comm_f2c(*comm), c);
       },
-      [&] {
-        SQUALL_MPI_FORTRAN_BINDING(ireduce_f, "mpi_ireduce_scatter_block_")
-        ()(sendbuf, recvbuf, recvcount, datatype, op, comm, request, ierr);
-      });
+      sendbuf, recvbuf, recvcount, datatype, op, comm);
 }
 
 SQUALL_MPI_EXPORT void mpi_ireduce_scatter_(void* sendbuf, void* recvbuf, MPI_Fint* recvcounts,
                                             MPI_Fint* datatype, MPI_Fint* op, MPI_Fint* comm,
                                             MPI_Fint* request, MPI_Fint* ierr) {
   fortran_start(
+      SQUALL_MPI_FORTRAN_BINDING(ireduce_f, "mpi_ireduce_scatter_"),
       fortran_integer_is_int && fortran_takes(sendbuf, recvbuf), request, ierr,
       [&](MPI_Request* c) {
         return MPI_Ireduce_scatter(
             fortran_send(sendbuf), recvbuf, reinterpret_cast<const int*>(recvcounts),
             MPI_Type_f2c(*datatype), MPI_Op_f2c(*op), MPI_Comm_f2c(*comm), c);
       },
-      [&] {
-        SQUALL_MPI_FORTRAN_BINDING(ireduce_f, "mpi_ireduce_scatter_")
-        ()(sendbuf, recvbuf, recvcounts, datatype, op, comm, request, ierr);
-      });
+      sendbuf, recvbuf, recvcounts, datatype, op, comm);
 }
 
 SQUALL_MPI_EXPORT void mpi_iallgather_(void* sendbuf, MPI_Fint* sendcount, MPI_Fint* sendtype,
                                        void* recvbuf, MPI_Fint* recvcount, MPI_Fint* recvtype,
                                        MPI_Fint* comm, MPI_Fint* request, MPI_Fint* ierr) {
   fortran_start(
-      fortran_takes(sendbuf, recvbuf), request, ierr,
+      SQUALL_MPI_FORTRAN_BINDING(iallgather_f, "mpi_iallgather_"), fortran_takes(sendbuf, recvbuf),
+      request, ierr,
       [&](MPI_Request* c) {
         return MPI_Iallgather(fortran_send(sendbuf), *sendcount, MPI_Type_f2c(*sendtype), recvbuf,
                               *recvcount, MPI_Type_f2c(*recvtype), MPI_Comm_f2c(*comm), c);
       },
-      [&] {
-        SQUALL_MPI_FORTRAN_BINDING(iallgather_f, "mpi_iallgather_")
-        ()(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request, ierr);
-      });
+      sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
 }
 
 SQUALL_MPI_EXPORT void mpi_iallgatherv_(void* sendbuf, MPI_Fint* sendcount, MPI_Fint* sendtype,
@@ -3038,6 +3031,7 @@ SQUALL_MPI_EXPORT void mpi_iallgatherv_(void* sendbuf, MPI_Fint* sendcount, MPI_
                                         MPI_Fint* recvtype, MPI_Fint* comm, MPI_Fint* request,
                                         MPI_Fint* ierr) {
   fortran_start(
+      SQUALL_MPI_FORTRAN_BINDING(iallgatherv_f, "mpi_iallgatherv_"),
       fortran_integer_is_int && fortran_takes(sendbuf, recvbuf), request, ierr,
       [&](MPI_Request* c) {
         return MPI_Iallgatherv(fortran_send(sendbuf), *sendcount, MPI_Type_f2c(*sendtype), recvbuf,
@@ -3045,31 +3039,24 @@ SQUALL_MPI_EXPORT void mpi_iallgatherv_(void* sendbuf, MPI_Fint* sendcount, MPI_
                                reinterpret_cast<const int*>(displs), MPI_Type_f2c(*recvtype),
                                MPI_Comm_f2c(*comm), c);
       },
-      [&] {
-        SQUALL_MPI_FORTRAN_BINDING(iallgatherv_f, "mpi_iallgatherv_")
-        ()(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm, request,
-           ierr);
-      });
+      sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm);
 }
 
 SQUALL_MPI_EXPORT void mpi_ibcast_(void* buffer, MPI_Fint* count, MPI_Fint* datatype,
                                    MPI_Fint* root, MPI_Fint* comm, MPI_Fint* request,
                                    MPI_Fint* ierr) {
   fortran_start(
-      fortran_takes(buffer), request, ierr,
+      SQUALL_MPI_FORTRAN_BINDING(ibcast_f, "mpi_ibcast_"), fortran_takes(buffer), request, ierr,
       [&](MPI_Request* c) {
         return MPI_Ibcast(buffer, *count, MPI_Type_f2c(*datatype), *root, MPI_Comm_f2c(*comm), c);
       },
-      [&] {
-        SQUALL_MPI_FORTRAN_BINDING(ibcast_f, "mpi_ibcast_")
-        ()(buffer, count, datatype, root, comm, request, ierr);
-      });
+      buffer, count, datatype, root, comm);
 }
 
 SQUALL_MPI_EXPORT void mpi_ibarrier_(MPI_Fint* comm, MPI_Fint* request, MPI_Fint* ierr) {
   fortran_start(
-      true, request, ierr, [&](MPI_Request* c) { return MPI_Ibarrier(MPI_Comm_f2c(*comm), c); },
-      [] {});
+      SQUALL_MPI_FORTRAN_BINDING(ibarrier_f, "mpi_ibarrier_"), true, request, ierr,
+      [&](MPI_Request* c) { return MPI_Ibarrier(MPI_Comm_f2c(*comm), c); }, comm);
 }
 
 SQUALL_MPI_EXPORT void mpi_wait_(MPI_Fint* request, MPI_Fint* status, MPI_Fint* ierr) {
