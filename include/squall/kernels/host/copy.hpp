@@ -78,7 +78,8 @@ inline void copy_bytes(void* dst, const void* src, std::size_t bytes) {
 /// first and bypass the caches, which pays for outputs larger than the last-level cache that
 /// nothing reads soon (issue 22); then a store fence, so that what follows (a barrier's
 /// atomic) is ordered after the stores. Elsewhere a plain memcpy.
-inline void stream_copy(std::byte* dst, const std::byte* src, std::size_t bytes) {
+inline void stream_copy(std::byte* dst, const std::byte* src, std::size_t bytes,
+                        bool fence = true) {
 #if defined(__SSE2__) && !defined(__CUDACC__)
   const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
   std::memcpy(dst, src, head);
@@ -94,9 +95,17 @@ inline void stream_copy(std::byte* dst, const std::byte* src, std::size_t bytes)
     _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
   }
   std::memcpy(dst + i, src + i, bytes - i);
-  _mm_sfence();
+  if (fence) _mm_sfence();
 #else
+  (void)fence;
   std::memcpy(dst, src, bytes);
+#endif
+}
+
+/// The store fence after `stream_copy(..., false)`s (nothing where they were plain copies).
+inline void stream_fence() {
+#if defined(__SSE2__) && !defined(__CUDACC__)
+  _mm_sfence();
 #endif
 }
 
