@@ -53,9 +53,45 @@ double max_abs(const std::vector<T>& v, std::size_t begin, std::size_t end) {
   return m;
 }
 
+// The kernels' decode of `x`'s codes (scheme Q, buckets of `bucket`) with plain and with
+// non-temporal stores (to a place one element off the alignment): the same bits.
+template <squall::kernels::quantize_scheme Q, class T>
+void check_streamed_decode(const std::vector<T>& x, std::size_t bucket) {
+  const std::size_t count = x.size();
+  std::vector<T> scales((count + bucket - 1) / bucket);
+  std::vector<std::uint8_t> codes((count * Q.width + 7) / 8);
+  squall::kernels::quantize<Q>(host_backend{}, x.data(), count, bucket, scales.data(), codes.data(),
+                               5, random_stream{1, 2});
+  std::vector<T> plain(count);
+  std::vector<T> streamed(count + 1);
+  CHECK(squall::kernels::dequantize<Q>(host_backend{}, scales.data(), codes.data(), count, bucket,
+                                       plain.data(),
+                                       std::numeric_limits<std::size_t>::max()) == count);
+  CHECK(squall::kernels::dequantize<Q>(host_backend{}, scales.data(), codes.data(), count, bucket,
+                                       streamed.data() + 1, 0) == count);
+  for (std::size_t i = 0; i < count; ++i) {
+    REQUIRE(squall::test::bits_of(streamed[i + 1]) == squall::test::bits_of(plain[i]));
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("quantize") {
+  TEST_CASE_TEMPLATE("a decode with non-temporal stores gives the plain decode's bits", T, float,
+                     double) {
+    // buckets of 512 and of 3000 (a block of 1024 split across buckets), a tail of 7
+    for (const std::size_t bucket : {std::size_t{512}, std::size_t{3000}}) {
+      CAPTURE(bucket);
+      const auto x = squall::test::normal_values<T>(6007, bucket);
+      check_streamed_decode<squall::int8_spec::scheme>(x, bucket);
+      check_streamed_decode<squall::qsgd_spec<4>::scheme>(x, bucket);
+      check_streamed_decode<squall::terngrad_spec::scheme>(x, bucket);
+      check_streamed_decode<squall::sign_spec::scheme>(x, bucket);
+      check_streamed_decode<squall::fp8_spec<1, false>::scheme>(x, bucket);
+      check_streamed_decode<squall::fp8_spec<2, true>::scheme>(x, bucket);
+    }
+  }
+
   TEST_CASE_TEMPLATE("a zero gradient decodes to zeros, for every count", T, float, double) {
     for (std::size_t n : {0, 1, 7, 8, 511, 512, 513, 1500}) {
       const std::vector<T> zero(n, T(0));

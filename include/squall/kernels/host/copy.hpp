@@ -73,6 +73,14 @@ inline void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   if (bytes != 0) std::memcpy(dst, src, bytes);
 }
 
+/// From this many bytes of output the host decoders (hq's, the quantizers') write it with
+/// non-temporal stores, each block made in a stack buffer then streamed out (`stream_copy`):
+/// an output larger than the last-level cache goes to memory anyway, and its lines are then
+/// not read before they are written (hq's decode of 16 Mi floats 1.3x faster rotated, 2.1x
+/// unrotated, on the Intel VM; docs/performance.md). About the last-level cache, as
+/// `collective_tuning::non_temporal_bytes`.
+inline constexpr std::size_t stream_output_bytes = std::size_t{32} << 20;
+
 /// `bytes` from `src` to `dst` (not overlapping) with non-temporal stores where the CPU has
 /// them (x86-64's SSE2, every x86-64): the destination's lines are written without being read
 /// first and bypass the caches, which pays for outputs larger than the last-level cache that

@@ -776,20 +776,15 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
   return bad;
 }
 
-/// From this many bytes of output the decode writes it with non-temporal stores (each block
-/// made in a stack buffer, then streamed out): an output larger than the last-level cache goes
-/// to memory anyway, and its lines are then not read before they are written (1.3x for a
-/// rotated decode of 16 Mi floats on the Intel VM, 2.1x unrotated; docs/performance.md).
-inline constexpr std::size_t hq_stream_bytes = std::size_t{32} << 20;
-
 /// Decodes words holding the sums of `contributions` ranks' codes into `out` (count
 /// elements): (field - n L) x scale / L, rotated back. Returns the first element whose field
 /// is above n x 2L (no encoder writes it: a corrupt payload), or `count`. Outputs of
-/// `stream_from` bytes or more are written with non-temporal stores (the same values).
+/// `stream_from` bytes or more are written with non-temporal stores (`stream_output_bytes`;
+/// the same values).
 template <class T>
 std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::uint64_t* words,
                       std::uint64_t contributions, double scale, T* out,
-                      std::size_t stream_from = hq_stream_bytes) {
+                      std::size_t stream_from = stream_output_bytes) {
   const std::uint32_t levels = hq_levels(s.bits);
   const std::uint64_t top = contributions * 2u * levels;
   const T step = static_cast<T>(scale / levels);

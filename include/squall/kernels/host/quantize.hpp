@@ -9,7 +9,7 @@
 #include <squall/core/config.hpp>
 #include <squall/core/float8.hpp>
 #include <squall/core/random.hpp>
-#include <squall/kernels/host/copy.hpp>  // prefetch_lines
+#include <squall/kernels/host/copy.hpp>  // prefetch_lines, stream_copy
 
 #include <algorithm>  // max
 #include <bit>
@@ -396,12 +396,16 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
 /// Decodes what `quantize` wrote: `count` elements from `scales` and packed `codes`. Returns
 /// the index of the first element whose code is not valid (above 2s: a corrupt payload, as
 /// 2s + 1 levels need not fill the code width; or an 8-bit float NaN or infinity), or
-/// `count` if all are.
+/// `count` if all are. Outputs of `stream_from` bytes or more are written with non-temporal
+/// stores (`stream_output_bytes`; the same values).
 template <quantize_scheme Q, class T>
 std::size_t dequantize(const host_backend& /*backend*/, const T* scales, const std::uint8_t* codes,
-                       std::size_t count, std::size_t bucket, T* out) {
+                       std::size_t count, std::size_t bucket, T* out,
+                       std::size_t stream_from = stream_output_bytes) {
   std::size_t first_bad = count;
   std::uint8_t block_codes[detail::quantize_block];
+  alignas(64) T values[detail::quantize_block];  // a block's values, when streamed out
+  const bool streamed = count * sizeof(T) >= stream_from;
   for (std::size_t begin = 0, b = 0; begin < count; begin += bucket, ++b) {
     const std::size_t n = count - begin < bucket ? count - begin : bucket;
     for (std::size_t off = 0; off < n; off += detail::quantize_block) {
@@ -410,14 +414,20 @@ std::size_t dequantize(const host_backend& /*backend*/, const T* scales, const s
       detail::unpack_codes<Q.width>(codes + first * Q.width / 8, m, block_codes);
       T scale;
       std::memcpy(&scale, scales + b, sizeof scale);  // payloads need not be aligned
-      if (!detail::dequantize_block_loop<Q>(block_codes, m, scale, out + first) &&
+      if (!detail::dequantize_block_loop<Q>(block_codes, m, scale,
+                                            streamed ? values : out + first) &&
           first_bad == count) {
         std::size_t k = 0;
         while (valid_code(Q, block_codes[k])) ++k;
         first_bad = first + k;
       }
+      if (streamed) {
+        stream_copy(reinterpret_cast<std::byte*>(out + first),
+                    reinterpret_cast<const std::byte*>(values), m * sizeof(T), false);
+      }
     }
   }
+  if (streamed) stream_fence();
   return first_bad;
 }
 
