@@ -234,7 +234,8 @@ TEST_SUITE("shm_nonblocking") {
         }
 
         // The next call completes a pending one first: a blocking allreduce, a non-blocking
-        // one (on the progress thread), another ibarrier, a request dropped unwaited.
+        // one (on the progress thread), another ibarrier (there too), a request dropped
+        // unwaited.
         std::vector<float> a = input(me.rank, 70001, 5), b = input(me.rank, 1000, 6);
         squall::request first = comm.ibarrier();
         comm.allreduce(squall::host_view<float>(a));
@@ -248,6 +249,18 @@ TEST_SUITE("shm_nonblocking") {
         { auto dropped = comm.ibarrier(); }
         squall::request fourth = comm.ibarrier();
         fourth.wait();
+        // Two in a row while the last rank is 1 s late: neither call waits for it (the
+        // second goes behind the first, on the progress thread).
+        comm.barrier();
+        if (me.rank == p - 1) std::this_thread::sleep_for(1s);
+        const auto before = std::chrono::steady_clock::now();
+        squall::request fifth = comm.ibarrier();
+        squall::request sixth = comm.ibarrier();
+        if (p > 1 && std::chrono::steady_clock::now() - before > 500ms) {
+          return wrong(me.rank, "a second ibarrier waited for the first");
+        }
+        sixth.wait();
+        fifth.wait();
         for (std::size_t i = 0; i < a.size(); ++i) {
           if (a[i] != sum_at(p, i, 5)) return wrong(me.rank, "the allreduce after an ibarrier");
         }

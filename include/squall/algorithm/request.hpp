@@ -283,11 +283,12 @@ class call_order {
   }
   /// A call in two halves of rank `rank`: when nothing is in flight, `arrive()` on this thread
   /// (it returns the rest: a callable `bool(bool block)`, true once done) and a request that
-  /// runs the rest; else `whole` queued as a non-blocking call.
+  /// runs the rest; else `whole` queued as a non-blocking call (behind a pending call in two
+  /// halves too: completing it here would block until every rank has arrived at it, which a
+  /// non-blocking call must not).
   template <class Arrive>
   request split(int rank, Arrive&& arrive, std::function<void()> whole) {
-    if (engine_ && !engine_->idle()) return started(rank, std::move(whole));
-    complete_split();
+    if (split_ || (engine_ && !engine_->idle())) return started(rank, std::move(whole));
     using rest = decltype(arrive());
     split_ = std::make_shared<split_call_of<rest>>(std::forward<Arrive>(arrive)());
     return request(split_);
