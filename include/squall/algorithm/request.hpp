@@ -288,6 +288,7 @@ class call_order {
   /// non-blocking call must not).
   template <class Arrive>
   request split(int rank, Arrive&& arrive, std::function<void()> whole) {
+    if (split_ && split_->test()) complete_split();  // done: dropped (its failure raised here)
     if (split_ || (engine_ && !engine_->idle())) return started(rank, std::move(whole));
     using rest = decltype(arrive());
     split_ = std::make_shared<split_call_of<rest>>(std::forward<Arrive>(arrive)());
