@@ -199,7 +199,8 @@ TEST_SUITE("shm_nonblocking") {
   }
 
   TEST_CASE("ibarrier in two halves: arrives at the call, completes once all arrived") {
-    // Ranks arrive 60 ms apart. steady_clock is CLOCK_MONOTONIC, one clock for every process.
+    // Ranks arrive 150 ms apart (rank 0 must poll at least once before the last one comes, even
+    // on a loaded machine). steady_clock is CLOCK_MONOTONIC, one clock for every process.
     for (int ranks = 1; ranks <= 4; ++ranks) {
       CAPTURE(ranks);
       test::expect_ranks_succeed(ranks, [](const shm_job& me) {
@@ -210,7 +211,7 @@ TEST_SUITE("shm_nonblocking") {
         };
         const int p = me.size;
         comm.barrier();
-        std::this_thread::sleep_for(60ms * me.rank);
+        std::this_thread::sleep_for(150ms * me.rank);
         // times[0]: arrival, [1]: the call returned, [2]: test() said done
         std::vector<std::int64_t> times(3), all(3 * static_cast<std::size_t>(p));
         times[0] = now();
