@@ -2809,9 +2809,12 @@ void fortran_start(Binding mpi, bool takes, MPI_Fint* request, MPI_Fint* ierr, S
   if (*ierr == MPI_SUCCESS) *request = MPI_Request_c2f(c);
 }
 
-/// The C handles of `n` Fortran requests (what `library::pending` is keyed on).
-std::vector<MPI_Request> c_requests(MPI_Fint n, const MPI_Fint* requests) {
-  std::vector<MPI_Request> c(static_cast<std::size_t>(std::max<MPI_Fint>(n, 0)));
+/// The C handles of `n` Fortran requests (what `library::pending` is keyed on), in a buffer of
+/// this thread's that a test polled in a loop reuses (no allocation per call; the MPI's own
+/// bindings called meanwhile never come back here).
+const std::vector<MPI_Request>& c_requests(MPI_Fint n, const MPI_Fint* requests) {
+  thread_local std::vector<MPI_Request> c;
+  c.resize(static_cast<std::size_t>(std::max<MPI_Fint>(n, 0)));
   for (std::size_t i = 0; i < c.size(); ++i) c[i] = MPI_Request_f2c(requests[i]);
   return c;
 }
@@ -2821,7 +2824,7 @@ std::vector<MPI_Request> c_requests(MPI_Fint n, const MPI_Fint* requests) {
 template <class Test>
 void fortran_test(MPI_Fint n, const MPI_Fint* requests, Test&& test) {
   if (lib().in_flight.load(std::memory_order_acquire) != 0) {
-    const std::vector<MPI_Request> c = c_requests(n, requests);
+    const std::vector<MPI_Request>& c = c_requests(n, requests);
     settle(static_cast<int>(c.size()), c.data());
   }
   test();
@@ -2833,7 +2836,7 @@ void fortran_test(MPI_Fint n, const MPI_Fint* requests, Test&& test) {
 template <class Wait, class Test>
 void fortran_wait(MPI_Fint n, const MPI_Fint* requests, MPI_Fint* ierr, Wait&& wait, Test&& test) {
   if (lib().in_flight.load(std::memory_order_acquire) == 0) return wait();
-  const std::vector<MPI_Request> c = c_requests(n, requests);
+  const std::vector<MPI_Request>& c = c_requests(n, requests);
   wait_polling(static_cast<int>(c.size()), c.data(), [&](int* flag) {
     if (flag == nullptr) {
       wait();
@@ -3060,100 +3063,85 @@ SQUALL_MPI_EXPORT void mpi_ibarrier_(MPI_Fint* comm, MPI_Fint* request, MPI_Fint
 }
 
 SQUALL_MPI_EXPORT void mpi_wait_(MPI_Fint* request, MPI_Fint* status, MPI_Fint* ierr) {
+  const auto wait = SQUALL_MPI_FORTRAN_BINDING(wait_f, "mpi_wait_");
+  const auto test = SQUALL_MPI_FORTRAN_BINDING(test_f, "mpi_test_");
   fortran_wait(
-      1, request, ierr,
-      [&] {
-        SQUALL_MPI_FORTRAN_BINDING(wait_f, "mpi_wait_")
-        ()(request, status, ierr);
-      },
+      1, request, ierr, [&] { wait()(request, status, ierr); },
       [&] {
         MPI_Fint flag = 0;
-        SQUALL_MPI_FORTRAN_BINDING(test_f, "mpi_test_")()(request, &flag, status, ierr);
+        test()(request, &flag, status, ierr);
         return flag != 0;
       });
 }
 
 SQUALL_MPI_EXPORT void mpi_waitall_(MPI_Fint* count, MPI_Fint* requests, MPI_Fint* statuses,
                                     MPI_Fint* ierr) {
+  const auto wait = SQUALL_MPI_FORTRAN_BINDING(waitall_f, "mpi_waitall_");
+  const auto test = SQUALL_MPI_FORTRAN_BINDING(testall_f, "mpi_testall_");
   fortran_wait(
-      *count, requests, ierr,
-      [&] {
-        SQUALL_MPI_FORTRAN_BINDING(waitall_f, "mpi_waitall_")()(count, requests, statuses, ierr);
-      },
+      *count, requests, ierr, [&] { wait()(count, requests, statuses, ierr); },
       [&] {
         MPI_Fint flag = 0;
-        SQUALL_MPI_FORTRAN_BINDING(testall_f, "mpi_testall_")
-        ()(count, requests, &flag, statuses, ierr);
+        test()(count, requests, &flag, statuses, ierr);
         return flag != 0;
       });
 }
 
 SQUALL_MPI_EXPORT void mpi_waitany_(MPI_Fint* count, MPI_Fint* requests, MPI_Fint* index,
                                     MPI_Fint* status, MPI_Fint* ierr) {
+  const auto wait = SQUALL_MPI_FORTRAN_BINDING(waitany_f, "mpi_waitany_");
+  const auto test = SQUALL_MPI_FORTRAN_BINDING(testany_f, "mpi_testany_");
   fortran_wait(
-      *count, requests, ierr,
-      [&] {
-        SQUALL_MPI_FORTRAN_BINDING(waitany_f, "mpi_waitany_")
-        ()(count, requests, index, status, ierr);
-      },
+      *count, requests, ierr, [&] { wait()(count, requests, index, status, ierr); },
       [&] {
         MPI_Fint flag = 0;
-        SQUALL_MPI_FORTRAN_BINDING(testany_f, "mpi_testany_")
-        ()(count, requests, index, &flag, status, ierr);
+        test()(count, requests, index, &flag, status, ierr);
         return flag != 0;
       });
 }
 
 SQUALL_MPI_EXPORT void mpi_waitsome_(MPI_Fint* incount, MPI_Fint* requests, MPI_Fint* outcount,
                                      MPI_Fint* indices, MPI_Fint* statuses, MPI_Fint* ierr) {
+  const auto wait = SQUALL_MPI_FORTRAN_BINDING(some_f, "mpi_waitsome_");
+  const auto test = SQUALL_MPI_FORTRAN_BINDING(some_f, "mpi_testsome_");
   fortran_wait(
       *incount, requests, ierr,
+      [&] { wait()(incount, requests, outcount, indices, statuses, ierr); },
       [&] {
-        SQUALL_MPI_FORTRAN_BINDING(some_f, "mpi_waitsome_")
-        ()(incount, requests, outcount, indices, statuses, ierr);
-      },
-      [&] {
-        SQUALL_MPI_FORTRAN_BINDING(some_f, "mpi_testsome_")
-        ()(incount, requests, outcount, indices, statuses, ierr);
+        test()(incount, requests, outcount, indices, statuses, ierr);
         return *outcount != 0;  // some completed, or none was active (MPI_UNDEFINED)
       });
 }
 
 SQUALL_MPI_EXPORT void mpi_test_(MPI_Fint* request, MPI_Fint* flag, MPI_Fint* status,
                                  MPI_Fint* ierr) {
-  fortran_test(1, request, [&] {
-    SQUALL_MPI_FORTRAN_BINDING(test_f, "mpi_test_")()(request, flag, status, ierr);
-  });
+  const auto test = SQUALL_MPI_FORTRAN_BINDING(test_f, "mpi_test_");
+  fortran_test(1, request, [&] { test()(request, flag, status, ierr); });
 }
 
 SQUALL_MPI_EXPORT void mpi_testall_(MPI_Fint* count, MPI_Fint* requests, MPI_Fint* flag,
                                     MPI_Fint* statuses, MPI_Fint* ierr) {
-  fortran_test(*count, requests, [&] {
-    SQUALL_MPI_FORTRAN_BINDING(testall_f, "mpi_testall_")()(count, requests, flag, statuses, ierr);
-  });
+  const auto test = SQUALL_MPI_FORTRAN_BINDING(testall_f, "mpi_testall_");
+  fortran_test(*count, requests, [&] { test()(count, requests, flag, statuses, ierr); });
 }
 
 SQUALL_MPI_EXPORT void mpi_testany_(MPI_Fint* count, MPI_Fint* requests, MPI_Fint* index,
                                     MPI_Fint* flag, MPI_Fint* status, MPI_Fint* ierr) {
-  fortran_test(*count, requests, [&] {
-    SQUALL_MPI_FORTRAN_BINDING(testany_f, "mpi_testany_")
-    ()(count, requests, index, flag, status, ierr);
-  });
+  const auto test = SQUALL_MPI_FORTRAN_BINDING(testany_f, "mpi_testany_");
+  fortran_test(*count, requests, [&] { test()(count, requests, index, flag, status, ierr); });
 }
 
 SQUALL_MPI_EXPORT void mpi_testsome_(MPI_Fint* incount, MPI_Fint* requests, MPI_Fint* outcount,
                                      MPI_Fint* indices, MPI_Fint* statuses, MPI_Fint* ierr) {
-  fortran_test(*incount, requests, [&] {
-    SQUALL_MPI_FORTRAN_BINDING(some_f, "mpi_testsome_")
-    ()(incount, requests, outcount, indices, statuses, ierr);
-  });
+  const auto test = SQUALL_MPI_FORTRAN_BINDING(some_f, "mpi_testsome_");
+  fortran_test(*incount, requests,
+               [&] { test()(incount, requests, outcount, indices, statuses, ierr); });
 }
 
 SQUALL_MPI_EXPORT void mpi_request_get_status_(MPI_Fint* request, MPI_Fint* flag, MPI_Fint* status,
                                                MPI_Fint* ierr) {
-  fortran_test(1, request, [&] {
-    SQUALL_MPI_FORTRAN_BINDING(test_f, "mpi_request_get_status_")()(request, flag, status, ierr);
-  });
+  const auto get = SQUALL_MPI_FORTRAN_BINDING(test_f, "mpi_request_get_status_");
+  fortran_test(1, request, [&] { get()(request, flag, status, ierr); });
 }
 
 SQUALL_MPI_EXPORT void mpi_request_free_(MPI_Fint* request, MPI_Fint* ierr) {

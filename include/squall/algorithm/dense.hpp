@@ -283,13 +283,9 @@ class dense_core {
     const bool alike =
         std::all_of(counts.begin(), counts.end(), [most](std::size_t c) { return c == most; });
     const schedule s = gather_schedule(total * sizeof(T));
-    bool windows = false;
     if constexpr (direct_transport<Transport>) {
-      windows = alike && s.one_shot &&
-                copies_through_windows(most * sizeof(T), most * p * sizeof(T), true);
-    }
-    if constexpr (direct_transport<Transport>) {
-      if (windows) {
+      if (alike && s.one_shot &&
+          copies_through_windows(most * sizeof(T), most * p * sizeof(T), true)) {
         begin_call(collective::allgatherv, dtype_of<T>, "", total);
         if (in.data() != into[me]) place_check(in, view<T>(into[me], most));
         executor().allgather_windows(
@@ -302,7 +298,7 @@ class dense_core {
       }
     }
     if constexpr (peer_memory_transport<Transport>) {
-      if (!windows && s.one_shot && uses_peer_memory(most * p * sizeof(T))) {
+      if (s.one_shot && uses_peer_memory(most * p * sizeof(T))) {
         begin_call(collective::allgatherv, dtype_of<T>, "", total);
         settle();
         std::vector<std::size_t> bytes(p);
@@ -369,19 +365,14 @@ class dense_core {
     run(s, data.data(), data.count(), make_reducer<T, sum_op>(backend_));
   }
 
-  void barrier() {
-    begin_call(collective::barrier, dtype::float32, "", 0);
-    if (check_.pending()) {
-      settle();  // that barrier is the barrier
-    } else {
-      transport_.barrier().wait();
-    }
-  }
+  /// The call stated for the mismatch check, then the transport's barrier, whose signatures
+  /// it compares (a pending window check's barrier is this one).
+  void barrier() { barrier_arrive()(true); }
 
-  /// The first half of `barrier()`, for a barrier in two halves (`communicator::ibarrier`):
-  /// states the call for the mismatch check and arrives. Returns the rest, a callable
-  /// `bool(bool block)`: one poll, or to the end; true once every rank has arrived (and the
-  /// check passed). It must complete before this core's next call, on one thread at a time.
+  /// `barrier()` in two halves (`communicator::ibarrier`): states the call for the mismatch
+  /// check and arrives. Returns the rest, a callable `bool(bool block)`: one poll, or to the
+  /// end; true once every rank has arrived (and the check passed). It must complete before
+  /// this core's next call, on one thread at a time.
   auto barrier_arrive() {
     begin_call(collective::barrier, dtype::float32, "", 0);
     using arrival = decltype(transport_.barrier());
