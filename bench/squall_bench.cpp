@@ -6,7 +6,7 @@
 //                [--topology all|ring|tree|direct|halving_doubling|hierarchical|automatic[,..]]
 //                [--transport shm|mpi] [--dtype float|double|int32|int64|float16|bfloat16]
 //                [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] [--chunk BYTES]
-//                [--peer-memory BYTES] [--window-copy BYTES] [--non-temporal BYTES]
+//                [--peer-memory BYTES] [--window-copy BYTES|auto] [--non-temporal BYTES]
 //                [--whole-reduce BYTES]
 //                [--no-check] [--registered] [--fresh] [--calibrate] [--csv FILE] [--json FILE]
 //                [--compressor none|cast:bf16|topk:0.01+ef|qsgd:4|powersgd:4|...[,..]]
@@ -15,7 +15,9 @@
 //
 // --chunk, --peer-memory, --window-copy, --non-temporal and --whole-reduce override
 // collective_tuning's chunk_bytes, peer_memory_bytes, window_copy_bytes, non_temporal_bytes
-// and whole_reduce_bytes (0: never).
+// and whole_reduce_bytes (0: never). `--window-copy auto` keeps window_copy_bytes and has
+// each dense communicator measure where its allreduce copies through the windows
+// (`communicator::calibrate_windows`, 3 ranks or more on shm), printed once per topology.
 // --registered (shm, dense): each communicator's input and output are registered memory
 // (shm_transport::allocate, every rank maps them: plain loads and stores between ranks,
 // issue 22), not the heap; the time to allocate and map them is printed once.
@@ -102,7 +104,7 @@ const std::vector<std::string> all_topologies = {
       "reduce_scatter|broadcast] [--topology all|ring|tree|direct|halving_doubling|"
       "hierarchical|automatic[,...]] [--transport shm|mpi] [--dtype float|double|int32|"
       "int64|float16|bfloat16] [-b 4K] [-e 256M] [-f 4] [--iters N] [--warmup N] "
-      "[--chunk BYTES] [--peer-memory BYTES] [--window-copy BYTES] [--non-temporal BYTES] "
+      "[--chunk BYTES] [--peer-memory BYTES] [--window-copy BYTES|auto] [--non-temporal BYTES] "
       "[--whole-reduce BYTES] "
       "[--no-check] [--registered] [--fresh] "
       "[--calibrate] "
@@ -178,9 +180,11 @@ settings parse(int argc, char** argv) {
       s.chunk = parse_size(value());
     else if (a == "--peer-memory")
       s.peer_memory = parse_size(value());
-    else if (a == "--window-copy")
-      s.window_copy = static_cast<long long>(parse_size(value()));
-    else if (a == "--whole-reduce")
+    else if (a == "--window-copy") {
+      const std::string v = value();
+      s.window_copy =
+          v == "auto" ? settings::window_copy_auto : static_cast<long long>(parse_size(v));
+    } else if (a == "--whole-reduce")
       s.whole_reduce = static_cast<long long>(parse_size(value()));
     else if (a == "--non-temporal")
       s.non_temporal = static_cast<long long>(parse_size(value()));
@@ -580,6 +584,20 @@ std::unique_ptr<runner_base<T>> bench<Transport>::make_runner(const std::string&
   auto r = std::make_unique<runner<Transport, Topology, T>>(
       name, make_transport(job_name), s_, j_, opts, tuning, std::max<std::size_t>(most, 1),
       std::max<std::size_t>(out_count, 1));
+  if (s_.window_copy == settings::window_copy_auto) {
+    const squall::window_calibration m = r->comm.calibrate_windows();
+    if (j_.rank == 0 && m.measured) {
+      std::printf(
+          "# windows calibrated (%s) in %.1f ms, allreduce us through the windows / the "
+          "peers' memory:",
+          name.c_str(), m.seconds * 1e3);
+      for (std::size_t i = 0; i < m.sizes.size(); ++i) {
+        std::printf(" %zu %.1f/%.1f", m.sizes[i], m.windows_seconds[i] * 1e6,
+                    m.peers_seconds[i] * 1e6);
+      }
+      std::printf("; windows up to %zu bytes\n", m.bound);
+    }
+  }
   if constexpr (std::is_same_v<Topology, squall::hierarchical_topology<>>) {
     // the nodes the communicator found (host names, or SQUALL_RANKS_PER_NODE)
     const std::vector<int>& node_of = r->comm.topology().node_of;

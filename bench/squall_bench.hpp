@@ -41,11 +41,12 @@ struct settings {
   std::size_t factor = 4;
   int iters = 0;  // 0: from the size
   int warmup = 2;
-  std::size_t chunk = 0;        // 0: the default collective_tuning
-  std::size_t peer_memory = 0;  // 0: the default collective_tuning
-  long long window_copy = -1;   // < 0: the default collective_tuning
-  long long whole_reduce = -1;  // < 0: the default collective_tuning
-  long long non_temporal = -1;  // < 0: the default collective_tuning
+  std::size_t chunk = 0;                             // 0: the default collective_tuning
+  std::size_t peer_memory = 0;                       // 0: the default collective_tuning
+  long long window_copy = -1;                        // < 0: the default collective_tuning
+  static constexpr long long window_copy_auto = -2;  // --window-copy auto: calibrate_windows
+  long long whole_reduce = -1;                       // < 0: the default collective_tuning
+  long long non_temporal = -1;                       // < 0: the default collective_tuning
   bool check = true;
   bool registered = false;  // --registered: shm buffers every rank maps (issue 22)
   bool fresh = false;       // --fresh: every rank rewrites its input before every call

@@ -59,7 +59,10 @@
 //                         Open MPI's).
 //   SQUALL_MPI_WINDOW_COPY_BYTES  squall's collective_tuning::window_copy_bytes on shared
 //                         memory (default 2M; 0: cross-memory reads from 64 KiB, which some
-//                         machines copy faster: docs/performance.md).
+//                         machines copy faster: docs/performance.md), or auto: the default,
+//                         and each shared-memory communicator of 3 ranks or more measures where
+//                         its allreduce copies through the windows at its first call
+//                         (communicator::calibrate_windows; about 0.1 s).
 //   SQUALL_MPI_TOPOLOGY   automatic (default), ring, tree, direct or halving_doubling.
 //   SQUALL_MPI_TRANSPORT  auto (default: shared memory on one host; across hosts in tiers, as
 //                         above), shm or mpi (mpi_transport alone, even on one host).
@@ -99,6 +102,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>  // lround
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -185,6 +189,9 @@ struct config {
   static constexpr std::uint64_t default_window_copy_bytes =
       squall::collective_tuning{}.window_copy_bytes;
   std::uint64_t window_copy_bytes = default_window_copy_bytes;
+  /// SQUALL_MPI_WINDOW_COPY_BYTES=auto: `communicator::calibrate_windows` on each shared-memory
+  /// communicator when it is made.
+  bool calibrate_windows = false;
   std::string topology = "automatic";
   std::string transport = "auto";
   /// SQUALL_RANKS_PER_NODE: that many consecutive ranks of a communicator form one node (to
@@ -249,7 +256,12 @@ struct config {
     };
     bytes("SQUALL_MPI_MIN_BYTES", c.min_bytes);
     bytes("SQUALL_MPI_IALLREDUCE_MIN_BYTES", c.iallreduce_min_bytes);
-    bytes("SQUALL_MPI_WINDOW_COPY_BYTES", c.window_copy_bytes);
+    if (const char* text = std::getenv("SQUALL_MPI_WINDOW_COPY_BYTES");
+        text != nullptr && std::string_view(text) == "auto") {
+      c.calibrate_windows = true;
+    } else {
+      bytes("SQUALL_MPI_WINDOW_COPY_BYTES", c.window_copy_bytes);
+    }
     if (const char* text = std::getenv("SQUALL_MPI_TOPOLOGY")) {
       c.topology = text;
       try {
@@ -322,11 +334,12 @@ struct config {
   /// What every rank must hold alike: every setting, since each changes a route or, with
   /// `stats`, a collective at MPI_Finalize.
   std::uint64_t hash() const {
-    std::string text =
-        std::to_string(enable) + "/" + std::to_string(min_bytes) + "/" +
-        std::to_string(iallreduce_min_bytes) + "/" + std::to_string(window_copy_bytes) + "/" +
-        topology + "/" + transport + "/" + std::to_string(ranks_per_node) + "/" + compressor + "/" +
-        std::to_string(verbose) + std::to_string(stats) + std::to_string(bcast_by_default) + "/";
+    std::string text = std::to_string(enable) + "/" + std::to_string(min_bytes) + "/" +
+                       std::to_string(iallreduce_min_bytes) + "/" +
+                       std::to_string(window_copy_bytes) + (calibrate_windows ? "auto/" : "/") +
+                       topology + "/" + transport + "/" + std::to_string(ranks_per_node) + "/" +
+                       compressor + "/" + std::to_string(verbose) + std::to_string(stats) +
+                       std::to_string(bcast_by_default) + "/";
     for (const bool take : takes) text += take ? '1' : '0';
     for (const std::string& name : compress_only) text += "/" + name;
     return squall::detail::fnv1a64(text.data(), text.size());
@@ -822,9 +835,22 @@ comm_state& make_state(MPI_Comm comm) {
       with(squall::identity_compressor{});
     }
   };
+  // SQUALL_MPI_WINDOW_COPY_BYTES=auto: where `holder`'s allreduce copies through the windows,
+  // measured on its ranks (nothing where there is no choice); what it chose, for the verbose
+  // line.
+  std::string calibrated;
+  const auto calibrate = [&](auto& holder) {
+    if (!l.settings.calibrate_windows) return;
+    const squall::window_calibration m = holder.comm->calibrate_windows();
+    if (m.measured) {
+      calibrated = ", the allreduce through the windows up to " + std::to_string(m.bound) +
+                   " bytes (measured in " + std::to_string(std::lround(m.seconds * 1e3)) + " ms)";
+    }
+  };
   if (use_shm) {
     PMPI_Comm_free(&node);
     install(state->impl, shm_over(state->own), compress == 1);
+    std::visit(calibrate, state->impl);
     state->transport = "shared memory";
     state->one_host = true;
   } else if (!hierarchical) {
@@ -844,6 +870,7 @@ comm_state& make_state(MPI_Comm comm) {
                    squall_communicator<squall::shm_transport, squall::identity_compressor>::type>(
                    shm_over(node), topology, squall::options{}, tuning),
                {}};
+    calibrate(t->node);
     if (t->cross_comm != MPI_COMM_NULL) {
       install(t->cross, squall::mpi_transport(t->cross_comm), compress == 1);
     }
@@ -871,9 +898,10 @@ comm_state& make_state(MPI_Comm comm) {
                                : state->one_host            ? ", MPI_Bcast up to 1 MiB"
                                                             : ", MPI_Bcast left to MPI";
     const std::string windows =
-        l.settings.window_copy_bytes == config::default_window_copy_bytes
-            ? ""
-            : ", window copies up to " + std::to_string(l.settings.window_copy_bytes) + " bytes";
+        (l.settings.window_copy_bytes == config::default_window_copy_bytes
+             ? ""
+             : ", window copies up to " + std::to_string(l.settings.window_copy_bytes) + " bytes") +
+        calibrated;
     std::fprintf(stderr,
                  "squall_mpi: communicator '%s' (%d ranks): squall's collectives over %s, "
                  "topology %s, for calls of >= %llu bytes%s%s%s; the rest goes to MPI\n",

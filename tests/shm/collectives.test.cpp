@@ -18,9 +18,12 @@
 #include <squall/transport/shm.hpp>
 
 #include <doctest/doctest.h>
+#include <sys/mman.h>
 
+#include <algorithm>  // count, fill, find
 #include <array>
 #include <chrono>
+#include <cmath>  // fabs, ldexp
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -31,6 +34,7 @@
 
 #include "../support/collective_checks.hpp"
 #include "../support/deferred_backend.hpp"
+#include "../support/result_hash.hpp"
 #include "../support/shm_ranks.hpp"
 #include "../support/topologies.hpp"
 
@@ -148,6 +152,136 @@ TEST_SUITE("shm_collectives") {
 }
 
 TEST_SUITE("shm_collectives") {
+  TEST_CASE(
+      "calibrate_windows measures the allreduce's two paths from 3 processes on; every "
+      "rank agrees; either path gives the same bits") {
+    // Measured on 3 and 4 ranks (nothing to choose on 1 and 2): sizes from peer_memory_bytes
+    // to a whole half window, the chosen bound the one `window_bound_of` fits to the times,
+    // bitwise the same bound and times on every rank; the allreduce still equals the serial
+    // reference after it (exact inputs either side of the bound).
+    const std::size_t half =
+        (squall::shm_config{}.window_bytes - squall::detail::signature_area) / 2;
+    for (int ranks = 1; ranks <= max_ranks; ++ranks) {
+      CAPTURE(ranks);
+      test::expect_ranks_succeed(ranks, [&](const shm_job& me) {
+        squall::communicator<shm_transport, squall::direct_topology> comm(
+            shm_transport(me, squall::options{.deadline = 60s}));
+        const squall::window_calibration m = comm.calibrate_windows();
+        test::findings found;
+        if (ranks < 3) {
+          if (m.measured || !m.sizes.empty() ||
+              m.bound != squall::collective_tuning{}.window_copy_bytes) {
+            found.add("calibrate_windows measured on " + std::to_string(ranks) + " ranks");
+          }
+        } else {
+          bool sane = m.measured && m.sizes.size() == m.windows_seconds.size() &&
+                      m.sizes.size() == m.peers_seconds.size() && m.sizes.size() >= 2 &&
+                      m.sizes.front() == squall::collective_tuning{}.peer_memory_bytes &&
+                      m.sizes.back() == half / 64 * 64 && m.seconds > 0;
+          for (std::size_t i = 0; sane && i < m.sizes.size(); ++i) {
+            sane = m.windows_seconds[i] > 0 && m.windows_seconds[i] < 10 &&
+                   m.peers_seconds[i] > 0 && m.peers_seconds[i] < 10;
+          }
+          if (!sane) found.add("calibrate_windows: a size or time out of place");
+          if (m.bound != squall::detail::window_bound_of(m) ||
+              (m.bound != 0 &&
+               std::find(m.sizes.begin(), m.sizes.end(), m.bound) == m.sizes.end())) {
+            found.add("calibrate_windows chose " + std::to_string(m.bound) +
+                      ", not the bound its times give");
+          }
+          // the same on every rank: the bound and the times, hashed, gathered
+          std::vector<double> mine = m.windows_seconds;
+          mine.insert(mine.end(), m.peers_seconds.begin(), m.peers_seconds.end());
+          mine.push_back(static_cast<double>(m.bound));
+          const auto h = static_cast<std::int64_t>(
+              test::hash_bytes(mine.data(), mine.size() * sizeof(double)));
+          std::vector<std::int64_t> all(static_cast<std::size_t>(ranks));
+          comm.allgather(squall::host_view<const std::int64_t>(&h, 1),
+                         squall::host_view<std::int64_t>(all));
+          if (std::count(all.begin(), all.end(), h) != ranks) {
+            found.add("calibrate_windows: the ranks hold different bounds or times");
+          }
+        }
+        for (const std::size_t count :
+             {std::size_t{16384}, std::size_t{1} << 18, half / 64 * 16 + 1}) {
+          test::check_allreduce<float, squall::sum_op>(comm, count, false, found);
+          test::check_allreduce<float, squall::sum_op>(comm, count, true, found);
+        }
+        if (found.ok()) return 0;
+        std::fprintf(stderr, "rank %d of %d: %s\n", me.rank, me.size, found.text().c_str());
+        return 1;
+      });
+    }
+
+    // Either side of the bound, the same bits: sums of floats of many magnitudes (whose
+    // order matters) through the windows (bound 2 MiB) and through the peers' memory (0), in
+    // place and not, on 3 and 4 processes; each rank's result hashed into a shared page.
+    constexpr std::size_t count = 300'001;  // 1.2 MB a rank: between 64 KiB and half a window
+    constexpr int runs = 2 * 2;             // path x in place
+    auto* hashes = static_cast<std::uint64_t*>(mmap(nullptr, sizeof(std::uint64_t) * runs * 4,
+                                                    PROT_READ | PROT_WRITE,
+                                                    MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(hashes != MAP_FAILED);
+    for (int ranks = 3; ranks <= max_ranks; ++ranks) {
+      CAPTURE(ranks);
+      std::fill(hashes, hashes + runs * 4, std::uint64_t{0});
+      for (const std::size_t bound : {std::size_t{2} << 20, std::size_t{0}}) {
+        test::expect_ranks_succeed(ranks, [&](const shm_job& me) {
+          squall::communicator<shm_transport, squall::direct_topology> comm(
+              shm_transport(me, squall::options{.deadline = 60s}), {}, {},
+              squall::collective_tuning{.allreduce_window_copy_bytes = bound});
+          const auto input = [](int r) {
+            std::vector<float> v(count);
+            for (std::size_t i = 0; i < count; ++i) {
+              const std::uint64_t x = test::mix(77, r, i);
+              v[i] = static_cast<float>(std::ldexp(static_cast<double>(x >> 11), -53) - 0.5) *
+                     std::ldexp(1.0f, static_cast<int>(x % 24) - 12);
+            }
+            return v;
+          };
+          const std::vector<float> in = input(me.rank);
+          std::vector<double> want(count, 0);
+          double scale = 0;
+          for (int q = 0; q < ranks; ++q) {
+            const std::vector<float> theirs = input(q);
+            for (std::size_t i = 0; i < count; ++i) {
+              want[i] += theirs[i];
+              scale = std::max(scale, std::fabs(static_cast<double>(theirs[i])));
+            }
+          }
+          for (const bool in_place : {false, true}) {
+            std::vector<float> out(count);
+            if (in_place) {
+              out = in;
+              comm.allreduce(squall::host_view<float>(out));
+            } else {
+              comm.allreduce(squall::host_view<const float>(in), squall::host_view<float>(out));
+            }
+            for (std::size_t i = 0; i < count; ++i) {
+              if (std::fabs(out[i] - want[i]) > 4 * ranks * scale * 0x1p-24) {
+                std::fprintf(stderr, "rank %d, bound %zu: element %zu is %g, the sum %g\n", me.rank,
+                             bound, i, static_cast<double>(out[i]), want[i]);
+                return 1;
+              }
+            }
+            const int run = (bound == 0 ? 2 : 0) + (in_place ? 1 : 0);
+            hashes[run * 4 + me.rank] = test::hash_bytes(out.data(), count * sizeof(float));
+          }
+          return 0;
+        });
+      }
+      CHECK(hashes[0] != 0);
+      for (int r = 0; r < ranks; ++r) {
+        for (int run = 0; run < runs; ++run) {
+          CAPTURE(r);
+          CAPTURE(run);
+          CHECK(hashes[run * 4 + r] == hashes[0]);  // every rank, path and placement alike
+        }
+      }
+    }
+    munmap(hashes, sizeof(std::uint64_t) * runs * 4);
+  }
+
   TEST_CASE("random calls with mismatches between them: every matching call is still right") {
     // test::check_calls_around_mismatches on processes: the windows' paths (the default 4 MiB
     // windows, window copies up to 8 KiB), peer memory (cross-memory copies) from 4 KiB.

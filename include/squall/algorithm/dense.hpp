@@ -182,6 +182,30 @@ class dense_core {
   const Backend& backend() const { return backend_; }
   const schedule_source& schedules() const { return *schedules_; }
   const collective_tuning& tuning() const { return tuning_; }
+  /// Whether the allreduce's path above `peer_memory_bytes` is a choice here (the windows or
+  /// the peers' memory: a transport with both, 3 ranks or more, the peers reachable, no
+  /// registered memory), which `calibrate_windows` measures.
+  bool allreduce_window_choice() const {
+    if constexpr (peer_memory_transport<Transport> && direct_transport<Transport>) {
+      if constexpr (registered_memory_transport<Transport>) {
+        if (transport_.registrations() != 0) return false;
+      }
+      return size() >= 3 && transport_.can_access_peers() &&
+             fits_half_window(tuning_.peer_memory_bytes);
+    } else {
+      return false;
+    }
+  }
+  /// Sets `collective_tuning::allreduce_window_copy_bytes`; every rank must set the same.
+  void set_allreduce_window_copy_bytes(std::size_t bytes) {
+    tuning_.allreduce_window_copy_bytes = bytes;
+  }
+  /// The allreduce's bound in effect (`allreduce_window_copy_bytes`, else `window_copy_bytes`).
+  std::size_t allreduce_window_bound() const {
+    return tuning_.allreduce_window_copy_bytes == collective_tuning::as_window_copy
+               ? tuning_.window_copy_bytes
+               : tuning_.allreduce_window_copy_bytes;
+  }
   transfer_stats last_transfer() const { return {buffers_.moved.sent, buffers_.moved.received}; }
   /// The core whose memory is the transport's (calibration runs there): this one.
   dense_core& transport_core() { return *this; }
@@ -244,7 +268,8 @@ class dense_core {
     if (in.data() != mine) place_check(in, view<T>(mine, count));
     const schedule s = gather_schedule(out.size_bytes());
     if constexpr (direct_transport<Transport>) {
-      if (s.one_shot && copies_through_windows(in.size_bytes(), out.size_bytes(), true)) {
+      if (s.one_shot && copies_through_windows(in.size_bytes(), out.size_bytes(), true,
+                                               tuning_.window_copy_bytes)) {
         executor().allgather_windows(reinterpret_cast<const std::byte*>(in.data()),
                                      reinterpret_cast<std::byte*>(out.data()), in.size_bytes(),
                                      copy_only_reducer(), window_round_, check_after_barrier());
@@ -285,7 +310,8 @@ class dense_core {
     const schedule s = gather_schedule(total * sizeof(T));
     if constexpr (direct_transport<Transport>) {
       if (alike && s.one_shot &&
-          copies_through_windows(most * sizeof(T), most * p * sizeof(T), true)) {
+          copies_through_windows(most * sizeof(T), most * p * sizeof(T), true,
+                                 tuning_.window_copy_bytes)) {
         begin_call(collective::allgatherv, dtype_of<T>, "", total);
         if (in.data() != into[me]) place_check(in, view<T>(into[me], most));
         executor().allgather_windows(
@@ -347,7 +373,8 @@ class dense_core {
       s = tree_topology{}.broadcast_schedule(rank(), size(), root);
     }
     if constexpr (direct_transport<Transport>) {
-      if (s.one_shot && copies_through_windows(data.size_bytes(), data.size_bytes(), false)) {
+      if (s.one_shot && copies_through_windows(data.size_bytes(), data.size_bytes(), false,
+                                               tuning_.window_copy_bytes)) {
         executor().broadcast_windows(reinterpret_cast<std::byte*>(data.data()), data.size_bytes(),
                                      root, copy_only_reducer(), window_round_,
                                      check_after_barrier());
@@ -468,7 +495,8 @@ class dense_core {
   void run_allreduce(const schedule& s, const T* in, T* out, std::size_t count, const reducer& r) {
     const std::size_t bytes = count * r.element_bytes;
     if constexpr (peer_memory_transport<Transport>) {
-      if (s.one_shot && uses_peer_memory(bytes) && !copies_through_windows(bytes, bytes, true)) {
+      if (s.one_shot && uses_peer_memory(bytes) &&
+          !copies_through_windows(bytes, bytes, true, allreduce_window_bound())) {
         settle();
         executor().run_one_shot_peer_memory(reinterpret_cast<const std::byte*>(in),
                                             reinterpret_cast<std::byte*>(out), count, r);
@@ -558,7 +586,8 @@ class dense_core {
     const schedule s = scatter_schedule(bytes);
     const view<T> result(out, block_count(count));
     const reducer r = make_reducer<T, Op>(backend_);
-    const bool windows = s.one_shot && copies_through_windows(bytes, bytes, false);
+    const bool windows =
+        s.one_shot && copies_through_windows(bytes, bytes, false, tuning_.window_copy_bytes);
     bool done = false;
     if constexpr (peer_memory_transport<Transport>) {
       if (s.one_shot && !windows && uses_peer_memory(bytes)) {
@@ -634,19 +663,19 @@ class dense_core {
 
   // Whether a one-shot collective copies through the windows (a rank publishes `published`
   // bytes; `total`, the bytes that decide the peer-memory path): below `peer_memory_bytes`
-  // where they fit, and above it up to `window_copy_bytes` while no rank has registered
-  // memory (collective_tuning; registering is collective, so every rank decides alike): a
-  // broadcast and a reduce-scatter at any size of job, an allreduce and an allgather from 3
-  // ranks on (`from_three_ranks`).
-  bool copies_through_windows(std::size_t published, std::size_t total,
-                              bool from_three_ranks) const {
+  // where they fit, and above it up to `bound` (collective_tuning's `window_copy_bytes`, or
+  // the allreduce's own) while no rank has registered memory (registering is collective, so
+  // every rank decides alike): a broadcast and a reduce-scatter at any size of job, an
+  // allreduce and an allgather from 3 ranks on (`from_three_ranks`).
+  bool copies_through_windows(std::size_t published, std::size_t total, bool from_three_ranks,
+                              std::size_t bound) const {
     if (!fits_half_window(published)) return false;
     if (!uses_peer_memory(total)) return true;
     if (from_three_ranks && size() == 2) return false;
     if constexpr (registered_memory_transport<Transport>) {
       if (transport_.registrations() != 0) return false;
     }
-    return published <= tuning_.window_copy_bytes;
+    return published <= bound;
   }
 
   // What a window round runs after its first barrier: the pending mismatch check, whose

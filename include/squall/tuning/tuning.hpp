@@ -50,8 +50,16 @@ struct collective_tuning {
   /// 0.64-0.99x, so it keeps the peer-memory path. At 128 KiB-1 MiB (medians of ten paired
   /// runs): reduce-scatter 1.36-1.90x faster at 2 ranks and 1.26-2.00x at 4; allreduce
   /// 1.22-1.52x at 3 and 1.10-1.59x at 4, but 0.87-0.99x at 2 (it keeps the peer-memory
-  /// path). 0: never.
+  /// path). 0: never. An allreduce has a bound of its own, below.
   std::size_t window_copy_bytes = std::size_t{2} << 20;
+  /// The same bound for the allreduce of 3 ranks or more (its whole input published per
+  /// rank); `as_window_copy`: `window_copy_bytes`. Which path is faster is the machine's: the
+  /// AMD VM measured the windows 1.10-1.59x faster at 128 KiB-1 MiB with 4 ranks, an Intel
+  /// VM the peers' memory 1.3-1.6x faster from 256 KiB (docs/performance.md), so
+  /// `communicator::calibrate_windows` measures both on the ranks at hand and sets this.
+  /// 0: never.
+  std::size_t allreduce_window_copy_bytes = as_window_copy;
+  static constexpr std::size_t as_window_copy = ~std::size_t{0};
   /// An allreduce of two ranks whose input is at most this many bytes (and that fits half a
   /// window, below `peer_memory_bytes`) runs in one barrier: both ranks publish their inputs
   /// and each reduces the whole result out of both windows (`allreduce_windows_whole`; a + b

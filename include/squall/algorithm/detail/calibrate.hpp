@@ -19,6 +19,22 @@
 #include <type_traits>  // remove_cvref_t
 #include <vector>
 
+namespace squall {
+
+/// What `calibrate_windows` measured and chose: per size (bytes of a rank's input), the
+/// slowest rank's best time of an allreduce through the windows and through the peers'
+/// memory, and the bound it set (`collective_tuning::allreduce_window_copy_bytes`).
+struct window_calibration {
+  std::vector<std::size_t> sizes;
+  std::vector<double> windows_seconds;
+  std::vector<double> peers_seconds;
+  std::size_t bound = 0;
+  double seconds = 0;     ///< what the calibration took on this rank
+  bool measured = false;  ///< false: no choice here (see `communicator::calibrate_windows`)
+};
+
+}  // namespace squall
+
 namespace squall::detail {
 
 /// One out-of-place float sum with candidate `c` of the cost model, as allreduce runs it.
@@ -104,6 +120,115 @@ void calibrate(Dense& dense, cost_model& model, std::size_t up_to) {
       points.push_back({sizes[i], slowest});
     }
   }
+}
+
+/// The bound of `sizes` whose paths cost least: every size up to it through the windows,
+/// the rest through the peers' memory, each size's time taken relative to its faster path
+/// so that each size counts alike (a step fitted to the measurements, so one noisy size
+/// does not move it). 0 when the peers' memory wins; the smaller bound on a tie.
+inline std::size_t window_bound_of(const window_calibration& m) {
+  std::size_t best_bound = 0;
+  double best_cost = 1e300;
+  for (std::size_t b = 0; b <= m.sizes.size(); ++b) {  // b sizes through the windows
+    double cost = 0;
+    for (std::size_t i = 0; i < m.sizes.size(); ++i) {
+      const double fastest = std::min(m.windows_seconds[i], m.peers_seconds[i]);
+      cost += (i < b ? m.windows_seconds[i] : m.peers_seconds[i]) / fastest;
+    }
+    if (cost < best_cost) {
+      best_cost = cost;
+      best_bound = b == 0 ? 0 : m.sizes[b - 1];
+    }
+  }
+  return best_bound;
+}
+
+// `calibrate_windows`' measurement, into `m`: sizes, the slowest rank's times, the bound (set).
+template <class Core>
+void measure_windows(Core& core, window_calibration& m) {
+  const auto began = std::chrono::steady_clock::now();
+  const std::size_t half = window_data_bytes(core.transport()) / 2;
+  for (std::size_t b = std::max<std::size_t>(core.tuning().peer_memory_bytes, 4096); b <= half;
+       b *= 2) {
+    m.sizes.push_back(b);
+  }
+  const std::size_t top = half / 64 * 64;  // a whole half window (2 MiB less 128 bytes)
+  if (top > m.sizes.back()) m.sizes.push_back(top);
+  using backend_type = std::remove_cvref_t<decltype(core.backend())>;
+  scratch_bytes<backend_type> buffers;
+  const std::size_t floats = m.sizes.back() / sizeof(float);
+  const auto both = buffers.template elements<float>(core.backend(), 2 * floats);
+  dispatch::fill_zero_on(core.backend(), both);  // zero: no sum meets a NaN
+  core.backend().synchronize();
+  const float* input = both.data();
+  float* output = both.data() + floats;
+  const int r = core.rank();
+  const int p = core.size();
+  const std::size_t n = m.sizes.size();
+  std::vector<double> mine(2 * n, 1e30);  // windows at i, peers at n + i
+  const auto run = [&](std::size_t bytes) {
+    core.run_allreduce(direct_topology{}.allreduce_schedule(r, p, bytes), input, output,
+                       bytes / sizeof(float), make_reducer<float, sum_op>(core.backend()));
+    core.backend().synchronize();
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t bytes = m.sizes[i];
+    const int calls =
+        static_cast<int>(std::clamp<std::size_t>((std::size_t{1} << 20) / bytes, 2, 16));
+    for (int trial = 0; trial < 5; ++trial) {
+      for (int path = 0; path < 2; ++path) {
+        core.set_allreduce_window_copy_bytes(path == 0 ? bytes : 0);
+        run(bytes);  // warm
+        core.transport().barrier().wait();
+        const auto start = std::chrono::steady_clock::now();
+        for (int call = 0; call < calls; ++call) run(bytes);
+        const double took =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls;
+        double& best = mine[static_cast<std::size_t>(path) * n + i];
+        best = std::min(best, took);
+      }
+    }
+  }
+  std::vector<double> all(mine.size() * static_cast<std::size_t>(p));
+  core.exchange(mine.data(), mine.size() * sizeof(double), all.data());
+  m.windows_seconds.assign(n, 0);
+  m.peers_seconds.assign(n, 0);
+  for (int q = 0; q < p; ++q) {
+    const double* theirs = all.data() + static_cast<std::size_t>(q) * mine.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      m.windows_seconds[i] = std::max(m.windows_seconds[i], theirs[i]);
+      m.peers_seconds[i] = std::max(m.peers_seconds[i], theirs[n + i]);
+    }
+  }
+  m.bound = window_bound_of(m);
+  core.set_allreduce_window_copy_bytes(m.bound);
+  m.measured = true;
+  m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+}
+
+/// Measures the allreduce of float sums through the windows and through the peers' memory
+/// on the ranks of `core` (a collective call: every rank calls it between the same two
+/// collectives), from `peer_memory_bytes` in steps of 2, and a whole half window, out of place, the
+/// best of 5 trials of calls back to back (1 MiB worth, 2 to 16 a trial, the two paths
+/// alternating), the slowest rank's time; sets the bound `window_bound_of` chooses, the
+/// same on every rank (the times are exchanged). Where there is no choice
+/// (`allreduce_window_choice`), measures nothing and returns the bound as it is.
+template <class Core>
+window_calibration calibrate_windows(Core& core) {
+  window_calibration m;
+  m.bound = core.allreduce_window_bound();
+  using transport_type = std::remove_cvref_t<decltype(core.transport())>;
+  if constexpr (direct_transport<transport_type>) {
+    if (!core.allreduce_window_choice()) return m;
+    const std::size_t saved = core.tuning().allreduce_window_copy_bytes;
+    try {
+      measure_windows(core, m);
+    } catch (...) {
+      core.set_allreduce_window_copy_bytes(saved);  // as it was
+      throw;
+    }
+  }
+  return m;
 }
 
 }  // namespace squall::detail
