@@ -208,11 +208,11 @@ void measure_windows(Core& core, window_calibration& m) {
 
 /// Measures the allreduce of float sums through the windows and through the peers' memory
 /// on the ranks of `core` (a collective call: every rank calls it between the same two
-/// collectives), from `peer_memory_bytes` in steps of 2, and a whole half window, out of place, the
+/// collectives) at `peer_memory_bytes`, doubling, and a whole half window, out of place, the
 /// best of 5 trials of calls back to back (1 MiB worth, 2 to 16 a trial, the two paths
 /// alternating), the slowest rank's time; sets the bound `window_bound_of` chooses, the
 /// same on every rank (the times are exchanged). Where there is no choice
-/// (`allreduce_window_choice`), measures nothing and returns the bound as it is.
+/// (`allreduce_window_choice`), measures nothing and returns the bound in effect.
 template <class Core>
 window_calibration calibrate_windows(Core& core) {
   window_calibration m;
