@@ -200,6 +200,33 @@ TEST_SUITE("shm") {
     }
   }
 
+  TEST_CASE("barrier notes: after a barrier every rank reads every rank's note of its parity") {
+    // 1 to 8 processes: up to 7 the notes ride in the barrier's cache line, alternating by
+    // parity, so a rank a call ahead leaves the other parity's notes alone; at 8 there are
+    // none (notes_barriers() false, the mismatch check reads the window slots instead).
+    for (const int ranks : {1, 2, 3, 4, 8}) {
+      CAPTURE(ranks);
+      test::expect_ranks_succeed(ranks, [](const shm_job& job) {
+        shm_transport t(job);
+        if (t.notes_barriers() != (job.size <= 7)) return 1;
+        if (!t.notes_barriers()) return 0;
+        const auto note = [](int rank, unsigned call) { return 1000u * call + 7u * rank + 1u; };
+        for (unsigned call = 1; call <= 300; ++call) {
+          t.note_next_barrier(note(job.rank, call), call % 2);
+          t.barrier().wait();
+          for (int q = 0; q < job.size; ++q) {
+            if (t.barrier_note(q, call % 2) != note(q, call)) return 2;
+            // the other parity holds the call before (or nothing before the first)
+            if (call > 1 && t.barrier_note(q, (call + 1) % 2) != note(q, call - 1)) return 3;
+          }
+          t.barrier().wait();  // no note: the notes read above stay
+          if (t.barrier_note(job.size - 1, call % 2) != note(job.size - 1, call)) return 4;
+        }
+        return 0;
+      });
+    }
+  }
+
   TEST_CASE("256 MiB messages: ping-pong on 2 ranks, ring shift on 3") {
     for (int ranks : {2, 3}) {
       CAPTURE(ranks);

@@ -290,6 +290,10 @@ struct state {
   std::size_t payload;
   std::string failed;  ///< empty while healthy; else why this transport failed
   std::uint32_t barrier_generation = 0;
+  /// The note this rank's next barrier writes (`shm_transport::note_next_barrier`).
+  std::uint32_t next_note = 0;
+  unsigned next_note_parity = 0;
+  bool note_pending = false;
   std::chrono::steady_clock::time_point last_liveness_check;
   std::size_t single_copy_bytes;
   bool single_copy = false;
@@ -856,6 +860,11 @@ class shm_transport {
   [[nodiscard]] shm_completion barrier() {
     state_->check_healthy({.operation = "barrier", .rank = rank()});
     auto& head = state_->head();
+    if (state_->note_pending) {  // published by the arrival below
+      state_->note_pending = false;
+      head.barrier_notes[state_->next_note_parity][rank()].store(state_->next_note,
+                                                                 std::memory_order_relaxed);
+    }
     const std::uint32_t target = ++state_->barrier_generation;
     if (head.barrier_arrived.fetch_add(1) + 1 == static_cast<std::uint32_t>(size())) {
       head.barrier_arrived.store(0);
@@ -863,6 +872,26 @@ class shm_transport {
       state_->ring_all();
     }
     return {state_.get(), target};
+  }
+
+  /// Whether this job's barriers carry notes (`note_next_barrier`): up to
+  /// `detail::shm::noted_barrier_ranks` ranks, whose notes fit the barrier's cache line.
+  bool notes_barriers() const { return size() <= detail::shm::noted_barrier_ranks; }
+  /// Gives this rank's next `barrier()` a note: a digest of the call it belongs to (the
+  /// mismatch check's, `detail::call_check`), written beside the barrier's counter under
+  /// `parity` (the call's, so that a rank one call ahead never overwrites a note still read),
+  /// where the line that releases the peers from the barrier brings it to them with no
+  /// further cache-line transfer. Where `notes_barriers()` is false, nothing.
+  void note_next_barrier(std::uint32_t note, unsigned parity) {
+    if (!notes_barriers()) return;
+    state_->next_note = note;
+    state_->next_note_parity = parity & 1u;
+    state_->note_pending = true;
+  }
+  /// Rank `q`'s note under `parity`: what its barrier wrote, once that barrier has completed
+  /// on this rank.
+  std::uint32_t barrier_note(int q, unsigned parity) const {
+    return state_->head().barrier_notes[parity & 1u][q].load(std::memory_order_relaxed);
   }
 
   /// Moves this transport's posted work along, then sleeps until something is published for

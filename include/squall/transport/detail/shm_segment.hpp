@@ -37,8 +37,10 @@
 namespace squall::detail::shm {
 
 inline constexpr std::uint64_t segment_magic = 0x31304c4c41555153ull;  // "SQUALL01"
-inline constexpr std::uint32_t layout_version = 4;
+inline constexpr std::uint32_t layout_version = 5;
 inline constexpr std::size_t cache_line = 64;
+/// The most ranks whose barrier notes fit the barrier's cache line (`header::barrier_notes`).
+inline constexpr int noted_barrier_ranks = 7;
 
 /// Per-rank words: the process id, and the doorbell this rank sleeps on. Any event that may
 /// unblock the rank (data in, space freed, barrier released, failure) bumps the doorbell.
@@ -100,10 +102,18 @@ struct alignas(cache_line) header {
   std::atomic<std::uint32_t> failure_kind;
   alignas(cache_line) std::atomic<std::uint32_t> barrier_arrived;
   std::atomic<std::uint32_t> barrier_generation;
+  /// Each rank's note of the call its barrier belongs to, two calls' worth (by the call's
+  /// parity), in the barrier's own cache line: the line that releases a waiting rank brings
+  /// the peers' notes with it (`shm_transport::note_next_barrier`; jobs of up to
+  /// `noted_barrier_ranks` ranks).
+  std::atomic<std::uint32_t> barrier_notes[2][noted_barrier_ranks];
   /// What the rank in `failed_rank` gave up on (its error's message, cut to fit), written
   /// before `failed_rank` is released, for the peers' errors to name the cause.
   char failure_reason[192];
 };
+
+static_assert(sizeof(std::atomic<std::uint32_t>) * (2 + 2 * noted_barrier_ranks) <= cache_line,
+              "the barrier's counter, generation and notes share one cache line");
 
 /// Sizes of a segment; the same on every rank of a job.
 struct geometry {
