@@ -5,6 +5,7 @@
 #include <squall/core/aggregation.hpp>
 
 #include <cstddef>  // size_t
+#include <vector>
 
 namespace squall {
 
@@ -102,6 +103,18 @@ struct collective_tuning {
   /// give the same (as with every setting here).
   std::size_t staging_chunk_bytes = std::size_t{4} << 20;
   friend constexpr bool operator==(const collective_tuning&, const collective_tuning&) = default;
+};
+
+/// What `calibrate_windows` measured and chose: per size (bytes of a rank's input), the
+/// slowest rank's best time of an allreduce through the windows and through the peers'
+/// memory, and the bound it set (`collective_tuning::allreduce_window_copy_bytes`).
+struct window_calibration {
+  std::vector<std::size_t> sizes;
+  std::vector<double> windows_seconds;
+  std::vector<double> peers_seconds;
+  std::size_t bound = 0;
+  double seconds = 0;     ///< what the calibration took on this rank
+  bool measured = false;  ///< false: no choice here (see `communicator::calibrate_windows`)
 };
 
 }  // namespace squall

@@ -12,6 +12,7 @@
 #include <squall/topology/ring.hpp>
 #include <squall/topology/schedule.hpp>
 #include <squall/topology/tree.hpp>
+#include <squall/tuning/tuning.hpp>
 
 #include <algorithm>  // min, max, clamp
 #include <chrono>
@@ -19,45 +20,27 @@
 #include <type_traits>  // remove_cvref_t
 #include <vector>
 
-namespace squall {
-
-/// What `calibrate_windows` measured and chose: per size (bytes of a rank's input), the
-/// slowest rank's best time of an allreduce through the windows and through the peers'
-/// memory, and the bound it set (`collective_tuning::allreduce_window_copy_bytes`).
-struct window_calibration {
-  std::vector<std::size_t> sizes;
-  std::vector<double> windows_seconds;
-  std::vector<double> peers_seconds;
-  std::size_t bound = 0;
-  double seconds = 0;     ///< what the calibration took on this rank
-  bool measured = false;  ///< false: no choice here (see `communicator::calibrate_windows`)
-};
-
-}  // namespace squall
-
 namespace squall::detail {
 
-/// One out-of-place float sum with candidate `c` of the cost model, as allreduce runs it.
-template <class Dense>
-void run_candidate(Dense& dense, std::size_t c, const float* in, float* out, std::size_t count) {
-  const int r = dense.rank();
-  const int p = dense.size();
-  const std::size_t bytes = count * sizeof(float);
-  schedule s;
+/// Candidate `c` of the cost model's allreduce schedule for `bytes` on rank `r` of `p`.
+inline schedule candidate_schedule(std::size_t c, int r, int p, std::size_t bytes) {
   switch (c) {
     case 0:
-      s = ring_topology{}.allreduce_schedule(r, p, bytes);
-      break;
+      return ring_topology{}.allreduce_schedule(r, p, bytes);
     case 1:
-      s = tree_topology{}.allreduce_schedule(r, p, bytes);
-      break;
+      return tree_topology{}.allreduce_schedule(r, p, bytes);
     case 2:
-      s = direct_topology{}.allreduce_schedule(r, p, bytes);
-      break;
+      return direct_topology{}.allreduce_schedule(r, p, bytes);
     default:
-      s = halving_doubling_topology{}.allreduce_schedule(r, p, bytes);
+      return halving_doubling_topology{}.allreduce_schedule(r, p, bytes);
   }
-  dense.run_allreduce(s, in, out, count, make_reducer<float, sum_op>(dense.backend()));
+}
+
+/// One out-of-place float sum through schedule `s`, as allreduce runs it, complete.
+template <class Dense, class Reducer>
+void run_sum(Dense& dense, const schedule& s, const Reducer& reducer, const float* in, float* out,
+             std::size_t count) {
+  dense.run_allreduce(s, in, out, count, reducer);
   dense.backend().synchronize();
 }
 
@@ -86,17 +69,22 @@ void calibrate(Dense& dense, cost_model& model, std::size_t up_to) {
   // candidate alike. Each trial times calls back to back, as a training loop makes them
   // (a single call right after a barrier flatters schedules that like starting in step):
   // 4 MiB worth of calls (2 to 128) per trial, the best of 5 trials counts.
+  const auto reducer = make_reducer<float, sum_op>(dense.backend());
+  std::vector<schedule> schedules(candidates);  // built outside the timed calls
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     const std::size_t count = sizes[i] / sizeof(float);
     const int calls =
         static_cast<int>(std::clamp<std::size_t>((std::size_t{4} << 20) / sizes[i], 2, 128));
+    for (std::size_t c = 0; c < candidates; ++c) {
+      schedules[c] = candidate_schedule(c, dense.rank(), dense.size(), sizes[i]);
+    }
     for (int trial = 0; trial < 5; ++trial) {
       for (std::size_t c = 0; c < candidates; ++c) {
-        run_candidate(dense, c, input, buffer, count);  // warm
+        run_sum(dense, schedules[c], reducer, input, buffer, count);  // warm
         dense.transport().barrier().wait();
         const auto start = std::chrono::steady_clock::now();
         for (int call = 0; call < calls; ++call) {
-          run_candidate(dense, c, input, buffer, count);
+          run_sum(dense, schedules[c], reducer, input, buffer, count);
         }
         const double took =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls;
@@ -166,22 +154,20 @@ void measure_windows(Core& core, window_calibration& m) {
   const int p = core.size();
   const std::size_t n = m.sizes.size();
   std::vector<double> mine(2 * n, 1e30);  // windows at i, peers at n + i
-  const auto run = [&](std::size_t bytes) {
-    core.run_allreduce(direct_topology{}.allreduce_schedule(r, p, bytes), input, output,
-                       bytes / sizeof(float), make_reducer<float, sum_op>(core.backend()));
-    core.backend().synchronize();
-  };
+  const auto reducer = make_reducer<float, sum_op>(core.backend());
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t bytes = m.sizes[i];
+    const std::size_t count = bytes / sizeof(float);
+    const schedule s = direct_topology{}.allreduce_schedule(r, p, bytes);
     const int calls =
         static_cast<int>(std::clamp<std::size_t>((std::size_t{1} << 20) / bytes, 2, 16));
     for (int trial = 0; trial < 5; ++trial) {
       for (int path = 0; path < 2; ++path) {
         core.set_allreduce_window_copy_bytes(path == 0 ? bytes : 0);
-        run(bytes);  // warm
+        run_sum(core, s, reducer, input, output, count);  // warm
         core.transport().barrier().wait();
         const auto start = std::chrono::steady_clock::now();
-        for (int call = 0; call < calls; ++call) run(bytes);
+        for (int call = 0; call < calls; ++call) run_sum(core, s, reducer, input, output, count);
         const double took =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / calls;
         double& best = mine[static_cast<std::size_t>(path) * n + i];
