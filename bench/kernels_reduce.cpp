@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <unistd.h>
 #include <vector>
 
@@ -47,6 +48,35 @@ void reduce_into(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 3 * count * sizeof(T)));
+}
+
+/// Four inputs folded into a fifth buffer: `kernels::reduce_many` (one pass) or `reduce` and
+/// two `reduce_into` (three passes), as the one-shot allreduce of 4 ranks reduces its block.
+/// bytes_per_second counts what the fold needs, 4 reads and a write (5 x count x sizeof(T)),
+/// alike for both, so the two rates compare as times do.
+template <class T, class Op, bool Fused>
+void fold4(benchmark::State& state) {
+  const auto count = static_cast<std::size_t>(state.range(0));
+  std::vector<std::vector<T>> in(4, std::vector<T>(count, static_cast<T>(1)));
+  std::vector<T> dst(count, static_cast<T>(0));
+  const T* srcs[] = {in[0].data(), in[1].data(), in[2].data(), in[3].data()};
+  const auto view = [count](const T* p) { return squall::host_view<const T>(p, count); };
+  for (auto _ : state) {
+    if constexpr (Fused) {
+      squall::kernels::reduce_many(squall::host_backend{}, Op{}, squall::host_view<T>(dst),
+                                   std::span<const T* const>(srcs));
+    } else {
+      squall::kernels::reduce(squall::host_backend{}, Op{}, squall::host_view<T>(dst),
+                              view(srcs[0]), view(srcs[1]));
+      for (int j = 2; j < 4; ++j) {
+        squall::kernels::reduce_into(squall::host_backend{}, Op{}, squall::host_view<T>(dst),
+                                     view(srcs[j]));
+      }
+    }
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 5 * count * sizeof(T)));
 }
 
 /// A benchmark's source (page-aligned) and destination (`apart` bytes into its page), from
@@ -142,6 +172,16 @@ BENCHMARK_TEMPLATE(cross_memory_apart, false)
 BENCHMARK_TEMPLATE(cross_memory_apart, true)
     ->Name("cross_memory/bounced")
     ->Apply(cross_memory_sizes);
+BENCHMARK_TEMPLATE(fold4, float, squall::sum_op, false)
+    ->Name("fold4/chain/float/sum")
+    ->Arg(8 << 10)
+    ->Arg(64 << 10)
+    ->Arg(16 << 20);
+BENCHMARK_TEMPLATE(fold4, float, squall::sum_op, true)
+    ->Name("fold4/fused/float/sum")
+    ->Arg(8 << 10)
+    ->Arg(64 << 10)
+    ->Arg(16 << 20);
 BENCHMARK(memcpy_baseline)->Name("memcpy")->RangeMultiplier(16)->Range(min_count, max_count);
 BENCHMARK_TEMPLATE(reduce_into, float, squall::sum_op)
     ->Name("reduce_into/float/sum")

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Host kernels against serial double-precision references, for every element type and op.
 
+#include <squall/algorithm/detail/executor.hpp>
 #include <squall/kernels/host/reduce.hpp>
 
 #include <doctest/doctest.h>
@@ -8,6 +9,8 @@
 #include <algorithm>  // equal, fill
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <span>
 #include <vector>
 
 #include "../support/data.hpp"
@@ -102,6 +105,109 @@ TEST_SUITE("kernels") {
     auto untouched = a;
     kernels::finalize(host_backend{}, squall::sum_op{}, host_view<T>(untouched), 4);
     CHECK(test::as_double(untouched[7]) == test::as_double(a[7]));
+  }
+
+  TEST_CASE_TEMPLATE("reduce_many folds 1-11 inputs in their order, in place or not", T,
+                     SQUALL_TEST_ELEMENT_TYPES) {
+    // The reference: a serial left fold in double, each step rounded to T as the two-input
+    // kernels round it (exact for the types whose sums of these values fit their mantissa).
+    const auto fold = [](const std::vector<std::vector<T>>& in, std::size_t i, auto op) {
+      double acc = test::as_double(in[0][i]);
+      for (std::size_t j = 1; j < in.size(); ++j) {
+        acc = test::as_double(static_cast<T>(op(acc, test::as_double(in[j][i]))));
+      }
+      return acc;
+    };
+    const auto plus = [](double x, double y) { return x + y; };
+    const auto greater = [](double x, double y) { return std::fmax(x, y); };
+    for (const std::size_t count : counts) {
+      for (std::size_t k = 1; k <= 11; ++k) {
+        CAPTURE(count);
+        CAPTURE(k);
+        std::vector<std::vector<T>> in;
+        std::vector<const T*> srcs;
+        for (std::size_t j = 0; j < k; ++j)
+          in.push_back(test::random_values<T>(count, 100 * k + j));
+        for (const auto& v : in) srcs.push_back(v.data());
+        std::vector<T> dst(count);
+        kernels::reduce_many(host_backend{}, squall::sum_op{}, host_view<T>(dst),
+                             std::span<const T* const>(srcs));
+        for (std::size_t i = 0; i < count; ++i) {
+          REQUIRE(test::as_double(dst[i]) == fold(in, i, plus));
+        }
+        kernels::reduce_many(host_backend{}, squall::max_op{}, host_view<T>(dst),
+                             std::span<const T* const>(srcs));
+        for (std::size_t i = 0; i < count; ++i) {
+          REQUIRE(test::as_double(dst[i]) == fold(in, i, greater));
+        }
+        // in place: the first input is dst
+        std::vector<T> first = in[0];
+        srcs[0] = first.data();
+        kernels::reduce_many(host_backend{}, squall::sum_op{}, host_view<T>(first),
+                             std::span<const T* const>(srcs));
+        for (std::size_t i = 0; i < count; ++i) {
+          REQUIRE(test::as_double(first[i]) == fold(in, i, plus));
+        }
+      }
+    }
+  }
+
+  TEST_CASE("the executor's reducer folds any number of inputs as the chain does") {
+    // reducer::reduce_many hands kernels::reduce_many groups of at most fused_inputs; the
+    // reducer without the fused pass (as on CUDA) chains reduce and reduce_into.
+    const host_backend backend;
+    const auto fused = squall::detail::make_reducer<float, squall::sum_op>(backend);
+    auto chained = fused;
+    chained.combine_many = nullptr;
+    REQUIRE((fused.combine_many != nullptr));
+    // floats of many magnitudes, so that any change of the order of additions shows
+    const auto values = [](std::size_t count, std::uint64_t seed) {
+      auto v = test::random_values<float>(count, seed);
+      for (std::size_t i = 0; i < count; ++i)
+        v[i] *= std::ldexp(1.0f, static_cast<int>(i % 40) - 20);
+      return v;
+    };
+    for (const std::size_t k : {1, 2, 5, 8, 9, 16, 17, 23}) {
+      CAPTURE(k);
+      const std::size_t count = 1021;
+      std::vector<std::vector<float>> in;
+      for (std::size_t j = 0; j < k; ++j) in.push_back(values(count, 7 * k + j));
+      std::vector<const std::byte*> srcs;
+      for (const auto& v : in) srcs.push_back(reinterpret_cast<const std::byte*>(v.data()));
+      std::vector<float> a(count);
+      std::vector<float> b(count);
+      fused.reduce_many(reinterpret_cast<std::byte*>(a.data()), srcs, count);
+      chained.reduce_many(reinterpret_cast<std::byte*>(b.data()), srcs, count);
+      REQUIRE(std::memcmp(a.data(), b.data(), count * sizeof(float)) == 0);
+      for (std::size_t i = 0; i < count; ++i) {  // a serial left fold
+        float acc = in[0][i];
+        for (std::size_t j = 1; j < k; ++j) acc += in[j][i];
+        REQUIRE(std::memcmp(&acc, &a[i], sizeof acc) == 0);
+      }
+      std::vector<float> first = in[0];  // in place
+      srcs[0] = reinterpret_cast<const std::byte*>(first.data());
+      fused.reduce_many(reinterpret_cast<std::byte*>(first.data()), srcs, count);
+      REQUIRE(std::memcmp(first.data(), a.data(), count * sizeof(float)) == 0);
+    }
+  }
+
+  TEST_CASE("reduce_many: no input, dst as a later input, partial overlap") {
+    std::vector<float> a = {1, 2, 3, 4, 5, 6};
+    std::vector<float> b = {6, 5, 4, 3, 2, 1};
+    const float* none[] = {a.data()};
+    CHECK_THROWS_WITH_AS(kernels::reduce_many(host_backend{}, squall::sum_op{}, host_view<float>(b),
+                                              std::span<const float* const>(none, 0)),
+                         doctest::Contains("no input"), squall::invalid_argument);
+    const float* later[] = {a.data(), b.data()};
+    CHECK_THROWS_WITH_AS(kernels::reduce_many(host_backend{}, squall::sum_op{}, host_view<float>(b),
+                                              std::span<const float* const>(later)),
+                         doctest::Contains("input 1 overlaps dst"), squall::invalid_argument);
+    const float* shifted[] = {a.data() + 1, b.data()};
+    CHECK_THROWS_WITH_AS(
+        kernels::reduce_many(host_backend{}, squall::sum_op{}, host_view<float>(a).subview(0, 4),
+                             std::span<const float* const>(shifted)),
+        doctest::Contains("input 0 overlaps dst"), squall::invalid_argument);
+    CHECK(a == std::vector<float>{1, 2, 3, 4, 5, 6});
   }
 
   TEST_CASE("copy, mismatched counts and partial overlap") {

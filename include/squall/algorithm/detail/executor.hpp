@@ -46,6 +46,12 @@ struct reducer {
   /// (`kernels::stream_copy`), the backend's copy elsewhere.
   void (*stream_bytes)(const void* backend, std::byte* dst, const std::byte* src,
                        std::size_t bytes) = nullptr;
+  /// The most inputs one `combine_many` call takes.
+  static constexpr std::size_t fused_inputs = 8;
+  /// `reduce_many`'s fused pass over at most `fused_inputs` inputs (host memory:
+  /// `kernels::reduce_many`); null: the chain of `reduce` and `reduce_into`.
+  void (*combine_many)(const void* backend, std::byte* dst, const std::byte* const* srcs,
+                       std::size_t inputs, std::size_t count) = nullptr;
 
   /// dst[i] = dst[i] op src[i] for `count` elements
   void reduce_into(std::byte* dst, const std::byte* src, std::size_t count) const {
@@ -54,6 +60,28 @@ struct reducer {
   /// dst[i] = a[i] op b[i] for `count` elements
   void reduce(std::byte* dst, const std::byte* a, const std::byte* b, std::size_t count) const {
     combine(backend, dst, a, b, count);
+  }
+  /// dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[k-1][i], the inputs in their order (the
+  /// bits of `reduce` of the first two, then `reduce_into` of each further one), `count`
+  /// elements each; `srcs[0]` may be `dst`, no later input. One pass where the backend fuses.
+  void reduce_many(std::byte* dst, std::span<const std::byte* const> srcs,
+                   std::size_t count) const {
+    if (combine_many != nullptr) {  // in groups of `fused_inputs`, the later ones into dst
+      std::array<const std::byte*, fused_inputs> group{};
+      for (std::size_t j = 0; j < srcs.size();) {
+        std::size_t g = 0;
+        if (j > 0) group[g++] = dst;
+        while (g < fused_inputs && j < srcs.size()) group[g++] = srcs[j++];
+        combine_many(backend, dst, group.data(), g, count);
+      }
+      return;
+    }
+    if (srcs.size() == 1) {
+      if (dst != srcs[0]) copy(dst, srcs[0], count * element_bytes);
+      return;
+    }
+    reduce(dst, srcs[0], srcs[1], count);
+    for (std::size_t j = 2; j < srcs.size(); ++j) reduce_into(dst, srcs[j], count);
   }
   /// dst = src, `bytes` bytes
   void copy(std::byte* dst, const std::byte* src, std::size_t bytes) const {
@@ -66,6 +94,25 @@ struct reducer {
   /// The ordering point: returns once the work started through this reducer has finished.
   void settle() const { synchronize(backend); }
 };
+
+/// `reducer::combine_many` for `Backend`: `kernels::reduce_many` on the host, else none.
+template <element T, reduction_op<T> Op, class Backend>
+constexpr auto combine_many_of() {
+  using fused =
+      void (*)(const void*, std::byte*, const std::byte* const*, std::size_t, std::size_t);
+  if constexpr (std::is_same_v<Backend, host_backend>) {
+    return fused{[](const void* b, std::byte* dst, const std::byte* const* srcs, std::size_t inputs,
+                    std::size_t count) {
+      std::array<const T*, reducer::fused_inputs> typed{};  // inputs <= fused_inputs
+      for (std::size_t j = 0; j < inputs; ++j) typed[j] = reinterpret_cast<const T*>(srcs[j]);
+      kernels::reduce_many(*static_cast<const host_backend*>(b), Op{},
+                           host_view<T>(reinterpret_cast<T*>(dst), count),
+                           std::span<const T* const>(typed.data(), inputs));
+    }};
+  } else {
+    return fused{nullptr};
+  }
+}
 
 /// The reducer of elements `T` under `Op`, through `backend`'s kernels; `backend` must
 /// outlive it.
@@ -106,7 +153,8 @@ reducer make_reducer(const Backend& backend) {
                                     buffer_view<std::byte, M>(dst, bytes),
                                     buffer_view<const std::byte, M>(src, bytes));
                 }
-              }};
+              },
+          .combine_many = combine_many_of<T, Op, Backend>()};
 }
 
 /// The tail of every rank's window the communicator keeps for call signatures (two slots,
@@ -135,7 +183,8 @@ struct scratch_ref {
 template <class Transport>
 struct executor_buffers {
   std::vector<std::uint64_t> addresses;
-  std::vector<std::byte*> mapped;  ///< where each peer's shared buffers lie here (issue 22)
+  std::vector<std::byte*> mapped;        ///< where each peer's shared buffers lie here (issue 22)
+  std::vector<const std::byte*> inputs;  ///< a fused reduction's inputs (`reducer::reduce_many`)
   std::vector<completion_of<Transport>> pending;  ///< a step's receives, or an exchange
   std::deque<completion_of<Transport>> sends;     ///< sends in flight
   traffic moved;  ///< bytes moved since the communicator's last reset (every collective)
@@ -156,6 +205,7 @@ class executor {
         scratch_(scratch),
         addresses_(buffers.addresses),
         mapped_(buffers.mapped),
+        inputs_(buffers.inputs),
         pending_(buffers.pending),
         sends_(buffers.sends),
         tuning_(tuning) {}
@@ -210,7 +260,8 @@ class executor {
       wire_.barrier();
       if (offset == 0) after_first_barrier();
       // step 1: reduce slice `me` out of every window into this rank's own window, in
-      // cache-sized pieces so the destination stays in cache across the P-1 sources.
+      // cache-sized pieces (one fused pass over the P windows for up to 8 ranks; beyond, the
+      // destination stays in cache between the passes).
       const index_range mine =
           split_range(m, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
       // Accounting: this rank reads its slice out of P - 1 windows and the other slices back
@@ -220,11 +271,11 @@ class executor {
       wire_.count(moved, moved);
       for (std::size_t i = 0; i < mine.count; i += sub) {
         const std::size_t n = std::min(sub, mine.count - i);
-        std::byte* dst = window(me) + (mine.begin + i) * r.element_bytes;
-        for (int k = 1; k < size; ++k) {
-          const int q = wrap(me + k, size);
-          r.reduce_into(dst, window(q) + (mine.begin + i) * r.element_bytes, n);
-        }
+        const std::size_t from = (mine.begin + i) * r.element_bytes;
+        std::byte* dst = window(me) + from;
+        inputs_.assign(1, dst);
+        for (int k = 1; k < size; ++k) inputs_.push_back(window(wrap(me + k, size)) + from);
+        r.reduce_many(dst, inputs_, n);
       }
       r.settle();  // the reduced slice is complete before the peers read it
       wire_.barrier();
@@ -254,8 +305,9 @@ class executor {
     const int size = transport_.size();
     const std::size_t bytes = count * r.element_bytes;
     const std::size_t half = publish(in, bytes, r, round, true, after_barrier);
-    r.reduce(out, window_of(0, half), window_of(1, half), count);  // two ranks or more
-    for (int q = 2; q < size; ++q) r.reduce_into(out, window_of(q, half), count);
+    inputs_.clear();
+    for (int q = 0; q < size; ++q) inputs_.push_back(window_of(q, half));
+    r.reduce_many(out, inputs_, count);  // two ranks or more
     r.settle();
     const auto others = static_cast<std::uint64_t>(size - 1) * bytes;
     wire_.count(others, others);  // the peers read this rank's input; it reads theirs
@@ -309,14 +361,9 @@ class executor {
     const index_range block =
         split_range(count, static_cast<std::size_t>(size), static_cast<std::size_t>(me));
     const std::size_t at = block.begin * e;
-    for (int k = 1; k < size; ++k) {
-      const std::byte* theirs = window_of(wrap(me + k, size), half) + at;
-      if (k == 1) {
-        r.reduce(out, in + at, theirs, block.count);
-      } else {
-        r.reduce_into(out, theirs, block.count);
-      }
-    }
+    inputs_.assign(1, in + at);
+    for (int k = 1; k < size; ++k) inputs_.push_back(window_of(wrap(me + k, size), half) + at);
+    r.reduce_many(out, inputs_, block.count);
     r.settle();
     const std::uint64_t others = (count - block.count) * e;
     wire_.count(others, others);
@@ -597,8 +644,9 @@ class executor {
 
   // Reduces `block` (of the whole buffer) over every rank into `out`, which holds the block's
   // elements: this rank's own elements are at `own`, peer q's input at `buffer_of(q, 0)`.
-  // Works in 256 KiB pieces, each peer's read into the scratch (or reduced straight out of
-  // its registered memory); after each piece calls `after(byte offset of the piece in the
+  // Works in 256 KiB pieces, each peer's read into the scratch (or, where every peer's input
+  // is registered memory, all reduced straight out of their mappings in one fused pass);
+  // after each piece calls `after(byte offset of the piece in the
   // whole buffer, elements, the reduced piece)`. With `stream`, each piece is reduced into a
   // second scratch, still in cache when `after` reads it, and streamed into `out`
   // (non-temporal stores: `out`'s lines are not read first).
@@ -616,6 +664,14 @@ class executor {
       const std::size_t n = std::min(piece, block.count - i);
       const std::size_t at = (block.begin + i) * e;
       std::byte* const got = stream ? staged : out + i * e;
+      if (reduce_mapped(own + i * e, got, at, n, r)) {
+        if (stream) {
+          r.stream(out + i * e, staged, n * e);
+          r.settle();
+        }
+        after(at, n, got);
+        continue;
+      }
       for (int k = 1; k < size; ++k) {
         const int q = wrap(me + k, size);
         const bool first = k == 1 && (stream || own != out);
@@ -640,6 +696,43 @@ class executor {
       }
       after(at, n, got);
     }
+  }
+
+  // Where every peer's buffer 0 is registered memory this rank maps: `got` = the fold of
+  // `own` and each peer's `n` elements at byte `at`, the peers in `wrap(me + k)` order, in
+  // one pass under every peer's `with_peer`; returns true. Else false, nothing done.
+  bool reduce_mapped(const std::byte* own, std::byte* got, std::size_t at, std::size_t n,
+                     const reducer& r) {
+    if constexpr (registered_memory_transport<Transport>) {
+      const int size = transport_.size();
+      const int me = transport_.rank();
+      inputs_.assign(1, own);
+      for (int k = 1; k < size; ++k) {
+        const std::byte* mapped = mapped_[2 * static_cast<std::size_t>(wrap(me + k, size))];
+        if (mapped == nullptr) return false;
+        inputs_.push_back(mapped + at);
+      }
+      const auto reduce = [&] {
+        r.reduce_many(got, inputs_, n);
+        r.settle();
+      };
+      with_every_peer(1, reduce);
+      wire_.count(0, static_cast<std::uint64_t>(size - 1) * n * r.element_bytes);
+      return true;
+    } else {
+      (void)own, (void)got, (void)at, (void)n, (void)r;
+      return false;
+    }
+  }
+  // Runs `use()` under `with_peer` of the peers `wrap(me + k)`, k from `k` on (registered memory).
+  template <class Use>
+  void with_every_peer(int k, Use& use) requires registered_memory_transport<Transport> {
+    if (k == transport_.size()) {
+      use();
+      return;
+    }
+    transport_.with_peer(wrap(transport_.rank() + k, transport_.size()),
+                         [&] { with_every_peer(k + 1, use); });
   }
 
   static std::size_t parts_of(const step& s) {
@@ -728,6 +821,7 @@ class executor {
   scratch_ref scratch_;
   std::vector<std::uint64_t>& addresses_;
   std::vector<std::byte*>& mapped_;             // where each peer's buffers lie here, if mapped
+  std::vector<const std::byte*>& inputs_;       // a fused reduction's inputs
   std::array<std::size_t, 2> extent_ = {0, 0};  // the bytes at each shared address
   std::vector<completion_type>& pending_;
   std::deque<completion_type>& sends_;

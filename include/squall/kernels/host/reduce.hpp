@@ -17,6 +17,7 @@
 #include <cstddef>    // size_t
 #include <cstdint>    // uintptr_t
 #include <cstring>    // memmove, memset
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -100,7 +101,99 @@ SQUALL_HOST_CLONES void reduce_loop(T* dst, const T* a, const T* b, std::size_t 
   }
 }
 
+// The fused folds of `reduce_many`: two, three or four inputs into a distinct `dst`, or one to
+// three more into `dst` in place, each element's steps in the order of the inputs.
+template <class T, class Op>
+SQUALL_HOST_CLONES void fold3_loop(T* SQUALL_RESTRICT dst, const T* SQUALL_RESTRICT a,
+                                   const T* SQUALL_RESTRICT b, const T* SQUALL_RESTRICT c,
+                                   std::size_t count, Op op) {
+  for (std::size_t i = 0; i < count; ++i) {
+    dst[i] = combine<T>(op, combine<T>(op, a[i], b[i]), c[i]);
+  }
+}
+template <class T, class Op>
+SQUALL_HOST_CLONES void fold4_loop(T* SQUALL_RESTRICT dst, const T* SQUALL_RESTRICT a,
+                                   const T* SQUALL_RESTRICT b, const T* SQUALL_RESTRICT c,
+                                   const T* SQUALL_RESTRICT d, std::size_t count, Op op) {
+  for (std::size_t i = 0; i < count; ++i) {
+    dst[i] = combine<T>(op, combine<T>(op, combine<T>(op, a[i], b[i]), c[i]), d[i]);
+  }
+}
+template <class T, class Op>
+SQUALL_HOST_CLONES void fold_into2_loop(T* SQUALL_RESTRICT dst, const T* SQUALL_RESTRICT a,
+                                        const T* SQUALL_RESTRICT b, std::size_t count, Op op) {
+  for (std::size_t i = 0; i < count; ++i) {
+    dst[i] = combine<T>(op, combine<T>(op, dst[i], a[i]), b[i]);
+  }
+}
+template <class T, class Op>
+SQUALL_HOST_CLONES void fold_into3_loop(T* SQUALL_RESTRICT dst, const T* SQUALL_RESTRICT a,
+                                        const T* SQUALL_RESTRICT b, const T* SQUALL_RESTRICT c,
+                                        std::size_t count, Op op) {
+  for (std::size_t i = 0; i < count; ++i) {
+    dst[i] = combine<T>(op, combine<T>(op, combine<T>(op, dst[i], a[i]), b[i]), c[i]);
+  }
+}
+
 }  // namespace detail
+
+/// `dst[i] = op(...op(op(srcs[0][i], srcs[1][i]), srcs[2][i])..., srcs[k-1][i])` for every i,
+/// the inputs in their order, each step rounded to `T` as `reduce` rounds it: the bits of
+/// `reduce(dst, srcs[0], srcs[1])` followed by `reduce_into(dst, srcs[j])` for j = 2, ..., k - 1,
+/// in one pass over memory for up to four inputs (three more per further pass) where that chain
+/// makes k - 1 (16-bit types: that chain). Every input holds `dst.count()` elements. `srcs[0]`
+/// may be `dst` itself (in place); an input that partially overlaps `dst`, a later input that is
+/// `dst`, or no input throws `invalid_argument`.
+template <element T, reduction_op<T> Op>
+void reduce_many(const host_backend&, Op op, host_view<T> dst,
+                 std::span<const std::type_identity_t<T>* const> srcs) {
+  const std::size_t k = srcs.size();
+  const std::size_t n = dst.count();
+  T* const d = dst.data();
+  if (k == 0) throw invalid_argument({.operation = "reduce_many"}, "no input");
+  for (std::size_t j = 0; j < k; ++j) {
+    if (detail::partially_overlap<T>(d, srcs[j], n) || (j > 0 && srcs[j] == d && n != 0)) {
+      throw invalid_argument({.operation = "reduce_many"},
+                             "input " + std::to_string(j) + " overlaps dst");
+    }
+  }
+  if (n == 0) return;
+  std::size_t j = 1;  // the inputs folded so far
+  if constexpr (float16_like<T>) {
+    if (k == 1) {
+      if (d != srcs[0]) copy_bytes(d, srcs[0], n * sizeof(T));
+      return;
+    }
+    detail::reduce_loop(d, srcs[0], srcs[1], n, op);
+    for (j = 2; j < k; ++j) detail::reduce_loop(d, d, srcs[j], n, op);
+    return;
+  } else {
+    if (d != srcs[0]) {
+      if (k == 1) {
+        copy_bytes(d, srcs[0], n * sizeof(T));
+      } else if (k == 2) {
+        detail::reduce_distinct_loop(d, srcs[0], srcs[1], n, op);
+      } else if (k == 3) {
+        detail::fold3_loop(d, srcs[0], srcs[1], srcs[2], n, op);
+      } else {
+        detail::fold4_loop(d, srcs[0], srcs[1], srcs[2], srcs[3], n, op);
+      }
+      j = std::min<std::size_t>(k, 4);
+    }
+    for (; j < k;) {
+      if (k - j >= 3) {
+        detail::fold_into3_loop(d, srcs[j], srcs[j + 1], srcs[j + 2], n, op);
+        j += 3;
+      } else if (k - j == 2) {
+        detail::fold_into2_loop(d, srcs[j], srcs[j + 1], n, op);
+        j += 2;
+      } else {
+        detail::reduce_into_loop(d, srcs[j], n, op);
+        j += 1;
+      }
+    }
+  }
+}
 
 /// `dst[i] = op(a[i], b[i])` for every i. `dst` may be `a` or `b` (or both); any other
 /// overlap, or a count mismatch, throws `invalid_argument`.
