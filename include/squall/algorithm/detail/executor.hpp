@@ -646,10 +646,10 @@ class executor {
   // elements: this rank's own elements are at `own`, peer q's input at `buffer_of(q, 0)`.
   // Works in 256 KiB pieces, each peer's read into the scratch (or, where every peer's input
   // is registered memory, all reduced straight out of their mappings in one fused pass);
-  // after each piece calls `after(byte offset of the piece in the
-  // whole buffer, elements, the reduced piece)`. With `stream`, each piece is reduced into a
-  // second scratch, still in cache when `after` reads it, and streamed into `out`
-  // (non-temporal stores: `out`'s lines are not read first).
+  // after each piece calls `after(byte offset of the piece in the whole buffer, elements, the
+  // reduced piece)`. With `stream`, each piece is reduced into a second scratch, still in
+  // cache when `after` reads it, and streamed into `out` (non-temporal stores: `out`'s lines
+  // are not read first).
   template <class AfterPiece>
   void reduce_block_from_peers(const std::byte* own, std::byte* out, index_range block,
                                const reducer& r, bool stream, AfterPiece&& after) {
