@@ -664,15 +664,9 @@ class executor {
       const std::size_t n = std::min(piece, block.count - i);
       const std::size_t at = (block.begin + i) * e;
       std::byte* const got = stream ? staged : out + i * e;
-      if (reduce_mapped(own + i * e, got, at, n, r)) {
-        if (stream) {
-          r.stream(out + i * e, staged, n * e);
-          r.settle();
-        }
-        after(at, n, got);
-        continue;
-      }
-      for (int k = 1; k < size; ++k) {
+      // every peer's piece in one pass where all are mapped, else peer by peer
+      const bool fused = reduce_mapped(own + i * e, got, at, n, r);
+      for (int k = 1; !fused && k < size; ++k) {
         const int q = wrap(me + k, size);
         const bool first = k == 1 && (stream || own != out);
         const auto reduce = [&](const std::byte* theirs) {

@@ -158,20 +158,17 @@ void reduce_many(const host_backend&, Op op, host_view<T> dst,
     }
   }
   if (n == 0) return;
-  std::size_t j = 1;  // the inputs folded so far
-  if constexpr (float16_like<T>) {
-    if (k == 1) {
-      if (d != srcs[0]) copy_bytes(d, srcs[0], n * sizeof(T));
-      return;
-    }
-    detail::reduce_loop(d, srcs[0], srcs[1], n, op);
-    for (j = 2; j < k; ++j) detail::reduce_loop(d, d, srcs[j], n, op);
+  if (k == 1) {
+    if (d != srcs[0]) copy_bytes(d, srcs[0], n * sizeof(T));
     return;
+  }
+  if constexpr (float16_like<T>) {  // the chain: each step narrows to 16 bits in blocks
+    detail::reduce_loop(d, srcs[0], srcs[1], n, op);
+    for (std::size_t j = 2; j < k; ++j) detail::reduce_loop(d, d, srcs[j], n, op);
   } else {
+    std::size_t j = 1;  // the inputs folded into d so far (in place: the first)
     if (d != srcs[0]) {
-      if (k == 1) {
-        copy_bytes(d, srcs[0], n * sizeof(T));
-      } else if (k == 2) {
+      if (k == 2) {
         detail::reduce_distinct_loop(d, srcs[0], srcs[1], n, op);
       } else if (k == 3) {
         detail::fold3_loop(d, srcs[0], srcs[1], srcs[2], n, op);
@@ -180,7 +177,7 @@ void reduce_many(const host_backend&, Op op, host_view<T> dst,
       }
       j = std::min<std::size_t>(k, 4);
     }
-    for (; j < k;) {
+    while (j < k) {
       if (k - j >= 3) {
         detail::fold_into3_loop(d, srcs[j], srcs[j + 1], srcs[j + 2], n, op);
         j += 3;
