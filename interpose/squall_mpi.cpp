@@ -57,12 +57,14 @@
 //                         MPI_Ireduce_scatter_block and MPI_Ibcast handled (default 256K: below
 //                         it the progress thread's hand-off made MPI_Iallreduce slower than
 //                         Open MPI's).
-//   SQUALL_MPI_WINDOW_COPY_BYTES  squall's collective_tuning::window_copy_bytes on shared
-//                         memory (default 2M; 0: cross-memory reads from 64 KiB, which some
-//                         machines copy faster: docs/performance.md), or auto: the default,
-//                         and each shared-memory communicator of 3 ranks or more measures where
-//                         its allreduce copies through the windows at its first call
-//                         (communicator::calibrate_windows; about 0.1 s).
+//   SQUALL_MPI_WINDOW_COPY_BYTES  auto (default): collective_tuning::window_copy_bytes stays
+//                         squall's 2M, and the allreduce's own bound is measured on the first
+//                         shared-memory communicator of each size (3 ranks or more) at its
+//                         first call (communicator::calibrate_windows; about 0.1 s), later
+//                         ones of that size reusing it where every rank holds it; or a byte
+//                         count: window_copy_bytes for every collective, nothing measured (0:
+//                         cross-memory reads from 64 KiB; which path copies faster is the
+//                         machine's: docs/performance.md).
 //   SQUALL_MPI_TOPOLOGY   automatic (default), ring, tree, direct or halving_doubling.
 //   SQUALL_MPI_TRANSPORT  auto (default: shared memory on one host; across hosts in tiers, as
 //                         above), shm or mpi (mpi_transport alone, even on one host).
@@ -189,9 +191,9 @@ struct config {
   static constexpr std::uint64_t default_window_copy_bytes =
       squall::collective_tuning{}.window_copy_bytes;
   std::uint64_t window_copy_bytes = default_window_copy_bytes;
-  /// SQUALL_MPI_WINDOW_COPY_BYTES=auto: `communicator::calibrate_windows` on each shared-memory
-  /// communicator when it is made.
-  bool calibrate_windows = false;
+  /// SQUALL_MPI_WINDOW_COPY_BYTES=auto (the default): `communicator::calibrate_windows` on the
+  /// first shared-memory communicator of each size when it is made (`window_bounds`).
+  bool calibrate_windows = true;
   std::string topology = "automatic";
   std::string transport = "auto";
   /// SQUALL_RANKS_PER_NODE: that many consecutive ranks of a communicator form one node (to
@@ -257,9 +259,8 @@ struct config {
     bytes("SQUALL_MPI_MIN_BYTES", c.min_bytes);
     bytes("SQUALL_MPI_IALLREDUCE_MIN_BYTES", c.iallreduce_min_bytes);
     if (const char* text = std::getenv("SQUALL_MPI_WINDOW_COPY_BYTES");
-        text != nullptr && std::string_view(text) == "auto") {
-      c.calibrate_windows = true;
-    } else {
+        text != nullptr && std::string_view(text) != "auto") {
+      c.calibrate_windows = false;
       bytes("SQUALL_MPI_WINDOW_COPY_BYTES", c.window_copy_bytes);
     }
     if (const char* text = std::getenv("SQUALL_MPI_TOPOLOGY")) {
@@ -667,6 +668,9 @@ struct library {
   unsigned long long compressed = 0;  ///< allreduce calls squall compressed
   unsigned long long tiered = 0;      ///< calls squall ran in tiers (across nodes)
   unsigned long long jobs = 0;        ///< shared-memory jobs this process started (their names)
+  /// The allreduce's window bound `calibrate_windows` chose on this process's first
+  /// shared-memory communicator of each size (by size), for the later ones of that size.
+  std::map<int, std::size_t> window_bounds;
 };
 
 library& lib() {
@@ -835,22 +839,46 @@ comm_state& make_state(MPI_Comm comm) {
       with(squall::identity_compressor{});
     }
   };
-  // SQUALL_MPI_WINDOW_COPY_BYTES=auto: where `holder`'s allreduce copies through the windows,
-  // measured on its ranks (nothing where there is no choice); what it chose, for the verbose
-  // line.
+  // SQUALL_MPI_WINDOW_COPY_BYTES=auto: where the allreduce of a shared-memory communicator
+  // over `over` (`ranks` ranks) copies through the windows. `remembered` sets in `with`,
+  // before the communicator is made, the bound an earlier communicator of as many ranks
+  // measured in this process, where every rank of `over` holds the same one (one
+  // MAX-allreduce), and returns true; else `measure(holder)` measures it once the communicator
+  // is made (nothing where there is no choice) and remembers it. What was chosen goes into
+  // the verbose line.
   std::string calibrated;
-  const auto calibrate = [&](auto& holder) {
-    if (!l.settings.calibrate_windows) return;
-    const squall::window_calibration m = holder.comm->calibrate_windows();
-    if (m.measured) {
-      calibrated = ", the allreduce through the windows up to " + std::to_string(m.bound) +
-                   " bytes (measured in " + std::to_string(std::lround(m.seconds * 1e3)) + " ms)";
+  const auto remembered = [&](MPI_Comm over, int ranks, squall::collective_tuning& with) {
+    if (!l.settings.calibrate_windows) return true;  // a fixed bound: nothing to measure
+    std::int64_t mine = -1;
+    {
+      const std::lock_guard guard(l.lock);
+      if (const auto it = l.window_bounds.find(ranks); it != l.window_bounds.end()) {
+        mine = static_cast<std::int64_t>(it->second);
+      }
     }
+    std::array<std::int64_t, 2> range = {mine, -mine};  // the largest, minus the smallest
+    PMPI_Allreduce(MPI_IN_PLACE, range.data(), 2, MPI_INT64_T, MPI_MAX, over);
+    if (range[0] < 0 || range[0] != -range[1]) return false;
+    with.allreduce_window_copy_bytes = static_cast<std::size_t>(range[0]);
+    calibrated = ", the allreduce through the windows up to " + std::to_string(range[0]) +
+                 " bytes (measured earlier on " + std::to_string(ranks) + " ranks)";
+    return true;
+  };
+  const auto measure = [&](auto& holder, int ranks) {
+    const squall::window_calibration m = holder.comm->calibrate_windows();
+    if (!m.measured) return;
+    {
+      const std::lock_guard guard(l.lock);
+      l.window_bounds.insert_or_assign(ranks, m.bound);
+    }
+    calibrated = ", the allreduce through the windows up to " + std::to_string(m.bound) +
+                 " bytes (measured in " + std::to_string(std::lround(m.seconds * 1e3)) + " ms)";
   };
   if (use_shm) {
     PMPI_Comm_free(&node);
+    const bool known = remembered(state->own, size, tuning);
     install(state->impl, shm_over(state->own), compress == 1);
-    std::visit(calibrate, state->impl);
+    if (!known) std::visit([&](auto& holder) { measure(holder, size); }, state->impl);
     state->transport = "shared memory";
     state->one_host = true;
   } else if (!hierarchical) {
@@ -866,11 +894,13 @@ comm_state& make_state(MPI_Comm comm) {
     t->compressing = compress == 1;
     const int color = t->shares || local_rank == 0 ? local_rank : MPI_UNDEFINED;
     PMPI_Comm_split(state->own, color, rank, &t->cross_comm);
+    squall::collective_tuning node_tuning = tuning;
+    const bool known = remembered(node, local_size, node_tuning);
     t->node = {std::make_unique<
                    squall_communicator<squall::shm_transport, squall::identity_compressor>::type>(
-                   shm_over(node), topology, squall::options{}, tuning),
+                   shm_over(node), topology, squall::options{}, node_tuning),
                {}};
-    calibrate(t->node);
+    if (!known) measure(t->node, local_size);
     if (t->cross_comm != MPI_COMM_NULL) {
       install(t->cross, squall::mpi_transport(t->cross_comm), compress == 1);
     }

@@ -693,6 +693,27 @@ TEST_CASE("split and duplicated communicators get their own state, freed with th
   }
 }
 
+TEST_CASE("communicators of one size that do not all remember a window bound measure it again") {
+  // SQUALL_MPI_WINDOW_COPY_BYTES=auto: A (all ranks but the last) measures its allreduce's
+  // bound or takes one its ranks remember; B (all but the first) holds a rank that A did not
+  // hold, so at 4 ranks its ranks disagree and B measures again (the verbose lines, checked by
+  // collective.mpi_interpose_calibrated_windows.np4). Either way the results are PMPI's.
+  const int rank = rank_of(MPI_COMM_WORLD);
+  const int size = size_of(MPI_COMM_WORLD);
+  if (size < 2) return;
+  MPI_Comm a = MPI_COMM_NULL, b = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank < size - 1 ? 0 : MPI_UNDEFINED, rank, &a);
+  if (a != MPI_COMM_NULL) {
+    allreduce_case<float>(MPI_FLOAT, MPI_SUM, 300001, false, a);
+    MPI_Comm_free(&a);
+  }
+  MPI_Comm_split(MPI_COMM_WORLD, rank > 0 ? 0 : MPI_UNDEFINED, rank, &b);
+  if (b != MPI_COMM_NULL) {
+    allreduce_case<float>(MPI_FLOAT, MPI_SUM, 300001, true, b);
+    MPI_Comm_free(&b);
+  }
+}
+
 /// Whether squall takes a non-blocking call `name` (iallreduce, iallgather,
 /// ireduce_scatter_block, ibcast) of `bytes` on `comm`: on one host only (shared memory: across
 /// hosts squall's progress thread would call MPI), once squall holds `comm` (`hold`).
