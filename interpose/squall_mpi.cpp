@@ -776,6 +776,18 @@ squall::shm_transport shm_over(MPI_Comm comm) {
                       .key = job[2] | 1});
 }
 
+/// The largest and the smallest of every rank's `value` on `comm` (one MAX-allreduce of the
+/// value and its negation): the ranks agree where the two are equal.
+struct extremes {
+  std::int64_t largest;
+  std::int64_t smallest;
+};
+extremes extremes_of(std::int64_t value, MPI_Comm comm) {
+  std::array<std::int64_t, 2> both = {value, -value};
+  PMPI_Allreduce(MPI_IN_PLACE, both.data(), 2, MPI_INT64_T, MPI_MAX, comm);
+  return {both[0], -both[1]};
+}
+
 /// Builds squall's communicator for `comm`: a collective call on every rank of it, made at
 /// the first call on `comm` that squall handles (the same call on every rank).
 comm_state& make_state(MPI_Comm comm) {
@@ -797,9 +809,8 @@ comm_state& make_state(MPI_Comm comm) {
   int local_rank = 0, local_size = 0;
   PMPI_Comm_rank(node, &local_rank);
   PMPI_Comm_size(node, &local_size);
-  std::array<int, 2> widths = {local_size, -local_size};  // the largest node, minus the smallest
-  PMPI_Allreduce(MPI_IN_PLACE, widths.data(), 2, MPI_INT, MPI_MAX, state->own);
-  const bool one_node = -widths[1] == size;
+  const extremes widths = extremes_of(local_size, state->own);  // the nodes' rank counts
+  const bool one_node = widths.smallest == size;
   const bool use_shm =
       l.settings.transport == "shm" || (l.settings.transport == "auto" && one_node);
   if (use_shm && !one_node) {
@@ -808,7 +819,7 @@ comm_state& make_state(MPI_Comm comm) {
         {.operation = "squall_mpi"},
         "SQUALL_MPI_TRANSPORT=shm but the communicator '" + name_of(comm) + "' spans nodes");
   }
-  const bool hierarchical = l.settings.transport == "auto" && !one_node && widths[0] > 1;
+  const bool hierarchical = l.settings.transport == "auto" && !one_node && widths.largest > 1;
   const squall::automatic_topology topology{.model =
                                                 squall::cost_model::of_name(l.settings.topology)};
   squall::collective_tuning tuning;
@@ -842,26 +853,27 @@ comm_state& make_state(MPI_Comm comm) {
   // SQUALL_MPI_WINDOW_COPY_BYTES=auto: where the allreduce of a shared-memory communicator
   // over `over` (`ranks` ranks) copies through the windows. `remembered` sets in `with`,
   // before the communicator is made, the bound an earlier communicator of as many ranks
-  // measured in this process, where every rank of `over` holds the same one (one
-  // MAX-allreduce), and returns true; else `measure(holder)` measures it once the communicator
-  // is made (nothing where there is no choice) and remembers it. What was chosen goes into
-  // the verbose line.
+  // measured in this process, where every rank of `over` holds the same one, and returns
+  // true; else `measure(holder)` measures it once the communicator is made (nothing where
+  // there is no choice) and remembers it. What was chosen goes into the verbose line.
   std::string calibrated;
+  const auto chose = [&](std::size_t bound, const std::string& how) {
+    calibrated = ", the allreduce through the windows up to " + std::to_string(bound) + " bytes (" +
+                 how + ")";
+  };
   const auto remembered = [&](MPI_Comm over, int ranks, squall::collective_tuning& with) {
-    if (!l.settings.calibrate_windows) return true;  // a fixed bound: nothing to measure
-    std::int64_t mine = -1;
+    std::int64_t mine = -1;  // none
     {
       const std::lock_guard guard(l.lock);
       if (const auto it = l.window_bounds.find(ranks); it != l.window_bounds.end()) {
         mine = static_cast<std::int64_t>(it->second);
       }
     }
-    std::array<std::int64_t, 2> range = {mine, -mine};  // the largest, minus the smallest
-    PMPI_Allreduce(MPI_IN_PLACE, range.data(), 2, MPI_INT64_T, MPI_MAX, over);
-    if (range[0] < 0 || range[0] != -range[1]) return false;
-    with.allreduce_window_copy_bytes = static_cast<std::size_t>(range[0]);
-    calibrated = ", the allreduce through the windows up to " + std::to_string(range[0]) +
-                 " bytes (measured earlier on " + std::to_string(ranks) + " ranks)";
+    const extremes held = extremes_of(mine, over);
+    if (held.smallest < 0 || held.largest != held.smallest) return false;
+    with.allreduce_window_copy_bytes = static_cast<std::size_t>(held.largest);
+    chose(with.allreduce_window_copy_bytes,
+          "measured earlier on " + std::to_string(ranks) + " ranks");
     return true;
   };
   const auto measure = [&](auto& holder, int ranks) {
@@ -871,12 +883,13 @@ comm_state& make_state(MPI_Comm comm) {
       const std::lock_guard guard(l.lock);
       l.window_bounds.insert_or_assign(ranks, m.bound);
     }
-    calibrated = ", the allreduce through the windows up to " + std::to_string(m.bound) +
-                 " bytes (measured in " + std::to_string(std::lround(m.seconds * 1e3)) + " ms)";
+    chose(m.bound, "measured in " + std::to_string(std::lround(m.seconds * 1e3)) + " ms");
   };
+  // a fixed bound (SQUALL_MPI_WINDOW_COPY_BYTES a byte count): nothing to remember or measure
+  const bool fixed = !l.settings.calibrate_windows;
   if (use_shm) {
     PMPI_Comm_free(&node);
-    const bool known = remembered(state->own, size, tuning);
+    const bool known = fixed || remembered(state->own, size, tuning);
     install(state->impl, shm_over(state->own), compress == 1);
     if (!known) std::visit([&](auto& holder) { measure(holder, size); }, state->impl);
     state->transport = "shared memory";
@@ -890,12 +903,12 @@ comm_state& make_state(MPI_Comm comm) {
     install(state->impl, squall::mpi_transport(state->own), false);
     auto t = std::make_unique<tiers>();
     t->node_comm = node;
-    t->shares = widths[0] == -widths[1];
+    t->shares = widths.largest == widths.smallest;
     t->compressing = compress == 1;
     const int color = t->shares || local_rank == 0 ? local_rank : MPI_UNDEFINED;
     PMPI_Comm_split(state->own, color, rank, &t->cross_comm);
     squall::collective_tuning node_tuning = tuning;
-    const bool known = remembered(node, local_size, node_tuning);
+    const bool known = fixed || remembered(node, local_size, node_tuning);
     t->node = {std::make_unique<
                    squall_communicator<squall::shm_transport, squall::identity_compressor>::type>(
                    shm_over(node), topology, squall::options{}, node_tuning),
@@ -913,8 +926,8 @@ comm_state& make_state(MPI_Comm comm) {
     state->transport =
         std::string(t->shares ? "MPI; allreduce, reduce_scatter_block, allgather and bcast"
                               : "MPI; allreduce and bcast") +
-        " in tiers: shared memory inside nodes of " + std::to_string(-widths[1]) + "-" +
-        std::to_string(widths[0]) + " ranks, MPI across them from " +
+        " in tiers: shared memory inside nodes of " + std::to_string(widths.smallest) + "-" +
+        std::to_string(widths.largest) + " ranks, MPI across them from " +
         (t->shares ? "every rank (its share)"
                    : "each node's first rank; reduce_scatter_block and allgather on MPI");
     state->hierarchy = std::move(t);
