@@ -61,14 +61,219 @@
 
 namespace squall {
 
+namespace detail {
+
+/// What each of a communicator's calls does that depends neither on its topology nor on its
+/// compressor: the calls' order and the progress thread of the non-blocking ones, the
+/// announcement of a rank's own errors, the count of bytes sent. Each operation takes the
+/// communicator's core (`dense_core`, topology-free) and a callable of (core, arguments...):
+/// `communicator` forwards every collective here, so that a program with communicators of
+/// several topologies or compressors compiles these wrappers once per (transport, backend)
+/// and callable (squall-bench's compressed runners, six topologies each, and libsquall_mpi's
+/// communicators, six compressors each: docs/performance.md).
+template <transport Transport, backend Backend>
+class ordered_calls {
+ public:
+  using core_type = dense_core<Transport, Backend>;
+
+  explicit ordered_calls(const options& opts) : calls_(opts.resolved_deadline()) {}
+
+  /// A blocking collective, `f(core, args...)`: on the caller's thread when nothing is in
+  /// flight, else queued behind what is and waited for (so it runs in the order it was
+  /// called).
+  template <class F, class... A>
+  void ordered(core_type& core, F f, const A&... args) {
+    calls_.ordered(core.rank(), [&] { announced(core, [&] { f(core, args...); }); });
+  }
+  /// A non-blocking collective: `f(core, args...)` queued on the progress thread.
+  template <class F, class... A>
+  request started(core_type& core, F f, const A&... args) {
+    return calls_.started(
+        core.rank(), [this, &core, f, args...] { announced(core, [&] { f(core, args...); }); });
+  }
+  /// `communicator::ibarrier`.
+  request ibarrier(core_type& core) {
+    if constexpr (direct_transport<Transport>) {
+      return calls_.split(
+          core.rank(), [&core] { return core.barrier_arrive(); },
+          [this, &core] { announced(core, [&core] { core.barrier(); }); });
+    } else {
+      return started(core, [](core_type& c) { c.barrier(); });
+    }
+  }
+
+  std::uint64_t bytes_sent_total() const {
+    return std::atomic_ref(const_cast<std::uint64_t&>(sent_total_)).load(std::memory_order_relaxed);
+  }
+
+ protected:
+  /// Runs what is queued and stops the progress thread (before what the calls use goes).
+  void finish() noexcept { calls_.finish(); }
+
+ private:
+  // Runs a collective's body. An error of this rank's own (a bad argument, a compressor's
+  // error, an allocation) is announced to the peers through the transport's `abandon` where
+  // it has one (shm_transport), so that they fail at once, naming this rank and the cause,
+  // instead of waiting to their deadlines; then it propagates. Not announced: errors every
+  // rank raises alike (a mismatch, `options::check_finite`) and the transport's own (already
+  // recorded for the peers).
+  template <class F>
+  void announced(core_type& core, F&& body) {
+    try {
+      std::forward<F>(body)();
+      std::atomic_ref(sent_total_)
+          .fetch_add(core.last_transfer().bytes_sent, std::memory_order_relaxed);
+    } catch (const mismatch_error&) {
+      throw;
+    } catch (const peer_failure&) {
+      throw;
+    } catch (const timeout_error&) {
+      throw;
+    } catch (const raised_everywhere&) {
+      throw;
+    } catch (const error& e) {
+      abandon(core, e.what());
+      // a backend's own error (a CUDA call's, say) knows the call and the device, not the
+      // rank: the same error again, naming this rank
+      if (typeid(e) == typeid(error) && e.rank() == no_rank) {
+        throw error(e.code(), {.operation = e.operation(), .rank = core.rank()}, e.detail());
+      }
+      throw;
+    } catch (const std::exception& e) {
+      abandon(core, e.what());
+      throw;
+    } catch (...) {
+      abandon(core, "an exception that is not a std::exception");
+      throw;
+    }
+  }
+  static void abandon(core_type& core, std::string_view why) noexcept {
+    if constexpr (requires(Transport & t) { t.abandon(why); }) core.transport().abandon(why);
+  }
+
+  std::uint64_t sent_total_ = 0;  ///< bytes_sent_total (through atomic_ref: stays movable)
+  /// The calls' order and the progress thread of the non-blocking ones, made at the first.
+  call_order calls_;
+};
+
+/// The compressed allreduce's and allgather's bodies and their workspace, over
+/// `ordered_calls`: once per (transport, compressor, backend), whatever the topology.
+template <transport Transport, compressor Compressor, backend Backend>
+class communicator_calls : public ordered_calls<Transport, Backend> {
+ public:
+  using core_type = dense_core<Transport, Backend>;
+  template <class T>
+  using view = buffer_view<T, typename Backend::memory_space>;
+  template <class T>
+  using state_type = compression_state<Compressor, T, Backend>;
+
+  communicator_calls(Compressor compressor, const options& opts)
+      : ordered_calls<Transport, Backend>(opts),
+        compressor_(std::move(compressor)),
+        check_finite_(opts.check_finite) {}
+  communicator_calls(communicator_calls&&) noexcept = default;
+  communicator_calls& operator=(communicator_calls&&) = delete;
+  /// Finishes what is queued first: queued compressed calls use the workspace below.
+  ~communicator_calls() { this->finish(); }
+
+  const Compressor& compressor() const { return compressor_; }
+  void set_compressor(Compressor c) { compressor_ = std::move(c); }
+  phase_split last_split() const { return workspace_.clock.split(); }
+
+  /// `communicator::allreduce(data, state, op)`, with its aggregation `how`.
+  template <real_gradient T, class Op>
+  void compressed_allreduce(core_type& core, aggregation how, view<T> data, state_type<T>& state,
+                            Op op) {
+    this->ordered(core, [&](core_type& c) { compressed_allreduce_now(c, how, data, state, op); });
+  }
+  /// `communicator::iallreduce(data, state, op)`.
+  template <real_gradient T, class Op>
+  request icompressed_allreduce(core_type& core, aggregation how, view<T> data,
+                                state_type<T>& state, Op op) {
+    return this->started(core, [this, how, data, state = &state, op](core_type& c) {
+      compressed_allreduce_now(c, how, data, *state, op);
+    });
+  }
+
+  /// `communicator::allgather(in, out, state)`.
+  template <real_gradient T>
+  void compressed_allgather(core_type& core, view<const T> in, view<T> out, state_type<T>& state) {
+    this->ordered(core, [&](core_type& c) {
+      const std::size_t count = in.count();
+      require_count("compressed allgather", "out", out.count(),
+                    count * static_cast<std::size_t>(c.size()));
+      require_state(c, "compressed allgather", state.count(), count, "blocks");
+      c.begin_call(collective::allgather, dtype_of<T>, "", count,
+                   static_cast<int>(state.step() & 0x7fffffff), aggregation::gather);
+      if (check_finite_) require_finite_everywhere(c, in);
+      workspace_.clock.start();
+      detail::compressed_allgather(c, compressor_, workspace_.payload, workspace_.gather, in, out,
+                                   state, workspace_.clock);
+      c.backend().synchronize();
+      workspace_.clock.mark(phase::decode);
+      state.advance();
+    });
+  }
+
+ private:
+  // The compressed allreduce's body (see `communicator::allreduce(data, state, op)`).
+  template <real_gradient T, class Op>
+  void compressed_allreduce_now(core_type& core, aggregation how, view<T> data,
+                                state_type<T>& state, Op op) {
+    require_state(core, "compressed allreduce", state.count(), data.count(), "data");
+    // the step goes in the signature: ranks at different steps would draw differently
+    const chunk_plan plan = overlap_plan<core_type, Compressor, T>(how, core.tuning(), compressor_,
+                                                                   data.count(), core.rank());
+    core.begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count(),
+                    static_cast<int>(state.step() & 0x7fffffff), how, plan.chunks);
+    if (check_finite_) require_finite_everywhere(core, view<const T>(data));
+    workspace_.clock.start();
+    detail::compressed_allreduce(how, plan, core, compressor_, workspace_, data, state);
+    dispatch::finalize_on(core.backend(), op, data, static_cast<std::size_t>(core.size()));
+    core.backend().synchronize();
+    workspace_.clock.mark(phase::decode);
+    state.advance();
+  }
+
+  // A compression state must be for `count` elements (of `what`).
+  static void require_state(const core_type& core, std::string_view operation,
+                            std::size_t state_count, std::size_t count, std::string_view what) {
+    if (state_count != count) {
+      throw invalid_argument({.operation = operation, .rank = core.rank()},
+                             "a compression state of " + std::to_string(state_count) +
+                                 " elements used for " + std::string(what) + " of " +
+                                 std::to_string(count) + " elements");
+    }
+  }
+
+  Compressor compressor_{};
+  bool check_finite_ = false;  ///< options::check_finite
+  compressed_workspace<Backend> workspace_;
+};
+
+// The dense collectives as callables of (core, arguments...): one type each, whatever the
+// communicator's topology.
+inline constexpr auto run_allreduce = [](auto& core, const auto&... a) { core.allreduce(a...); };
+inline constexpr auto run_reduce_scatter = [](auto& core, const auto&... a) {
+  core.reduce_scatter(a...);
+};
+inline constexpr auto run_allgather = [](auto& core, const auto&... a) { core.allgather(a...); };
+inline constexpr auto run_allgatherv = [](auto& core, const auto&... a) { core.allgatherv(a...); };
+inline constexpr auto run_broadcast = [](auto& core, const auto&... a) { core.broadcast(a...); };
+inline constexpr auto run_barrier = [](auto& core) { core.barrier(); };
+
+}  // namespace detail
+
 /// The collectives over `Transport`, scheduled by `Topology`: a facade. The dense collectives
 /// are `detail::dense_collectives<Transport, Topology, Backend>` (algorithm/dense.hpp), which
 /// does not depend on `Compressor`; the compressed allreduce and allgather (the overloads
 /// taking a `compression_state`) run the algorithms of algorithm/compressed/ over its
 /// topology-free core, `detail::dense_core<Transport, Backend>`, so that neither the dense
-/// nor the compressed algorithms are instantiated once per topology. Owns
-/// the transport. Every collective runs its kernels on `Backend` (through
-/// backend/dispatch.hpp); where its memory is not the transport's (the CUDA backend over
+/// nor the compressed algorithms are instantiated once per topology; what each call does
+/// around them (its order, the progress thread, the compressed bodies) is
+/// `detail::communicator_calls`, which depends on neither the topology nor, for the dense
+/// collectives, the compressor. Owns the transport. Every collective runs its kernels on `Backend`
+/// (through backend/dispatch.hpp); where its memory is not the transport's (the CUDA backend over
 /// shared memory or MPI), the dense collectives stage through host memory (dense.hpp). The
 /// compressed ones keep their `compression_state` in host memory and send payloads straight
 /// from the backend's, so they take a Backend of the transport's (host) memory so far.
@@ -93,8 +298,7 @@ class communicator {
   explicit communicator(Transport transport, Topology topology = {}, const options& opts = {},
                         const collective_tuning& tuning = {}, Backend backend = {})
       : dense_(std::move(transport), std::move(topology), opts, tuning, std::move(backend)),
-        check_finite_(opts.check_finite),
-        calls_(opts.resolved_deadline()) {}
+        calls_(Compressor{}, opts) {}
 
   /// The same, with the compressor the compressed collectives use (its tuned parameters:
   /// ratio, bits, rank, seed). Every rank must pass the same parameters.
@@ -102,20 +306,18 @@ class communicator {
   communicator(Transport transport, Topology topology, C compressor, const options& opts = {},
                const collective_tuning& tuning = {}, Backend backend = {})
       : dense_(std::move(transport), std::move(topology), opts, tuning, std::move(backend)),
-        compressor_(std::move(compressor)),
-        check_finite_(opts.check_finite),
-        calls_(opts.resolved_deadline()) {}
+        calls_(std::move(compressor), opts) {}
 
   int rank() const { return dense_.rank(); }
   int size() const { return dense_.size(); }
   Transport& transport() { return dense_.transport(); }
   const Topology& topology() const { return dense_.topology(); }
-  const Compressor& compressor() const { return compressor_; }
+  const Compressor& compressor() const { return calls_.compressor(); }
   /// Replaces the compressor's parameters for the compressed collectives that follow (a
   /// sparsity warm-up lowers top-k's ratio epoch by epoch, as DGC does). Every rank must set
   /// the same parameters between the same two collectives; the states stay valid (their
   /// count, step and residual do not depend on the parameters).
-  void set_compressor(Compressor c) { compressor_ = std::move(c); }
+  void set_compressor(Compressor c) { calls_.set_compressor(std::move(c)); }
   /// Where the kernels run (the CUDA backend carries its device and stream).
   const Backend& backend() const { return dense_.backend(); }
   /// The views the dense collectives take: buffers in the backend's memory.
@@ -131,7 +333,7 @@ class communicator {
   /// backend's memory.
   template <real_gradient T>
   state_type<T> make_state(std::size_t count) const {
-    return state_type<T>(compressor_, count, backend());
+    return state_type<T>(compressor(), count, backend());
   }
 
   /// The same with a low-rank compressor (PowerSGD) viewing the tensor as `view`: a layer's
@@ -141,7 +343,7 @@ class communicator {
   template <real_gradient T>
   state_type<T> make_state(std::size_t count,
                            powersgd_shape view) const requires uses_low_rank<Compressor> {
-    return state_type<T>(compressor_, count, view, backend());
+    return state_type<T>(compressor(), count, view, backend());
   }
 
   /// Measures `automatic_topology`'s model on these ranks and keeps it (a collective call):
@@ -166,7 +368,8 @@ class communicator {
   /// 4 ranks on a 2-core machine (its `seconds`).
   window_calibration calibrate_windows() {
     window_calibration m;
-    ordered([&] { m = detail::calibrate_windows(dense_.transport_core()); });
+    calls_.ordered(dense_.core(),
+                   [&m](core_type& core) { m = detail::calibrate_windows(core.transport_core()); });
     return m;
   }
 
@@ -183,12 +386,10 @@ class communicator {
   transfer_stats last_transfer() const { return dense_.last_transfer(); }
   /// The bytes this rank sent in all its collectives so far (safe to read while non-blocking
   /// ones run: updated as each finishes).
-  std::uint64_t bytes_sent_total() const {
-    return std::atomic_ref(const_cast<std::uint64_t&>(sent_total_)).load(std::memory_order_relaxed);
-  }
+  std::uint64_t bytes_sent_total() const { return calls_.bytes_sent_total(); }
   /// Where this rank's last compressed allreduce or allgather spent its time: encode,
   /// transfer, decode (`phase_split`; zeros before the first).
-  phase_split last_split() const { return workspace_.clock.split(); }
+  phase_split last_split() const { return calls_.last_split(); }
 
   /// The schedule an allreduce of `bytes` runs: the topology's name, or
   /// "automatic:<chosen>" for `automatic_topology`.
@@ -199,13 +400,13 @@ class communicator {
   /// `data[i] = op over ranks of data[i]`, in place.
   template <element T, reduction_op<T> Op = sum_op>
   void allreduce(view<T> data, Op op = {}) {
-    ordered([&] { dense_.allreduce(data, op); });
+    calls_.ordered(dense_.core(), detail::run_allreduce, data, op);
   }
   /// `out[i] = op over ranks of in[i]`; `in` and `out` have the same count and do not
   /// partially overlap (`invalid_argument` otherwise).
   template <element T, reduction_op<T> Op = sum_op>
   void allreduce(view<const T> in, view<T> out, Op op = {}) {
-    ordered([&] { dense_.allreduce(in, out, op); });
+    calls_.ordered(dense_.core(), detail::run_allreduce, in, out, op);
   }
 
   /// The compressed allreduce, in place: `data` = the sum (`sum_op`) or mean (`avg_op`) over
@@ -245,7 +446,7 @@ class communicator {
   void allreduce(view<T> data, state_type<T>& state, Op op = {}) {
     static_assert(std::same_as<Op, sum_op> || std::same_as<Op, avg_op>,
                   "squall: a compressed allreduce sums or averages: sum_op or avg_op");
-    ordered([&] { compressed_allreduce_now(data, state, op); });
+    calls_.compressed_allreduce(dense_.core(), aggregation(), data, state, op);
   }
 
   // ---- reduce_scatter ---------------------------------------------------------------------
@@ -260,13 +461,13 @@ class communicator {
   /// holds the result, the other blocks hold partial sums.
   template <element T, reduction_op<T> Op = sum_op>
   void reduce_scatter(view<T> data, Op op = {}) {
-    ordered([&] { dense_.reduce_scatter(data, op); });
+    calls_.ordered(dense_.core(), detail::run_reduce_scatter, data, op);
   }
   /// `out` = this rank's block of `in` reduced over ranks; `out.count()` must be
   /// `block_count(in.count())`.
   template <element T, reduction_op<T> Op = sum_op>
   void reduce_scatter(view<const T> in, view<T> out, Op op = {}) {
-    ordered([&] { dense_.reduce_scatter(in, out, op); });
+    calls_.ordered(dense_.core(), detail::run_reduce_scatter, in, out, op);
   }
 
   // ---- allgather ----------------------------------------------------------------------------
@@ -275,7 +476,7 @@ class communicator {
   /// `size() * in.count()`. `in` may be this rank's block of `out` (in place).
   template <element T>
   void allgather(view<const T> in, view<T> out) {
-    ordered([&] { dense_.allgather(in, out); });
+    calls_.ordered(dense_.core(), detail::run_allgather, in, out);
   }
 
   /// Blocks of different sizes, each where this rank chooses: rank q's `in` (`counts[q]`
@@ -291,7 +492,7 @@ class communicator {
   /// or `into` does not hold one entry per rank or `in.count()` is not `counts[rank()]`.
   template <element T>
   void allgatherv(view<const T> in, std::span<const std::size_t> counts, std::span<T* const> into) {
-    ordered([&] { dense_.allgatherv(in, counts, into); });
+    calls_.ordered(dense_.core(), detail::run_allgatherv, in, counts, into);
   }
 
   /// The compressed allgather: block q of `out` (`out.count()` = `size() * in.count()`) is
@@ -306,21 +507,7 @@ class communicator {
   /// and the transport's errors.
   template <real_gradient T>
   void allgather(view<const T> in, view<T> out, state_type<T>& state) {
-    ordered([&] {
-      const std::size_t count = in.count();
-      detail::require_count("compressed allgather", "out", out.count(),
-                            count * static_cast<std::size_t>(size()));
-      require_state("compressed allgather", state.count(), count, "blocks");
-      dense_.begin_call(collective::allgather, dtype_of<T>, "", count,
-                        static_cast<int>(state.step() & 0x7fffffff), aggregation::gather);
-      if (check_finite_) detail::require_finite_everywhere(dense_.core(), in);
-      workspace_.clock.start();
-      detail::compressed_allgather(dense_.core(), compressor_, workspace_.payload,
-                                   workspace_.gather, in, out, state, workspace_.clock);
-      backend().synchronize();
-      workspace_.clock.mark(detail::phase::decode);
-      state.advance();
-    });
+    calls_.compressed_allgather(dense_.core(), in, out, state);
   }
 
   // ---- broadcast and barrier ----------------------------------------------------------------
@@ -328,13 +515,11 @@ class communicator {
   /// `data` on every rank = `data` on `root`.
   template <element T>
   void broadcast(view<T> data, int root) {
-    ordered([&] { dense_.broadcast(data, root); });
+    calls_.ordered(dense_.core(), detail::run_broadcast, data, root);
   }
 
   /// Returns once every rank has entered the barrier.
-  void barrier() {
-    ordered([&] { dense_.barrier(); });
-  }
+  void barrier() { calls_.ordered(dense_.core(), detail::run_barrier); }
 
   // ---- non-blocking ---------------------------------------------------------------------------
 
@@ -349,143 +534,49 @@ class communicator {
   /// flight.
   template <element T, reduction_op<T> Op = sum_op>
   request iallreduce(view<T> data, Op op = {}) {
-    return started([this, data, op] { dense_.allreduce(data, op); });
+    return calls_.started(dense_.core(), detail::run_allreduce, data, op);
   }
   template <element T, reduction_op<T> Op = sum_op>
   request iallreduce(view<const T> in, view<T> out, Op op = {}) {
-    return started([this, in, out, op] { dense_.allreduce(in, out, op); });
+    return calls_.started(dense_.core(), detail::run_allreduce, in, out, op);
   }
   /// The compressed allreduce (`allreduce(data, state, op)`), non-blocking.
   template <real_gradient T, class Op = sum_op>
   request iallreduce(view<T> data, state_type<T>& state, Op op = {}) {
     static_assert(std::same_as<Op, sum_op> || std::same_as<Op, avg_op>,
                   "squall: a compressed allreduce sums or averages: sum_op or avg_op");
-    return started(
-        [this, data, state = &state, op] { compressed_allreduce_now(data, *state, op); });
+    return calls_.icompressed_allreduce(dense_.core(), aggregation(), data, state, op);
   }
   template <element T, reduction_op<T> Op = sum_op>
   request ireduce_scatter(view<T> data, Op op = {}) {
-    return started([this, data, op] { dense_.reduce_scatter(data, op); });
+    return calls_.started(dense_.core(), detail::run_reduce_scatter, data, op);
   }
   template <element T, reduction_op<T> Op = sum_op>
   request ireduce_scatter(view<const T> in, view<T> out, Op op = {}) {
-    return started([this, in, out, op] { dense_.reduce_scatter(in, out, op); });
+    return calls_.started(dense_.core(), detail::run_reduce_scatter, in, out, op);
   }
   template <element T>
   request iallgather(view<const T> in, view<T> out) {
-    return started([this, in, out] { dense_.allgather(in, out); });
+    return calls_.started(dense_.core(), detail::run_allgather, in, out);
   }
   template <element T>
   request ibroadcast(view<T> data, int root) {
-    return started([this, data, root] { dense_.broadcast(data, root); });
+    return calls_.started(dense_.core(), detail::run_broadcast, data, root);
   }
   /// On a transport whose peers' windows this rank maps (shared memory), this rank arrives
   /// now, on the caller's thread, and the request's `test` polls for the others (no hand-off
   /// to the progress thread), unless other non-blocking calls are still in flight; the
   /// communicator's next call completes it first.
-  request ibarrier() {
-    if constexpr (direct_transport<Transport>) {
-      return calls_.split(
-          rank(), [this] { return dense_.barrier_arrive(); },
-          [this] { announced([this] { dense_.barrier(); }); });
-    } else {
-      return started([this] { dense_.barrier(); });
-    }
-  }
+  request ibarrier() { return calls_.ibarrier(dense_.core()); }
 
  private:
   using core_type = detail::dense_core<Transport, Backend>;
 
-  // The compressed allreduce's body (see `allreduce(data, state, op)`).
-  template <real_gradient T, class Op>
-  void compressed_allreduce_now(view<T> data, state_type<T>& state, Op op) {
-    require_state("compressed allreduce", state.count(), data.count(), "data");
-    // the step goes in the signature: ranks at different steps would draw differently
-    const squall::aggregation how = aggregation();
-    const detail::chunk_plan plan = detail::overlap_plan<core_type, Compressor, T>(
-        how, dense_.tuning(), compressor_, data.count(), rank());
-    dense_.begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count(),
-                      static_cast<int>(state.step() & 0x7fffffff), how, plan.chunks);
-    if (check_finite_) detail::require_finite_everywhere(dense_.core(), view<const T>(data));
-    workspace_.clock.start();
-    detail::compressed_allreduce(how, plan, dense_.core(), compressor_, workspace_, data, state);
-    detail::dispatch::finalize_on(backend(), op, data, static_cast<std::size_t>(size()));
-    backend().synchronize();
-    workspace_.clock.mark(detail::phase::decode);
-    state.advance();
-  }
-
-  // A blocking collective: on the caller's thread when nothing is in flight, else queued
-  // behind what is and waited for (so it runs in the order it was called).
-  template <class F>
-  void ordered(F&& body) {
-    calls_.ordered(rank(), [&] { announced(body); });
-  }
-  // A non-blocking collective: `body` queued on the progress thread.
-  template <class F>
-  request started(F body) {
-    return calls_.started(rank(), [this, body = std::move(body)] { announced(body); });
-  }
-
-  // Runs a collective's body. An error of this rank's own (a bad argument, a compressor's
-  // error, an allocation) is announced to the peers through the transport's `abandon` where
-  // it has one (shm_transport), so that they fail at once, naming this rank and the cause,
-  // instead of waiting to their deadlines; then it propagates. Not announced: errors every
-  // rank raises alike (a mismatch, `options::check_finite`) and the transport's own (already
-  // recorded for the peers).
-  template <class F>
-  void announced(F&& body) {
-    try {
-      std::forward<F>(body)();
-      std::atomic_ref(sent_total_)
-          .fetch_add(dense_.last_transfer().bytes_sent, std::memory_order_relaxed);
-    } catch (const mismatch_error&) {
-      throw;
-    } catch (const peer_failure&) {
-      throw;
-    } catch (const timeout_error&) {
-      throw;
-    } catch (const detail::raised_everywhere&) {
-      throw;
-    } catch (const error& e) {
-      abandon(e.what());
-      // a backend's own error (a CUDA call's, say) knows the call and the device, not the
-      // rank: the same error again, naming this rank
-      if (typeid(e) == typeid(error) && e.rank() == no_rank) {
-        throw error(e.code(), {.operation = e.operation(), .rank = rank()}, e.detail());
-      }
-      throw;
-    } catch (const std::exception& e) {
-      abandon(e.what());
-      throw;
-    } catch (...) {
-      abandon("an exception that is not a std::exception");
-      throw;
-    }
-  }
-  void abandon(std::string_view why) noexcept {
-    if constexpr (requires(Transport & t) { t.abandon(why); }) dense_.transport().abandon(why);
-  }
-
-  // A compression state must be for `count` elements (of `what`).
-  void require_state(std::string_view operation, std::size_t state_count, std::size_t count,
-                     std::string_view what) const {
-    if (state_count != count) {
-      throw invalid_argument({.operation = operation, .rank = rank()},
-                             "a compression state of " + std::to_string(state_count) +
-                                 " elements used for " + std::string(what) + " of " +
-                                 std::to_string(count) + " elements");
-    }
-  }
-
   detail::dense_collectives<Transport, Topology, Backend> dense_;
-  Compressor compressor_{};
-  bool check_finite_ = false;  ///< options::check_finite
-  detail::compressed_workspace<Backend> workspace_;
-  std::uint64_t sent_total_ = 0;  ///< bytes_sent_total (through atomic_ref: stays movable)
-  /// The calls' order and the progress thread of the non-blocking ones, made at the first;
-  /// destroyed first (it finishes what is queued while the rest of the communicator exists).
-  detail::call_order calls_;
+  /// What each call does beyond the topology's schedules (the calls' order, the progress
+  /// thread, the compressed bodies); declared last, so destroyed first: it finishes what is
+  /// queued while the rest of the communicator exists.
+  detail::communicator_calls<Transport, Compressor, Backend> calls_;
 };
 
 }  // namespace squall
