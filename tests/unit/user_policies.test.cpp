@@ -419,6 +419,23 @@ TEST_SUITE("user policies") {
     });
   }
 
+  TEST_CASE("the refusal is raised in the compressed allreduce's body: at wait() when started") {
+    const squall::collective_tuning gather{.aggregation = squall::aggregation::gather};
+    run_ranks(2, [&](inproc_transport& t) {
+      squall::communicator<inproc_transport, squall::ring_topology, rank_one_compressor> comm(
+          std::move(t), {}, rank_one_compressor{}, no_check, gather);
+      std::vector<float> g(30, 1.0f);
+      auto state = comm.make_state<float>(g.size());
+      // non-blocking: the request carries the error (the calls' contract), the call does not
+      squall::request started;
+      REQUIRE_NOTHROW(started = comm.iallreduce(squall::host_view<float>(g), state));
+      CHECK_THROWS_WITH_AS(started.wait(), doctest::Contains("does not allow"),
+                           squall::invalid_argument);
+      CHECK_THROWS_WITH_AS(comm.allreduce(squall::host_view<float>(g), state),
+                           doctest::Contains("does not allow"), squall::invalid_argument);
+    });
+  }
+
   TEST_CASE_TEMPLATE("per hop on the topology's own schedule, within P half-steps", Topology,
                      squall::direct_topology, squall::halving_doubling_topology,
                      reverse_ring_topology) {

@@ -180,15 +180,19 @@ class communicator_calls : public ordered_calls<Transport, Backend> {
   void set_compressor(Compressor c) { compressor_ = std::move(c); }
   phase_split last_split() const { return workspace_.clock.split(); }
 
-  /// `communicator::allreduce(data, state, op)`, with its aggregation `how`.
+  /// The communicator's choice of aggregation (`aggregation_of<Compressor, Topology>`), made
+  /// in the call's body, so that its error is announced (and, non-blocking, raised at `wait`).
+  using aggregation_choice = aggregation (*)(const collective_tuning&, int, int, bool);
+
+  /// `communicator::allreduce(data, state, op)`.
   template <real_gradient T, class Op>
-  void compressed_allreduce(core_type& core, aggregation how, view<T> data, state_type<T>& state,
-                            Op op) {
+  void compressed_allreduce(core_type& core, aggregation_choice how, view<T> data,
+                            state_type<T>& state, Op op) {
     this->ordered(core, [&](core_type& c) { compressed_allreduce_now(c, how, data, state, op); });
   }
   /// `communicator::iallreduce(data, state, op)`.
   template <real_gradient T, class Op>
-  request icompressed_allreduce(core_type& core, aggregation how, view<T> data,
+  request icompressed_allreduce(core_type& core, aggregation_choice how, view<T> data,
                                 state_type<T>& state, Op op) {
     return this->started(core, [this, how, data, state = &state, op](core_type& c) {
       compressed_allreduce_now(c, how, data, *state, op);
@@ -218,10 +222,11 @@ class communicator_calls : public ordered_calls<Transport, Backend> {
  private:
   // The compressed allreduce's body (see `communicator::allreduce(data, state, op)`).
   template <real_gradient T, class Op>
-  void compressed_allreduce_now(core_type& core, aggregation how, view<T> data,
+  void compressed_allreduce_now(core_type& core, aggregation_choice choose, view<T> data,
                                 state_type<T>& state, Op op) {
     require_state(core, "compressed allreduce", state.count(), data.count(), "data");
     // the step goes in the signature: ranks at different steps would draw differently
+    const aggregation how = choose(core.tuning(), core.rank(), core.size(), core_type::staged);
     const chunk_plan plan = overlap_plan<core_type, Compressor, T>(how, core.tuning(), compressor_,
                                                                    data.count(), core.rank());
     core.begin_call(collective::allreduce, dtype_of<T>, Op::name, data.count(),
@@ -446,7 +451,8 @@ class communicator {
   void allreduce(view<T> data, state_type<T>& state, Op op = {}) {
     static_assert(std::same_as<Op, sum_op> || std::same_as<Op, avg_op>,
                   "squall: a compressed allreduce sums or averages: sum_op or avg_op");
-    calls_.compressed_allreduce(dense_.core(), aggregation(), data, state, op);
+    calls_.compressed_allreduce(dense_.core(), &detail::aggregation_of<Compressor, Topology>, data,
+                                state, op);
   }
 
   // ---- reduce_scatter ---------------------------------------------------------------------
@@ -545,7 +551,8 @@ class communicator {
   request iallreduce(view<T> data, state_type<T>& state, Op op = {}) {
     static_assert(std::same_as<Op, sum_op> || std::same_as<Op, avg_op>,
                   "squall: a compressed allreduce sums or averages: sum_op or avg_op");
-    return calls_.icompressed_allreduce(dense_.core(), aggregation(), data, state, op);
+    return calls_.icompressed_allreduce(
+        dense_.core(), &detail::aggregation_of<Compressor, Topology>, data, state, op);
   }
   template <element T, reduction_op<T> Op = sum_op>
   request ireduce_scatter(view<T> data, Op op = {}) {
