@@ -63,6 +63,17 @@ namespace squall {
 
 namespace detail {
 
+// The dense collectives as callables of (core, arguments...): one type each, whatever the
+// communicator's topology.
+inline constexpr auto run_allreduce = [](auto& core, const auto&... a) { core.allreduce(a...); };
+inline constexpr auto run_reduce_scatter = [](auto& core, const auto&... a) {
+  core.reduce_scatter(a...);
+};
+inline constexpr auto run_allgather = [](auto& core, const auto&... a) { core.allgather(a...); };
+inline constexpr auto run_allgatherv = [](auto& core, const auto&... a) { core.allgatherv(a...); };
+inline constexpr auto run_broadcast = [](auto& core, const auto&... a) { core.broadcast(a...); };
+inline constexpr auto run_barrier = [](auto& core) { core.barrier(); };
+
 /// What each of a communicator's calls does that depends neither on its topology nor on its
 /// compressor: the calls' order and the progress thread of the non-blocking ones, the
 /// announcement of a rank's own errors, the count of bytes sent. Each operation takes the
@@ -96,9 +107,9 @@ class ordered_calls {
     if constexpr (direct_transport<Transport>) {
       return calls_.split(
           core.rank(), [&core] { return core.barrier_arrive(); },
-          [this, &core] { announced(core, [&core] { core.barrier(); }); });
+          [this, &core] { announced(core, [&core] { run_barrier(core); }); });
     } else {
-      return started(core, [](core_type& c) { c.barrier(); });
+      return started(core, run_barrier);
     }
   }
 
@@ -255,17 +266,6 @@ class communicator_calls : public ordered_calls<Transport, Backend> {
   bool check_finite_ = false;  ///< options::check_finite
   compressed_workspace<Backend> workspace_;
 };
-
-// The dense collectives as callables of (core, arguments...): one type each, whatever the
-// communicator's topology.
-inline constexpr auto run_allreduce = [](auto& core, const auto&... a) { core.allreduce(a...); };
-inline constexpr auto run_reduce_scatter = [](auto& core, const auto&... a) {
-  core.reduce_scatter(a...);
-};
-inline constexpr auto run_allgather = [](auto& core, const auto&... a) { core.allgather(a...); };
-inline constexpr auto run_allgatherv = [](auto& core, const auto&... a) { core.allgatherv(a...); };
-inline constexpr auto run_broadcast = [](auto& core, const auto&... a) { core.broadcast(a...); };
-inline constexpr auto run_barrier = [](auto& core) { core.barrier(); };
 
 }  // namespace detail
 
