@@ -35,6 +35,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>   // this_thread::yield
 #include <utility>  // move
 #include <vector>
 
@@ -49,12 +50,12 @@ class inproc_transport;
 
 /// A handle to one `send`, `recv` or `barrier` of an `inproc_transport`. Move-only.
 ///
-/// `wait()` blocks (on a condition variable, never spinning) until the operation is done, for
-/// at most the transport's `deadline()`; `test()` never waits. Either call may perform the copy
-/// of a matched message itself, so that no order of waits across ranks can deadlock as long as
-/// every operation has been posted. The destructor of a pending completion waits for it like
-/// `wait()` but swallows any error: the buffers of an operation are never touched after its
-/// completion is destroyed.
+/// `wait()` blocks (yielding the CPU for up to 200 us, then sleeping on a condition variable)
+/// until the operation is done, for at most the transport's `deadline()`; `test()` never
+/// waits. Either call may perform the copy of a matched message itself, so that no order of waits
+/// across ranks can deadlock as long as every operation has been posted. The destructor of a
+/// pending completion waits for it like `wait()` but swallows any error: the buffers of an
+/// operation are never touched after its completion is destroyed.
 class inproc_completion {
  public:
   /// A completion that is already done: `wait()` returns and `test()` is true at once.
@@ -311,11 +312,21 @@ class inproc_state {
     }
   }
 
-  /// Blocks until `op` is done; throws if it fails or the deadline passes first.
+  /// Blocks until `op` is done; throws if it fails or the deadline passes first. Yields the
+  /// CPU for up to `yield_time` first (a peer that is a few instructions from matching or
+  /// copying gets the core, and neither side pays a sleep and a wake-up), then sleeps on the
+  /// rank's condition variable.
   void wait(inproc_op& op) {
     const squall::detail::deadline limit(deadline_);
     std::unique_lock lock(mutex_);
+    const auto yielding_until = std::chrono::steady_clock::now() + yield_time;
     while (!progress(op, lock)) {
+      if (std::chrono::steady_clock::now() < yielding_until) {
+        lock.unlock();
+        std::this_thread::yield();
+        lock.lock();
+        continue;
+      }
       if (op.status == inproc_status::copying) {
         // The peer is copying; a copy is bounded work that needs nobody else, so it is
         // waited for without a deadline (the buffers must not be released mid-copy).
@@ -347,6 +358,10 @@ class inproc_state {
   }
 
  private:
+  /// How long `wait` yields before it sleeps: as long as the shared-memory transport's
+  /// yielding phase, many times a sleep's wake-up.
+  static constexpr auto yield_time = std::chrono::microseconds(200);
+
   /// An intrusive FIFO of posted, unmatched operations.
   class fifo {
    public:
