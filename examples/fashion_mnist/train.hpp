@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// The training of train_fashion_mnist.cpp: its settings, one rank's training loop (templated on
-// the transport and the compressor) and the two runners that visit every --compressor, one
-// translation unit per transport (train_shm.cpp, train_mpi.cpp), compiled side by side: each
-// instantiates the loop for every compressor.
+// The training of train_fashion_mnist.cpp: its settings, one rank's training loop and the two
+// runners that visit every --compressor. The loop (`train_loop`, train_loop.cpp) is compiled
+// once: it reaches the communicators through `exchange`, which `train` implements for each
+// transport and compressor, one translation unit per transport (train_shm.cpp, train_mpi.cpp),
+// compiled side by side.
 #include <squall/compress/by_name.hpp>
 #include <squall/squall.hpp>
 
@@ -100,13 +101,60 @@ struct rank_of_job {
   Make make;  // Transport make(std::string_view part): "w1" or "w2"
 };
 
-/// One rank's training with compressor C; returns its exit code: 0, 3 if the ranks' weights
-/// differ, 4 if the final test accuracy is below --require-accuracy.
+/// What the training loop needs of one rank's two communicators (W1's and W2's), whatever the
+/// transport and the compressor: the loop is compiled once, this is implemented by `train` for
+/// each of them.
+class exchange {
+ public:
+  /// One block of W1's rows in the flat gradient, reduced on its own (with --overlap K, K of
+  /// them), compressed or dense.
+  struct piece {
+    std::size_t from = 0, count = 0;
+    bool compress = false;
+  };
+  /// What the compressor is, fixed before the first step.
+  struct facts {
+    std::string label;             ///< the compressor as given (--compressor)
+    bool local_momentum = false;   ///< error feedback: each rank compresses its own velocity
+    bool sketch_momentum = false;  ///< FetchSGD: the results are the steps (momentum in sketches)
+    bool masks = false;            ///< DGC's momentum masking applies (sparse sets with feedback)
+    bool has_ratio = false;        ///< a top-k ratio the sparsity warm-up may lower
+    double target_ratio = 0;       ///< that ratio
+    std::vector<piece> w1;         ///< W1's pieces
+    bool compress_w2 = false;
+  };
+
+  virtual ~exchange() = default;
+  /// The mean over the ranks of gradient part `g` (W1's piece `k`, W2 or the biases): blocking,
+  /// or (`start`) started, to be waited by `finish`.
+  virtual void reduce(part which, std::size_t k, std::span<float> g, bool start) = 0;
+  /// Waits for every reduction started since the last call.
+  virtual void finish() = 0;
+  /// The bytes this rank has sent for the gradients since the start.
+  virtual std::uint64_t bytes_sent() const = 0;
+  /// `v` summed (or its maximum) over the ranks.
+  virtual double across(double v, bool sum) = 0;
+  /// `v`'s elementwise maximum over the ranks, in place.
+  virtual void max_over_ranks(std::vector<float>& v) = 0;
+  /// Sets the top-k ratio of both communicators' compressors (every rank alike, between calls).
+  virtual void set_ratio(double ratio) = 0;
+  /// DGC's momentum masking: zeroes `velocity` where this rank's last encode sent its value.
+  virtual void mask_sent(float* velocity) = 0;
+};
+
+/// One rank's training loop over `ex`; returns its exit code: 0, 3 if the ranks' weights
+/// differ, 4 if the final test accuracy is below --require-accuracy (train_loop.cpp).
+int train_loop(int rank, int size, exchange& ex, const exchange::facts& f, const settings& s,
+               const dataset& data, std::size_t train_count, std::size_t test_count);
+
+/// One rank's training with compressor C: its two communicators behind `exchange`, then
+/// `train_loop`.
 template <class Transport, class Make, class C>
 int train(const rank_of_job<Transport, Make>& me, C compressor,
           const squall::compressor_choice& choice, const settings& s,
           const fashion_mnist::dataset& data, std::size_t train_count, std::size_t test_count) {
   using comm_type = squall::communicator<Transport, squall::ring_topology, C>;
+  using state_type = typename comm_type::template state_type<float>;
   constexpr bool dense = std::is_same_v<C, squall::identity_compressor>;
   const fashion_mnist::mlp model{.hidden = s.hidden};
   const squall::collective_tuning tuning = choice.tuned({});
@@ -142,267 +190,125 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
       return comm.compressor().max_payload_bytes(squall::dtype::float32, count) <
              count * sizeof(float);
   };
+  // Momentum: with error feedback each rank keeps its own velocity and compresses that (the
+  // loop's comment says why); DGC's masking for the sparse-set compressors (the ones gTop-k
+  // merges) with error feedback.
+  constexpr bool local_momentum = squall::is_error_feedback<C>;
+  constexpr bool masks = local_momentum && squall::compression_traits<C>::aggregations.contains(
+                                               squall::aggregation::gtopk);
+  exchange::facts f;
+  f.label = choice.text;
+  f.local_momentum = local_momentum;
+  f.sketch_momentum = sketch_momentum;
+  f.masks = masks;
   // W1 as `pieces` blocks of rows, each reduced on its own, with its own state (with
   // --overlap K, K pieces, each started as soon as backward has it; else one, the matrix)
-  struct w1_piece {
-    std::size_t from = 0, count = 0;  // in the flat gradient
-    bool compress = false;
-    typename comm_type::template state_type<float> state;
-  };
   const std::size_t pieces = std::max<std::size_t>(s.overlap, 1);
-  std::vector<w1_piece> w1_pieces;
+  std::vector<state_type> w1_states;
   for (std::size_t k = 0; k < pieces; ++k) {
     const std::size_t from = fashion_mnist::w1_row(model, k, pieces) * model.hidden;
     const std::size_t count = fashion_mnist::w1_row(model, k + 1, pieces) * model.hidden - from;
     const bool compress = worth(comm1, count);
-    w1_pieces.push_back(
-        {from, count, compress, comm1.template make_state<float>(compress ? count : 0)});
+    f.w1.push_back({from, count, compress});
+    w1_states.push_back(comm1.template make_state<float>(compress ? count : 0));
   }
-  const bool compress1 = w1_pieces.front().compress;
-  const bool compress2 = worth(comm2, model.w2_count());
-  auto state2 = comm2.template make_state<float>(compress2 ? model.w2_count() : 0);
+  f.compress_w2 = worth(comm2, model.w2_count());
+  state_type state2 = comm2.template make_state<float>(f.compress_w2 ? model.w2_count() : 0);
+  C ratio_of = compressor;
+  if (const double* ratio = topk_ratio(ratio_of)) {
+    f.has_ratio = true;
+    f.target_ratio = *ratio;
+  }
 
-  C warm_template = compressor;
-  const double* target_ratio = topk_ratio(warm_template);
-  const double target = target_ratio != nullptr ? *target_ratio : 0;
-  // the name printed and written to the CSV: the compressor's, its warm-up and a learning rate
-  // or momentum other than the default (so that runs at several settings summarize apart)
-  const bool warms = s.sparsity_warmup > 0 && target_ratio != nullptr && target < 0.25;
-  char rate[64] = "";
-  if (s.lr != default_lr || s.momentum != default_momentum) {
-    std::snprintf(rate, sizeof rate,
-                  s.momentum != default_momentum ? " lr %g momentum %g" : " lr %g",
-                  static_cast<double>(s.lr), static_cast<double>(s.momentum));
-  }
-  const std::string label =
-      choice.text + (warms ? " warm-up " + std::to_string(s.sparsity_warmup) : std::string()) +
-      rate + (s.overlap > 0 ? " overlap " + std::to_string(s.overlap) : std::string());
-  if (me.rank == 0) {
-    std::printf("# %s: W1 (%zu values%s) %s, W2 (%zu) %s, biases (%zu) dense\n", label.c_str(),
-                model.w1_count(),
-                s.overlap > 0 ? (", " + std::to_string(pieces) + " pieces").c_str() : "",
-                compress1 ? "compressed" : "dense", model.w2_count(),
-                compress2 ? "compressed" : "dense", model.bias_count());
-  }
-  // Momentum: with error feedback each rank keeps its own velocity and compresses that, the
-  // residual holding what it has not sent yet (DGC's momentum correction, Lin et al., ICLR
-  // 2018), so that what is sent over the steps adds up to the dense run's velocities; without,
-  // the velocity of the averaged gradient (an unbiased quantizer's noise is not multiplied by
-  // 1 / (1 - momentum)). For the dense allreduce the two are the same sums.
-  constexpr bool local_momentum = squall::is_error_feedback<C>;
-  // DGC's momentum factor masking (sparse-class compressors with error feedback): where this
-  // rank sent its value (the residual is exactly 0 there after a top-k encode; threshold sends
-  // +-tau and leaves a remainder, so it is not masked), its velocity starts again from 0, so
-  // that stale momentum is not sent twice.
-  const auto mask_sent = [&](auto& state, float* v, bool compressed) {
-    if constexpr (local_momentum) {
-      if (!compressed) return;
-      const auto r = state.residual().residual();
-      for (std::size_t i = 0; i < r.count(); ++i) {
-        if (r.data()[i] == 0.0f) v[i] = 0.0f;
+  class of_communicators final : public exchange {
+   public:
+    of_communicators(comm_type& comm1, comm_type& comm2, std::vector<state_type>& w1_states,
+                     state_type& state2, const facts& f)
+        : comm1_(comm1), comm2_(comm2), w1_states_(w1_states), state2_(state2), f_(f) {}
+
+    void reduce(part which, std::size_t k, std::span<float> g, bool start) override {
+      switch (which) {
+        case part::w2:
+          return reduce(comm2_, g, state2_, f_.compress_w2, start);
+        case part::w1_rows:
+          return reduce(comm1_, g, w1_states_[k], f_.w1[k].compress, start);
+        case part::biases:
+          return reduce(comm1_, g, state2_, false, start);
       }
     }
-  };
-  // Per step: a linear warm-up from 0 over the first `warmup` epochs (Goyal et al., 2017),
-  // then cosine decay to 0 (Loshchilov and Hutter, SGDR, 2017), or constant.
-  const auto learning_rate = [&](int epoch, std::size_t step, std::size_t steps) {
-    const double at =
-        static_cast<double>(epoch) * static_cast<double>(steps) + static_cast<double>(step) + 1;
-    const double warm = s.warmup * static_cast<double>(steps);
-    if (at < warm) return static_cast<float>(s.lr * at / warm);
-    if (!s.cosine) return s.lr;
-    const double t =
-        (at - warm) / (static_cast<double>(s.epochs) * static_cast<double>(steps) - warm + 1);
-    return static_cast<float>(0.5 * s.lr * (1 + std::cos(3.141592653589793 * t)));
-  };
-  std::vector<float> params = model.initial_parameters(s.seed);
-  std::vector<float> grads(params.size()), velocity(params.size(), 0.0f);
-  fashion_mnist::workspace ws;
-  const std::size_t per_step = s.batch * static_cast<std::size_t>(me.size);
-  const std::size_t steps = train_count / per_step;
-  if (steps == 0) throw squall::invalid_argument({}, "fewer training images than one global batch");
-  std::vector<std::size_t> order(train_count);
-  std::vector<float> batch_x(s.batch * model.inputs);
-  std::vector<std::uint8_t> batch_y(s.batch);
-  std::uint64_t wire_bytes = 0;  // this rank's, for the gradients, since the start
-  double comm_seconds = 0;       // this epoch's: in blocking allreduces or waiting for requests
-  std::vector<squall::request> pending;  // with --overlap: this step's allreduces in flight
-
-  // The mean of gradient part `g` over the ranks (with error feedback, of this rank's velocity
-  // of it): blocking, or (--overlap) started on the communicator's progress thread as soon as
-  // backward has the part, waited for before the update. `state` is unused when not `compress`.
-  auto reduce = [&](comm_type& comm, std::span<float> g, auto& state, bool compress) {
-    if constexpr (local_momentum) {
-      float* v = velocity.data() + (g.data() - grads.data());
-      for (std::size_t i = 0; i < g.size(); ++i) {
-        v[i] = s.momentum * v[i] + g[i];
-        g[i] = v[i];
-      }
+    void finish() override {
+      for (squall::request& r : pending_) r.wait();
+      pending_.clear();
     }
-    const squall::host_view<float> view(g.data(), g.size());
-    if (s.overlap > 0) {
-      if constexpr (!dense) {
-        if (compress) {
-          pending.push_back(comm.iallreduce(view, state, squall::avg_op{}));
-          return;
-        }
-      }
-      pending.push_back(comm.iallreduce(view, squall::avg_op{}));
-      return;
+    std::uint64_t bytes_sent() const override {
+      return comm1_.bytes_sent_total() + comm2_.bytes_sent_total();
     }
-    const auto start = clock_type::now();
-    if constexpr (dense)
-      comm.allreduce(view, squall::avg_op{});
-    else if (compress)
-      comm.allreduce(view, state, squall::avg_op{});
-    else
-      comm.allreduce(view, squall::avg_op{});
-    comm_seconds += std::chrono::duration<double>(clock_type::now() - start).count();
-  };
-  auto across = [&](double v, bool sum) {
-    if (sum)
-      comm1.allreduce(squall::host_view<double>(&v, 1), squall::sum_op{});
-    else
-      comm1.allreduce(squall::host_view<double>(&v, 1), squall::max_op{});
-    return v;
-  };
-
-  bool diverged = false;
-  double final_accuracy = 0;
-  for (int epoch = 1; epoch <= s.epochs; ++epoch) {
-    const auto epoch_start = clock_type::now();
-    if (warms) {  // every rank alike, between calls
-      for (comm_type* comm : {&comm1, &comm2}) {
+    double across(double v, bool sum) override {
+      if (sum)
+        comm1_.allreduce(squall::host_view<double>(&v, 1), squall::sum_op{});
+      else
+        comm1_.allreduce(squall::host_view<double>(&v, 1), squall::max_op{});
+      return v;
+    }
+    void max_over_ranks(std::vector<float>& v) override {
+      comm1_.allreduce(squall::host_view<float>(v), squall::max_op{});
+    }
+    void set_ratio(double ratio) override {
+      for (comm_type* comm : {&comm1_, &comm2_}) {
         C c = comm->compressor();
-        *topk_ratio(c) = warmup_density(target, epoch, s.sparsity_warmup);
+        if (double* r = topk_ratio(c)) *r = ratio;
         comm->set_compressor(c);
       }
     }
-    comm_seconds = 0;
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    std::mt19937_64 shuffle(s.seed * 1000003 + static_cast<std::uint64_t>(epoch));
-    std::shuffle(order.begin(), order.end(), shuffle);  // the same order on every rank
-    double loss_sum = 0;
-    for (std::size_t step = 0; step < steps; ++step) {
-      const std::size_t first = step * per_step + static_cast<std::size_t>(me.rank) * s.batch;
-      for (std::size_t b = 0; b < s.batch; ++b) {
-        const std::size_t img = order[first + b];
-        std::copy_n(data.train.values.data() + img * model.inputs, model.inputs,
-                    batch_x.data() + b * model.inputs);
-        batch_y[b] = data.train.labels[img];
+    void mask_sent(float* velocity) override {
+      if constexpr (masks) {
+        for (std::size_t k = 0; k < f_.w1.size(); ++k)
+          mask(w1_states_[k], velocity + f_.w1[k].from, f_.w1[k].compress);
+        mask(state2_, velocity + f_.w1.back().from + f_.w1.back().count, f_.compress_w2);
       }
-      loss_sum += fashion_mnist::forward(model, params, batch_x.data(), batch_y.data(), s.batch, ws)
-                      .loss_sum;
-      const std::uint64_t sent_before = comm1.bytes_sent_total() + comm2.bytes_sent_total();
-      fashion_mnist::backward(model, params, batch_x.data(), batch_y.data(), s.batch, ws, grads,
-                              pieces, [&](fashion_mnist::part part, std::size_t k) {
-                                switch (part) {
-                                  case fashion_mnist::part::w2:
-                                    return reduce(comm2, model.w2(grads), state2, compress2);
-                                  case fashion_mnist::part::w1_rows: {
-                                    w1_piece& piece = w1_pieces[k];
-                                    return reduce(comm1,
-                                                  std::span(grads.data() + piece.from, piece.count),
-                                                  piece.state, piece.compress);
-                                  }
-                                  case fashion_mnist::part::biases:
-                                    return reduce(comm1, model.biases(grads), state2, false);
-                                }
-                              });
-      if (!pending.empty()) {
-        const auto start = clock_type::now();
-        for (squall::request& r : pending) r.wait();
-        pending.clear();
-        comm_seconds += std::chrono::duration<double>(clock_type::now() - start).count();
-      }
-      wire_bytes += comm1.bytes_sent_total() + comm2.bytes_sent_total() - sent_before;
-      // the sparse-set compressors (topk, threshold): the ones gTop-k merges
-      if constexpr (local_momentum && squall::compression_traits<C>::aggregations.contains(
-                                          squall::aggregation::gtopk)) {
-        if (s.masking) {
-          for (w1_piece& piece : w1_pieces)
-            mask_sent(piece.state, velocity.data() + piece.from, piece.compress);
-          mask_sent(state2, velocity.data() + model.w1_count(), compress2);
-        }
-      }
-      const float lr = learning_rate(epoch - 1, step, steps);
-      // FetchSGD's results are the steps themselves (its momentum is in the sketches)
-      const auto apply = [&](std::size_t from, std::size_t to, bool stepped) {
-        for (std::size_t i = from; i < to; ++i) {
-          if (stepped) {
-            params[i] -= lr * grads[i];
-            continue;
+    }
+
+   private:
+    void reduce(comm_type& comm, std::span<float> g, state_type& state, bool compress, bool start) {
+      const squall::host_view<float> view(g.data(), g.size());
+      if (start) {
+        if constexpr (!dense) {
+          if (compress) {
+            pending_.push_back(comm.iallreduce(view, state, squall::avg_op{}));
+            return;
           }
-          if constexpr (!local_momentum) velocity[i] = s.momentum * velocity[i] + grads[i];
-          params[i] -= lr * (local_momentum ? grads[i] : velocity[i]);
         }
-      };
-      const std::size_t w2_end = model.w1_count() + model.w2_count();
-      for (const w1_piece& piece : w1_pieces)
-        apply(piece.from, piece.from + piece.count, sketch_momentum && piece.compress);
-      apply(model.w1_count(), w2_end, sketch_momentum && compress2);
-      apply(w2_end, params.size(), false);
-    }
-    // the test images, split across the ranks
-    const std::size_t lo =
-        test_count * static_cast<std::size_t>(me.rank) / static_cast<std::size_t>(me.size);
-    const std::size_t hi =
-        test_count * static_cast<std::size_t>(me.rank + 1) / static_cast<std::size_t>(me.size);
-    std::size_t correct = 0;
-    for (std::size_t at = lo; at < hi; at += 256) {
-      const std::size_t n = std::min<std::size_t>(256, hi - at);
-      correct += fashion_mnist::forward(model, params, data.test.values.data() + at * model.inputs,
-                                        data.test.labels.data() + at, n, ws)
-                     .correct;
-    }
-    const double wall = std::chrono::duration<double>(clock_type::now() - epoch_start).count();
-    const double loss = across(loss_sum, true) / static_cast<double>(steps * per_step);
-    const double accuracy =
-        across(static_cast<double>(correct), true) / static_cast<double>(test_count);
-    const double wall_max = across(wall, false);
-    const double comm_max = across(comm_seconds, false);
-    const double bytes_max = across(static_cast<double>(wire_bytes), false);
-    diverged = !std::isfinite(loss);
-    final_accuracy = accuracy;
-    if (me.rank == 0) {
-      std::printf(
-          "%-22s epoch %2d  loss %.4f  test accuracy %6.2f%%  wall %6.2f s  comm %6.2f s  "
-          "wire %10.3f MB/rank\n",
-          label.c_str(), epoch, loss, 100 * accuracy, wall_max, comm_max, bytes_max / 1e6);
-      std::fflush(stdout);
-      if (!s.csv.empty()) {
-        std::FILE* f = std::fopen(s.csv.c_str(), "a");
-        if (f == nullptr) throw std::runtime_error("cannot append to " + s.csv);
-        std::fprintf(f, "%s,%d,%zu,%d,%.6f,%.6f,%.4f,%.4f,%.0f\n", label.c_str(), me.size, s.batch,
-                     epoch, loss, accuracy, wall_max, comm_max, bytes_max);
-        std::fclose(f);
+        pending_.push_back(comm.iallreduce(view, squall::avg_op{}));
+        return;
       }
-      if (diverged) {
-        std::printf("%-22s diverged (the training loss is not finite): stopping this run\n",
-                    label.c_str());
+      if constexpr (dense)
+        comm.allreduce(view, squall::avg_op{});
+      else if (compress)
+        comm.allreduce(view, state, squall::avg_op{});
+      else
+        comm.allreduce(view, squall::avg_op{});
+    }
+    // Where this rank sent its value (the residual is exactly 0 there after a top-k encode;
+    // threshold sends +-tau and leaves a remainder, so it is not masked), its velocity starts
+    // again from 0, so that stale momentum is not sent twice.
+    static void mask(state_type& state, float* v, bool compressed) {
+      if constexpr (masks) {
+        if (!compressed) return;
+        const auto r = state.residual().residual();
+        for (std::size_t i = 0; i < r.count(); ++i) {
+          if (r.data()[i] == 0.0f) v[i] = 0.0f;
+        }
       }
     }
-    if (diverged) break;  // every rank saw the same summed loss; a finding, not a failure
-  }
-  if (diverged) return final_accuracy < s.require_accuracy ? 4 : 0;
-  // every rank holds the same weights: compare with the elementwise max over ranks
-  std::vector<float> highest = params;
-  comm1.allreduce(squall::host_view<float>(highest), squall::max_op{});
-  const bool same = std::memcmp(highest.data(), params.data(), params.size() * sizeof(float)) == 0;
-  const double differing = across(same ? 0.0 : 1.0, true);
-  if (me.rank == 0) {
-    std::printf("%-22s weights identical on all %d ranks: %s\n", label.c_str(), me.size,
-                differing == 0 ? "yes" : "NO");
-  }
-  if (differing != 0) return 3;
-  if (final_accuracy < s.require_accuracy) {
-    if (me.rank == 0) {
-      std::printf("%-22s final test accuracy %.2f%% is below --require-accuracy %.2f%%\n",
-                  label.c_str(), 100 * final_accuracy, 100 * s.require_accuracy);
-    }
-    return 4;
-  }
-  return 0;
+
+    comm_type& comm1_;
+    comm_type& comm2_;
+    std::vector<state_type>& w1_states_;
+    state_type& state2_;
+    const facts& f_;
+    std::vector<squall::request> pending_;  // with --overlap: this step's allreduces in flight
+  } ex(comm1, comm2, w1_states, state2, f);
+  return train_loop(me.rank, me.size, ex, f, s, data, train_count, test_count);
 }
 
 }  // namespace fashion_mnist
