@@ -319,7 +319,9 @@ class inproc_state {
   void wait(inproc_op& op) {
     const squall::detail::deadline limit(deadline_);
     std::unique_lock lock(mutex_);
-    const auto yielding_until = std::chrono::steady_clock::now() + yield_time;
+    // (never past the deadline: a wait lasts at most `deadline_`, however short)
+    const auto yielding_until =
+        std::min(std::chrono::steady_clock::now() + yield_time, limit.end());
     while (!progress(op, lock)) {
       if (std::chrono::steady_clock::now() < yielding_until) {
         lock.unlock();
