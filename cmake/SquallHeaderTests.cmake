@@ -60,7 +60,9 @@ function(squall_add_header_tests)
     target_link_libraries(squall_header_tests_cuda PRIVATE squall::cuda)
     # One architecture is enough to check that a header parses and instantiates under nvcc.
     set_target_properties(squall_header_tests_cuda PROPERTIES CUDA_ARCHITECTURES 90)
-    target_compile_options(squall_header_tests_cuda PRIVATE -Xcompiler=-O0,-g0)
+    # No debug info; the host compiler's -O0 comes from tests/CMakeLists.txt, which takes nvcc's
+    # -O out of its directory's CUDA flags (an -Xcompiler=-O0 here would be overridden).
+    target_compile_options(squall_header_tests_cuda PRIVATE -Xcompiler=-g0)
   endif()
   set(listed ${arg_CXX_HEADERS} ${arg_CUDA_HEADERS} ${arg_MPI_HEADERS})
   add_test(NAME unit.header_list
