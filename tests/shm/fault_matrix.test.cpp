@@ -74,7 +74,18 @@ int run_rank(const squall::shm_job& me, std::size_t count, int victim, int sig,
       if (sig == SIGSTOP) {  // a helper ends the stopped victim once the survivors have given up
         const pid_t stopped = getpid();
         if (fork() == 0) {
-          std::this_thread::sleep_for(1800ms);
+          // Every survivor records its latency as it raises; one that never does is caught by
+          // its own check (too late), after which the victim is ended all the same.
+          const auto give_up = std::chrono::steady_clock::now() + 1800ms;
+          const auto all_raised = [&] {
+            for (int r = 0; r < me.size; ++r) {
+              if (r != victim && record->latency[r].load() < 0) return false;
+            }
+            return true;
+          };
+          while (!all_raised() && std::chrono::steady_clock::now() < give_up) {
+            std::this_thread::sleep_for(5ms);
+          }
           kill(stopped, SIGKILL);
           std::_Exit(0);
         }
