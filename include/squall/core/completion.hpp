@@ -54,6 +54,12 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+/// How long the transports' waits that can sleep on a wake-up (the shared-memory transport's
+/// futex, the thread ranks' condition variable) yield the core before they sleep: many times a
+/// sleep's wake-up, so a peer a few microseconds from answering is met awake, and short enough
+/// that an oversubscribed machine spends little on it.
+inline constexpr std::chrono::microseconds yield_before_sleep{200};
+
 /// Waiting politely: `pause()` spins for the first `spin_rounds` calls, then yields the core
 /// for `yield_rounds` calls, then sleeps 50 us, doubling to at most 1 ms. Spinning keeps
 /// latency low when the peer runs on another core; yielding and sleeping let an

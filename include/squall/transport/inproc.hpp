@@ -19,7 +19,7 @@
 
 #include <squall/concepts.hpp>
 #include <squall/core/buffer.hpp>
-#include <squall/core/completion.hpp>  // detail::deadline
+#include <squall/core/completion.hpp>  // detail::deadline, yield_before_sleep
 #include <squall/core/error.hpp>
 #include <squall/core/link_costs.hpp>
 #include <squall/core/options.hpp>
@@ -313,15 +313,15 @@ class inproc_state {
   }
 
   /// Blocks until `op` is done; throws if it fails or the deadline passes first. Yields the
-  /// CPU for up to `yield_time` first (a peer that is a few instructions from matching or
-  /// copying gets the core, and neither side pays a sleep and a wake-up), then sleeps on the
-  /// rank's condition variable.
+  /// CPU for up to `squall::detail::yield_before_sleep` first (a peer that is a few instructions
+  /// from matching or copying gets the core, and neither side pays a sleep and a wake-up), then
+  /// sleeps on the rank's condition variable.
   void wait(inproc_op& op) {
     const squall::detail::deadline limit(deadline_);
     std::unique_lock lock(mutex_);
     // (never past the deadline: a wait lasts at most `deadline_`, however short)
-    const auto yielding_until =
-        std::min(std::chrono::steady_clock::now() + yield_time, limit.end());
+    const auto yielding_until = std::min(
+        std::chrono::steady_clock::now() + squall::detail::yield_before_sleep, limit.end());
     while (!progress(op, lock)) {
       if (std::chrono::steady_clock::now() < yielding_until) {
         lock.unlock();
@@ -360,10 +360,6 @@ class inproc_state {
   }
 
  private:
-  /// How long `wait` yields before it sleeps: as long as the shared-memory transport's
-  /// yielding phase, many times a sleep's wake-up.
-  static constexpr auto yield_time = std::chrono::microseconds(200);
-
   /// An intrusive FIFO of posted, unmatched operations.
   class fifo {
    public:

@@ -665,11 +665,10 @@ struct state {
     check_healthy(where);
     const deadline limit(budget);
     rank_words& me = seg.rank(rank);
-    // Spin `spins` pauses, then yield for up to 200 us (an oversubscribed peer gets the core;
-    // on an idle machine we stay awake for the next message), then sleep on the futex until
-    // the doorbell rings. Any progress starts the sequence again.
+    // Spin `spins` pauses, then yield for up to `yield_before_sleep` (an oversubscribed peer
+    // gets the core; on an idle machine we stay awake for the next message), then sleep on the
+    // futex until the doorbell rings. Any progress starts the sequence again.
     enum class phase { spinning, yielding, sleeping };
-    constexpr auto yield_time = std::chrono::microseconds(200);
     phase now = phase::spinning;
     int spun = 0;
     std::chrono::steady_clock::time_point yielding_since{};
@@ -689,7 +688,7 @@ struct state {
         yielding_since = std::chrono::steady_clock::now();
       }
       if (now == phase::yielding) {
-        if (std::chrono::steady_clock::now() - yielding_since < yield_time) {
+        if (std::chrono::steady_clock::now() - yielding_since < yield_before_sleep) {
           std::this_thread::yield();
           continue;
         }
