@@ -12,6 +12,7 @@
 // buffers, leftovers, and the survivors' detection latency min / median / max.
 #include <squall/algorithm/communicator.hpp>
 #include <squall/compress/cast.hpp>
+#include <squall/core/completion.hpp>  // detail::deadline
 #include <squall/topology/direct.hpp>
 #include <squall/topology/ring.hpp>
 #include <squall/transport/launch.hpp>
@@ -76,14 +77,14 @@ int run_rank(const squall::shm_job& me, std::size_t count, int victim, int sig,
         if (fork() == 0) {
           // Every survivor records its latency as it raises; one that never does is caught by
           // its own check (too late), after which the victim is ended all the same.
-          const auto give_up = std::chrono::steady_clock::now() + 1800ms;
+          const squall::detail::deadline give_up(1800ms);
           const auto all_raised = [&] {
             for (int r = 0; r < me.size; ++r) {
               if (r != victim && record->latency[r].load() < 0) return false;
             }
             return true;
           };
-          while (!all_raised() && std::chrono::steady_clock::now() < give_up) {
+          while (!all_raised() && !give_up.expired()) {
             std::this_thread::sleep_for(5ms);
           }
           kill(stopped, SIGKILL);
