@@ -1,13 +1,36 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs squall-bench on 3 ranks for one op and checks its exit code (non-zero when any row has
-# #wrong > 0) and the CSV header.
-set(csv "${WORK_DIR}/bench_${OP}.csv")
+# #wrong > 0) and the CSV header. -DREGISTERED=ON: on registered buffers (--registered), and
+# the line that reports their cost and huge pages.
+set(extra "")
+set(name "${OP}")
+if(REGISTERED)
+  set(extra --registered)
+  set(name "${OP}_registered")
+endif()
+set(csv "${WORK_DIR}/bench_${name}.csv")
 file(REMOVE "${csv}")
-execute_process(COMMAND "${BENCH}" -n 3 --op ${OP} -b 1K -e 1M -f 32 --iters 3 --warmup 1 --csv "${csv}"
+execute_process(COMMAND "${BENCH}" -n 3 --op ${OP} -b 1K -e 1M -f 32 --iters 3 --warmup 1 ${extra}
+                        --csv "${csv}"
                 RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 240)
 message("${out}${err}")
 if(NOT status EQUAL 0)
-  message(FATAL_ERROR "squall-bench --op ${OP} exited with ${status}")
+  message(FATAL_ERROR "squall-bench --op ${OP} ${extra} exited with ${status}")
+endif()
+if(REGISTERED)
+  # once (the buffers are sized for the largest row)
+  string(REGEX MATCHALL "# registered: " said "${out}")
+  list(LENGTH said times)
+  if(NOT times EQUAL 1)
+    message(FATAL_ERROR "want one '# registered' line, got ${times}")
+  endif()
+  if(NOT out MATCHES "huge pages on shared memory: ([a-z_]+), ([0-9]+) MiB of them")
+    message(FATAL_ERROR "the '# registered' line gives no huge-page count")
+  endif()
+  # where the kernel gives shared memory no huge pages, none may be counted
+  if(CMAKE_MATCH_1 STREQUAL "never" AND NOT CMAKE_MATCH_2 EQUAL 0)
+    message(FATAL_ERROR "shmem_enabled is never but ${CMAKE_MATCH_2} MiB are counted")
+  endif()
 endif()
 file(STRINGS "${csv}" lines)
 list(GET lines 0 header)

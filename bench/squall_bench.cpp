@@ -20,7 +20,9 @@
 // (`communicator::calibrate_windows`, 3 ranks or more on shm), printed once per topology.
 // --registered (shm, dense): each communicator's input and output are registered memory
 // (shm_transport::allocate, every rank maps them: plain loads and stores between ranks,
-// issue 22), not the heap; the time to allocate and map them is printed once.
+// issue 22), not the heap; the time to allocate, map and first touch them is printed once,
+// with the kernel's huge-page setting for shared memory (transparent_hugepage/shmem_enabled)
+// and how many MiB of the two buffers it backed with huge pages (the fewest of any rank).
 // --fresh (dense): before every call, warm-up and timed, squall's and MPI's alike, every rank
 // copies its input afresh from a private copy (the same values), so each call finds the input
 // just written, in the writer's cache, as a training step's new gradients are; without it a
@@ -120,6 +122,43 @@ const std::vector<std::string> all_topologies = {
 namespace {
 
 using namespace squall_bench;
+
+/// The setting in brackets of /sys/kernel/mm/transparent_hugepage/shmem_enabled ("never",
+/// "advise", ...): whether the kernel gives registered memory (memfd) the huge pages squall
+/// asks for; "unknown" where the file cannot be read.
+std::string shmem_huge_pages() {
+  std::FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+  if (f == nullptr) return "unknown";
+  char line[256] = {};
+  const bool read = std::fgets(line, sizeof line, f) != nullptr;
+  std::fclose(f);
+  const char* open = read ? std::strchr(line, '[') : nullptr;
+  const char* close = open != nullptr ? std::strchr(open, ']') : nullptr;
+  return close != nullptr ? std::string(open + 1, close) : "unknown";
+}
+
+/// Kilobytes of this process's mapping that holds `address` mapped by huge pages
+/// (ShmemPmdMapped in /proc/self/smaps), or -1 where smaps does not say.
+long huge_kb_at(const void* address) {
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return -1;
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  char line[512];
+  bool inside = false;
+  long kb = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long start = 0;
+    unsigned long end = 0;
+    if (std::sscanf(line, "%lx-%lx ", &start, &end) == 2) {  // a mapping's first line
+      if (inside) break;  // the next mapping's header: the one holding `address` had no line
+      inside = start <= at && at < end;
+      continue;
+    }
+    if (inside && std::sscanf(line, "ShmemPmdMapped: %ld kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return inside ? kb : -1;
+}
 
 compressor_spec parse_compressor(const std::string& text) {
   try {
@@ -329,11 +368,24 @@ struct runner final : runner_base<T> {
         };
         const double map_ms = ms(start, mapped);
         const double touch_ms = ms(mapped, touched);
+        // huge pages the kernel gave the two buffers here, the least of any rank
+        const long in_kb = huge_kb_at(in_.data());
+        const long out_kb = huge_kb_at(out_.data());
+        const bool known = in_kb >= 0 && out_kb >= 0;
+        const bool all_known = across(known ? 0.0 : 1.0, false) == 0.0;  // max over the ranks
+        const double huge_kb = -across(known ? -static_cast<double>(in_kb + out_kb) : 0.0, false);
         if (j.rank == 0 && this->name == s.topologies.front()) {
           std::printf(
               "# registered: input %zu and output %zu bytes per rank, allocated and mapped by "
-              "every rank in %.1f ms, first touch of their pages %.1f ms (slowest rank)\n",
-              in_count * sizeof(T), out_count * sizeof(T), map_ms, touch_ms);
+              "every rank in %.1f ms, first touch of their pages %.1f ms (slowest rank); huge "
+              "pages on shared memory: %s, ",
+              in_count * sizeof(T), out_count * sizeof(T), map_ms, touch_ms,
+              shmem_huge_pages().c_str());
+          if (!all_known) {
+            std::printf("how many they got unknown\n");
+          } else {
+            std::printf("%.0f MiB of them (the fewest of any rank)\n", huge_kb / 1024);
+          }
         }
       }
     }
