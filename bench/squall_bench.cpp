@@ -368,12 +368,12 @@ struct runner final : runner_base<T> {
         };
         const double map_ms = ms(start, mapped);
         const double touch_ms = ms(mapped, touched);
-        // huge pages the kernel gave the two buffers here, the least of any rank
+        // huge pages the kernel gave the two buffers here, the least of any rank (the max of
+        // the negated counts); -1 where a rank cannot tell, which that least then is
         const long in_kb = huge_kb_at(in_.data());
         const long out_kb = huge_kb_at(out_.data());
-        const bool known = in_kb >= 0 && out_kb >= 0;
-        const bool all_known = across(known ? 0.0 : 1.0, false) == 0.0;  // max over the ranks
-        const double huge_kb = -across(known ? -static_cast<double>(in_kb + out_kb) : 0.0, false);
+        const long mine = in_kb < 0 || out_kb < 0 ? -1 : in_kb + out_kb;
+        const double huge_kb = -across(-static_cast<double>(mine), false);
         if (j.rank == 0 && this->name == s.topologies.front()) {
           std::printf(
               "# registered: input %zu and output %zu bytes per rank, allocated and mapped by "
@@ -381,7 +381,7 @@ struct runner final : runner_base<T> {
               "pages on shared memory: %s, ",
               in_count * sizeof(T), out_count * sizeof(T), map_ms, touch_ms,
               shmem_huge_pages().c_str());
-          if (!all_known) {
+          if (huge_kb < 0) {
             std::printf("how many they got unknown\n");
           } else {
             std::printf("%.0f MiB of them (the fewest of any rank)\n", huge_kb / 1024);
