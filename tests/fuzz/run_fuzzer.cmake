@@ -22,7 +22,7 @@ if(EXTRA_INCLUDE_DIR AND NOT EXTRA_INCLUDE_DIR MATCHES "^/usr(/local)?/include/?
   list(APPEND includes "-isystem" "${EXTRA_INCLUDE_DIR}")
 endif()
 execute_process(
-  COMMAND "${CLANG}" -std=c++20 -O1 -g -fno-omit-frame-pointer
+  COMMAND "${CLANG}" -std=c++20 -O1 -gline-tables-only -fno-omit-frame-pointer
           -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
           ${includes} "${SOURCE}" -o "${binary}"
   RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
