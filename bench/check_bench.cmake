@@ -2,6 +2,7 @@
 # Runs squall-bench on 3 ranks for one op and checks its exit code (non-zero when any row has
 # #wrong > 0) and the CSV header. -DREGISTERED=ON: on registered buffers (--registered), and
 # the line that reports their cost and huge pages.
+cmake_minimum_required(VERSION 3.25)
 set(extra "")
 set(name "${OP}")
 if(REGISTERED)
