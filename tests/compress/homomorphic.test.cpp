@@ -238,8 +238,9 @@ TEST_SUITE("homomorphic") {
          {std::size_t{1}, std::size_t{3}, std::size_t{256}, std::size_t{1000}, std::size_t{1024},
           std::size_t{1025}, std::size_t{2304}, std::size_t{5000}}) {
       for (const bool rotate : {true, false}) {
-        for (const auto& [bits, ranks] :
+        for (const auto& pair :
              {std::pair{2u, 1u}, std::pair{4u, 3u}, std::pair{4u, 4u}, std::pair{8u, 1000u}}) {
+          const unsigned bits = pair.first, ranks = pair.second;  // named: CAPTURE takes them
           CAPTURE(n);
           CAPTURE(rotate);
           CAPTURE(bits);

@@ -337,7 +337,8 @@ TEST_SUITE("sketch") {
                                                              {4096, 8192},
                                                              {(1ull << 31) - 1, (1ull << 40) + 3},
                                                              {3, (1ull << 47) + 3}};
-    for (const auto& [i, j] : pairs) {
+    for (const auto& pair : pairs) {
+      const std::uint64_t i = pair.first, j = pair.second;  // named: INFO captures them
       std::size_t collide = 0, same_sign = 0, both_rows = 0, low_half_and_plus = 0;
       for (std::size_t step = 0; step < steps; ++step) {
         const reference_hash h0(77, step, 0, cols), h1(77, step, 1, cols);

@@ -86,6 +86,7 @@ TEST_SUITE("cast") {
     }
   }
 
+#if defined(__FLT16_MAX__)  // the compiler has _Float16 here (g++ 12; clang from 15 on x86)
   TEST_CASE("float16 casts agree bit for bit with the compiler's _Float16") {
     const std::vector<float> in = spread<float16>(200000, 11);
     const std::vector<float> out = round_trip<float16>(in);
@@ -93,6 +94,7 @@ TEST_SUITE("cast") {
       REQUIRE(out[i] == static_cast<float>(static_cast<_Float16>(in[i])));
     }
   }
+#endif
 
   TEST_CASE("double inputs round once, not through float") {
     // 1 + 2^-11 + 2^-30 lies above the midpoint of 1 and 1 + 2^-10: nearest is 1 + 2^-10.

@@ -534,10 +534,10 @@ template <class Topology, class C>
 void check_conservation(const C& c, double tolerance) {
   constexpr int steps = 5;
   for (int p : {1, 3, 4}) {
-    const std::size_t count = 333;
+    constexpr std::size_t count = 333;
     CAPTURE(p);
     const auto records = run_compressed<Topology>(
-        p, c, count, steps, [count](int r, int s) { return random_input(r, s, count); });
+        p, c, count, steps, [](int r, int s) { return random_input(r, s, count); });
     check_bitwise_equal(records);
     for (std::size_t i = 0; i < count; ++i) {
       double inputs = 0;
@@ -611,10 +611,10 @@ TEST_SUITE("compressed_collectives") {
   TEST_CASE("identity: the compressed path with no compression is the plain sum") {
     for (int p = 1; p <= 4; ++p) {
       CAPTURE(p);
-      const std::size_t count = 1009;
+      constexpr std::size_t count = 1009;
       const auto records = run_compressed<squall::ring_topology>(
           p, squall::identity_compressor{}, count, 1,
-          [count](int r, int) { return squall::test::exact_input<float>(r, count); });
+          [](int r, int) { return squall::test::exact_input<float>(r, count); });
       check_bitwise_equal(records);
       for (std::size_t i = 0; i < count; ++i) {
         REQUIRE(records[0].out[0][i] == squall::test::exact_reference<float, squall::sum_op>(p, i));
@@ -757,8 +757,8 @@ TEST_SUITE("compressed_collectives") {
   TEST_CASE("state: save and restore, and resuming gives the same results") {
     using C = squall::error_feedback<squall::topk_compressor>;
     const C c{{.ratio = 0.1}};
-    const std::size_t count = 100;
-    const auto input = [count](int r, int s) { return random_input(r, s, count); };
+    constexpr std::size_t count = 100;
+    const auto input = [](int r, int s) { return random_input(r, s, count); };
     const auto straight = run_compressed<squall::ring_topology>(3, c, count, 4, input);
     const auto first = run_compressed<squall::ring_topology>(3, c, count, 2, input);
     std::vector<std::vector<std::byte>> saved;
@@ -992,8 +992,8 @@ TEST_SUITE("compressed_collectives") {
     for (int p = 1; p <= 4; ++p) {
       CAPTURE(p);
       const auto up = static_cast<std::uint64_t>(p);
-      const std::size_t count = 1200;  // divisible by 1..4: ring blocks of equal size
-      const auto input = [count](int r, int s) { return random_input(r, s, count); };
+      constexpr std::size_t count = 1200;  // divisible by 1..4: ring blocks of equal size
+      const auto input = [](int r, int s) { return random_input(r, s, count); };
       // gather, fixed size: P - 1 payloads (padded to 8 bytes) out and in, on ring and direct
       const squall::int8_compressor q8{.bucket = 64};
       const std::uint64_t q8_bytes =

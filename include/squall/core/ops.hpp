@@ -65,7 +65,7 @@ struct min_op {
   template <class A>
   SQUALL_HOST_DEVICE constexpr A operator()(A a, A b) const noexcept {
     // Both tests unconditionally (`|`, not `||`): one select, which loops vectorize.
-    return (b < a) | detail::is_nan(b) ? b : a;
+    return ((b < a) | detail::is_nan(b)) ? b : a;
   }
 };
 
@@ -74,7 +74,7 @@ struct max_op {
   static constexpr std::string_view name = "max";
   template <class A>
   SQUALL_HOST_DEVICE constexpr A operator()(A a, A b) const noexcept {
-    return (a < b) | detail::is_nan(b) ? b : a;
+    return ((a < b) | detail::is_nan(b)) ? b : a;
   }
 };
 

@@ -761,35 +761,35 @@ class executor {
       }
     };
     const step_hooks hooks{
-        .post_recv =
-            [&](const step& st) {
-              recvs.clear();
-              for_pieces(st.recv, [&](std::size_t b, index_range p) {
-                std::byte* into = st.action == step_action::reduce ? scratch + b * slot_bytes
-                                                                   : data + p.begin * e;
-                recvs.push_back(wire_.recv(st.recv_from, {into, p.count * e}));
-              });
-            },
-        .post_send =
-            [&](const step& st) {
-              for_pieces(st.send, [&](std::size_t, index_range p) {
-                sends_.push_back(wire_.send(st.send_to, {data + p.begin * e, p.count * e}));
-              });
-            },
-        .finish_recv =
-            [&](const step& st) {
-              std::size_t k = 0;
-              for_pieces(st.recv, [&](std::size_t b, index_range p) {
-                recvs[k++].wait();
-                if (st.action == step_action::reduce) {
-                  r.reduce_into(data + p.begin * e, scratch + b * slot_bytes, p.count);
-                }
-              });
-              // the ordering point: the reduced pieces are complete before a later step sends
-              // them, and the scratch they were reduced from is free for the next receive
-              if (st.action == step_action::reduce && k != 0) r.settle();
-            },
-        .end_step = [&](const step&) { wait_sends(tuning_.pipeline_depth); }};
+        /*post_recv*/
+        [&](const step& st) {
+          recvs.clear();
+          for_pieces(st.recv, [&](std::size_t b, index_range p) {
+            std::byte* into =
+                st.action == step_action::reduce ? scratch + b * slot_bytes : data + p.begin * e;
+            recvs.push_back(wire_.recv(st.recv_from, {into, p.count * e}));
+          });
+        },
+        /*post_send*/
+        [&](const step& st) {
+          for_pieces(st.send, [&](std::size_t, index_range p) {
+            sends_.push_back(wire_.send(st.send_to, {data + p.begin * e, p.count * e}));
+          });
+        },
+        /*finish_recv*/
+        [&](const step& st) {
+          std::size_t k = 0;
+          for_pieces(st.recv, [&](std::size_t b, index_range p) {
+            recvs[k++].wait();
+            if (st.action == step_action::reduce) {
+              r.reduce_into(data + p.begin * e, scratch + b * slot_bytes, p.count);
+            }
+          });
+          // the ordering point: the reduced pieces are complete before a later step sends
+          // them, and the scratch they were reduced from is free for the next receive
+          if (st.action == step_action::reduce && k != 0) r.settle();
+        },
+        /*end_step*/ [&](const step&) { wait_sends(tuning_.pipeline_depth); }};
     const std::span<const step> phase(s.steps.data() + begin, end - begin);
     for (; j < pieces; ++j) walk_steps(phase, hooks);
   }

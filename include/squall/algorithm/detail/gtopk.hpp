@@ -233,36 +233,36 @@ void gtopk_tree(wire<Transport>& link, const Backend& b, gtopk_set local,
   walk_steps(
       binomial_tree_steps(link.rank(), link.size()),
       step_hooks{
-          .post_recv = [&](const step& st) { got.emplace(link.recv(st.recv_from, in_bytes)); },
-          .post_send =
-              [&](const step& st) {
-                head_out = {.n = s.n, .cap = s.cap};
-                store_bytes(b, out_bytes.data(), &head_out, sizeof head_out);
-                sent_head.emplace(link.send(st.send_to, out_bytes));
-                const std::size_t body = s.n * (sizeof(Index) + sizeof(T));
-                if (body != 0) sent_body.emplace(link.send(st.send_to, {s.at, body}));
-              },
-          .finish_recv =
-              [&](const step& st) {
-                got->wait();
-                got.reset();
-                load_bytes(b, &head_in, in_bytes.data(), sizeof head_in);
-                if (st.action == step_action::reduce) {
-                  const gtopk_set in =
-                      gtopk_recv_body<Index, T>(link, b, st.recv_from, head_in, w.incoming, count);
-                  s = gtopk_merge<Index>(b, w, s, in, w.dropped[merges], dropped_n[merges]);
-                  ++merges;
-                } else {
-                  s = gtopk_recv_body<Index, T>(link, b, st.recv_from, head_in, w.current, count);
-                }
-              },
-          .end_step =
-              [&](const step&) {
-                if (sent_head) sent_head->wait();
-                if (sent_body) sent_body->wait();
-                sent_head.reset();
-                sent_body.reset();
-              }});
+          /*post_recv*/ [&](const step& st) { got.emplace(link.recv(st.recv_from, in_bytes)); },
+          /*post_send*/
+          [&](const step& st) {
+            head_out = {.n = s.n, .cap = s.cap};
+            store_bytes(b, out_bytes.data(), &head_out, sizeof head_out);
+            sent_head.emplace(link.send(st.send_to, out_bytes));
+            const std::size_t body = s.n * (sizeof(Index) + sizeof(T));
+            if (body != 0) sent_body.emplace(link.send(st.send_to, {s.at, body}));
+          },
+          /*finish_recv*/
+          [&](const step& st) {
+            got->wait();
+            got.reset();
+            load_bytes(b, &head_in, in_bytes.data(), sizeof head_in);
+            if (st.action == step_action::reduce) {
+              const gtopk_set in =
+                  gtopk_recv_body<Index, T>(link, b, st.recv_from, head_in, w.incoming, count);
+              s = gtopk_merge<Index>(b, w, s, in, w.dropped[merges], dropped_n[merges]);
+              ++merges;
+            } else {
+              s = gtopk_recv_body<Index, T>(link, b, st.recv_from, head_in, w.current, count);
+            }
+          },
+          /*end_step*/
+          [&](const step&) {
+            if (sent_head) sent_head->wait();
+            if (sent_body) sent_body->wait();
+            sent_head.reset();
+            sent_body.reset();
+          }});
   // step 4: error feedback, then the result
   if (!residual.empty()) {
     sparse_add_back<Index>(b, residual, local.at, local.n, s.at, s.n,

@@ -268,57 +268,55 @@ struct requantize_hops {
     std::size_t in_bytes = 0;
     walk_steps(
         s.steps,
-        step_hooks{// receive a partial's payload, or (distributing) final payloads in place
-                   .post_recv =
-                       [&](const squall::step& st) {
-                         in = blocks_of(st.recv);
-                         std::byte* into = recv;
-                         if (distributing(st)) {
-                           in_bytes = finals_bytes(in);
-                           into = finals + at[in.first];
-                         } else {
-                           in_bytes = c.max_payload_bytes(dtype_of<T>, span_of(in).count);
-                         }
-                         got.emplace(link.recv(st.recv_from, {into, in_bytes}));
-                       },
-                   // encode the partial sum (a hop), or send final payloads, encoding a block's own
-                   .post_send =
-                       [&](const squall::step& st) {
-                         const auto out = blocks_of(st.send);
-                         if (distributing(st)) {
-                           for (std::size_t b = out.first; b < out.second; ++b) {
-                             if (final_here[b] != 0) continue;
-                             encode(data, block(b), finals + at[b], next_stream(), decoded);
-                             final_here[b] = 1;
-                           }
-                           gone.emplace(
-                               link.send(st.send_to, {finals + at[out.first], finals_bytes(out)}));
-                         } else {
-                           const std::size_t n =
-                               encode(data, span_of(out), send, next_stream(), decoded);
-                           gone.emplace(link.send(st.send_to, {send, n}));
-                         }
-                       },
-                   // decode and add the partial, or keep the final payloads
-                   .finish_recv =
-                       [&](const squall::step&) {
-                         got->wait();
-                         got.reset();
-                         if (distribute) {
-                           for (std::size_t b = in.first; b < in.second; ++b) final_here[b] = 1;
-                         } else {
-                           const index_range range = span_of(in);
-                           decode(recv, in_bytes, decoded, range.count);
-                           dispatch::reduce_into_on(backend, sum_op{},
-                                                    view(data + range.begin, range.count),
-                                                    const_view(decoded, range.count));
-                         }
-                       },
-                   .end_step =
-                       [&](const squall::step&) {
-                         if (gone) gone->wait();
-                         gone.reset();
-                       }});
+        step_hooks{
+            // receive a partial's payload, or (distributing) final payloads in place
+            /*post_recv*/
+            [&](const squall::step& st) {
+              in = blocks_of(st.recv);
+              std::byte* into = recv;
+              if (distributing(st)) {
+                in_bytes = finals_bytes(in);
+                into = finals + at[in.first];
+              } else {
+                in_bytes = c.max_payload_bytes(dtype_of<T>, span_of(in).count);
+              }
+              got.emplace(link.recv(st.recv_from, {into, in_bytes}));
+            },
+            // encode the partial sum (a hop), or send final payloads, encoding a block's own
+            /*post_send*/
+            [&](const squall::step& st) {
+              const auto out = blocks_of(st.send);
+              if (distributing(st)) {
+                for (std::size_t b = out.first; b < out.second; ++b) {
+                  if (final_here[b] != 0) continue;
+                  encode(data, block(b), finals + at[b], next_stream(), decoded);
+                  final_here[b] = 1;
+                }
+                gone.emplace(link.send(st.send_to, {finals + at[out.first], finals_bytes(out)}));
+              } else {
+                const std::size_t n = encode(data, span_of(out), send, next_stream(), decoded);
+                gone.emplace(link.send(st.send_to, {send, n}));
+              }
+            },
+            // decode and add the partial, or keep the final payloads
+            /*finish_recv*/
+            [&](const squall::step&) {
+              got->wait();
+              got.reset();
+              if (distribute) {
+                for (std::size_t b = in.first; b < in.second; ++b) final_here[b] = 1;
+              } else {
+                const index_range range = span_of(in);
+                decode(recv, in_bytes, decoded, range.count);
+                dispatch::reduce_into_on(backend, sum_op{}, view(data + range.begin, range.count),
+                                         const_view(decoded, range.count));
+              }
+            },
+            /*end_step*/
+            [&](const squall::step&) {
+              if (gone) gone->wait();
+              gone.reset();
+            }});
     for (std::size_t b = 0; b < parts; ++b) {
       if (final_here[b] == 0) {  // one rank: it holds the whole sum
         encode(data, block(b), finals + at[b], next_stream(), decoded);

@@ -130,7 +130,9 @@ class wire {
 };
 
 /// A walker's hooks from four callables (usually lambdas over the walker's locals), in the
-/// order `walk_steps` calls them.
+/// order `walk_steps` calls them. Written `step_hooks{/*post_recv*/ ..., /*post_send*/ ...}`:
+/// clang before 17 deduces no aggregate's arguments (P1816) and designated initializers take
+/// no deduction guide, so the guide below and positional callables keep every compiler able.
 template <class PostRecv, class PostSend, class FinishRecv, class EndStep>
 struct step_hooks {
   PostRecv post_recv;
@@ -138,6 +140,9 @@ struct step_hooks {
   FinishRecv finish_recv;
   EndStep end_step;
 };
+template <class PostRecv, class PostSend, class FinishRecv, class EndStep>
+step_hooks(PostRecv, PostSend, FinishRecv, EndStep)
+    -> step_hooks<PostRecv, PostSend, FinishRecv, EndStep>;
 
 /// The one loop over a schedule's steps (the file comment).
 template <class Hooks>
