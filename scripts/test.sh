@@ -4,9 +4,10 @@
 # (scripts/format.sh --check, .clang-format), builds squall-bench and the training example in
 # the release preset (-O3, warnings as errors; the ci tests run these two), then everything
 # else with warnings as errors (preset "ci": the default preset plus -Werror, no
-# debug info, the libraries at -O0), runs every test with ctest, then builds and
-# runs the unit tests and the shared-memory transport's multi-process tests under
-# AddressSanitizer and UndefinedBehaviorSanitizer (preset "asan"), and last runs the README's
+# debug info, the libraries at -O0), runs its tests with ctest but for those the asan preset
+# runs (below), then builds with clang++ and runs the unit tests and the shared-memory
+# transport's multi-process tests under AddressSanitizer and UndefinedBehaviorSanitizer
+# (preset "asan"), and last runs the README's
 # other commands as a user would, in short form: the main job (scripts/bench.sh) at 2 ranks,
 # 4 KiB to 1 MiB, and scripts/train.sh for one short epoch, both built in the release preset
 # (-O3) with warnings as errors. .ci/run calls exactly this.
