@@ -10,6 +10,7 @@
 // Built only where nvcc is; run on a GPU by scripts/gpu-check.sh.
 
 #include <squall/compress/cast.hpp>
+#include <squall/compress/homomorphic.hpp>
 #include <squall/compress/quantize.hpp>
 #include <squall/compress/sparsify.hpp>
 #include <squall/cuda.cuh>
@@ -163,6 +164,25 @@ void codec(benchmark::State& state, const C& c, bool decode) {
   state.counters["ratio"] = 4.0 * count / static_cast<double>(size);
 }
 
+/// hq's encode against a range agreed before (what the collective calls after the ranks'
+/// max-allreduce: the words' memset, the header's copy and the kernel, no wait), beside
+/// `codec`'s call, which first reads its own range back.
+void hq_encode_agreed(benchmark::State& state, const squall::homomorphic_compressor& c) {
+  const auto count = static_cast<std::size_t>(state.range(0));
+  const auto in = normal_buffer(count, 7);
+  const squall::agreed_range agreed = c.local_range(gpu, cview(in));
+  const auto payload =
+      device_buffer<std::byte>(c.max_payload_bytes(squall::dtype::float32, count, agreed.ranks));
+  const auto encode = [&] {
+    return c.encode(gpu, cview(in), payload.view(), squall::random_stream{}, agreed);
+  };
+  const std::size_t size = encode();
+  const double rate = rate_of_calls(state, nullptr, 4.0 * count + static_cast<double>(size),
+                                    [&] { benchmark::DoNotOptimize(encode()); });
+  report_of_copy(state, count, rate);
+  state.counters["ratio"] = 4.0 * count / static_cast<double>(size);
+}
+
 /// A quantizer's kernel alone, without the call's waits (the encode's for its first
 /// non-finite element where it checks, the decode's for its header and its first invalid
 /// code): the encode's kernel with the bucket (512) in registers or (`read_twice`) the kernel
@@ -261,6 +281,18 @@ BENCHMARK_CAPTURE(codec, fp8_e4m3_encode, squall::fp8_compressor{}, false)->Appl
 BENCHMARK_CAPTURE(codec, fp8_e4m3_decode, squall::fp8_compressor{}, true)->Apply(sizes);
 BENCHMARK_CAPTURE(codec, qsgd4_encode, squall::qsgd_compressor<4>{}, false)->Apply(sizes);
 BENCHMARK_CAPTURE(codec, qsgd4_decode, squall::qsgd_compressor<4>{}, true)->Apply(sizes);
+BENCHMARK_CAPTURE(codec, fp8_e4m3_sr_encode,
+                  squall::quantize_compressor<squall::fp8_spec<1, true>>{}, false)
+    ->Apply(sizes);
+BENCHMARK_CAPTURE(codec, hq4_encode, squall::homomorphic_compressor{}, false)->Apply(sizes);
+BENCHMARK_CAPTURE(hq_encode_agreed, hq4, squall::homomorphic_compressor{})->Apply(sizes);
+BENCHMARK_CAPTURE(codec, hq4_decode, squall::homomorphic_compressor{}, true)->Apply(sizes);
+BENCHMARK_CAPTURE(hq_encode_agreed, hq4_unrotated, squall::homomorphic_compressor{.rotate = false})
+    ->Apply(sizes);
+BENCHMARK_CAPTURE(codec, hq4_unrotated_decode, squall::homomorphic_compressor{.rotate = false},
+                  true)
+    ->Apply(sizes);
+BENCHMARK_CAPTURE(hq_encode_agreed, hq8, squall::homomorphic_compressor{.bits = 8})->Apply(sizes);
 BENCHMARK_CAPTURE(int8_kernel_alone, registers, false, false)->Apply(sizes);
 BENCHMARK_CAPTURE(int8_kernel_alone, read_twice, true, false)->Apply(sizes);
 BENCHMARK_CAPTURE(fp8_kernel_alone, registers, false)->Apply(sizes);

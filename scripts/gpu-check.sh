@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one run (the device machine's time is short): the CUDA tests
+# The checks that need a GPU, in one run (the device machine's time is short), the slow
+# sanitizer steps after the rest: the CUDA tests
 # (their process cases start ranks with DIR/squall-run), the same tests under compute-sanitizer
 # memcheck and racecheck (the process cases: the message test at 2 ranks under memcheck), the
 # CUDA kernel benchmark and the CUDA IPC allreduce benchmark at 2 and 4 processes, also under
@@ -10,7 +11,12 @@
 # (squall_cuda_tests, squall_cuda_bench, the shared libraries), and may hold another build's
 # as squall_cuda_tests-NAME / squall_cuda_bench-NAME, run beside them; logs go to LOG_DIR
 # (default: $OUT where set, else DIR). SQUALL_GPU_SKIP names steps to leave out (a rerun
-# within the lease: "memcheck racecheck bench"). Prints a short table last.
+# within the lease: "memcheck racecheck bench"); SQUALL_RACECHECK_CASES the cases racecheck
+# runs and SQUALL_RACECHECK_S its deadline (default 50 s), SQUALL_MEMCHECK_IPC_CASES and
+# SQUALL_MEMCHECK_IPC_S the same for the process cases under memcheck (the message test,
+# 60 s); SQUALL_GPU_TEST_ARGS and SQUALL_GPU_BENCH_ARGS more arguments of the tests and the
+# benchmark (filters, no spaces), SQUALL_MEMCHECK_CASES the filter of memcheck's in-process
+# run. Prints a short table last.
 set -u
 dir=$(cd "$1" && pwd)
 logs=${2:-${OUT:-$dir}}
@@ -38,21 +44,9 @@ cat "$logs/gpu.txt"
 for tests in "$dir"/squall_cuda_tests*; do
   [[ -x $tests ]] || continue
   name=$(basename "$tests")
-  step "${name#squall_cuda_}" 240 "$tests" --duration=true
+  # shellcheck disable=SC2086 # (words: doctest filters, no spaces)
+  step "${name#squall_cuda_}" 240 "$tests" --duration=true ${SQUALL_GPU_TEST_ARGS:-}
 done
-tests=$dir/squall_cuda_tests
-sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-if [[ -x $tests && -n $sanitizer ]]; then
-  step memcheck 90 "$sanitizer" --tool memcheck --error-exitcode 9 "$tests" \
-    '--test-case-exclude=*between processes*'
-  export SQUALL_CUDA_TEST_RANKS=1  # the ranks run the case's body (tests/cuda/ipc.test.cu)
-  step memcheck-ipc 60 "$sanitizer" --tool memcheck --error-exitcode 9 --target-processes all \
-    "$dir/squall-run" -n 2 "$tests" '--test-case=cuda_ipc_transport*'
-  unset SQUALL_CUDA_TEST_RANKS
-  # racecheck is slow: the kernels that share memory within a block (CUB, the reductions)
-  step racecheck 50 "$sanitizer" --tool racecheck --error-exitcode 9 "$tests" \
-    "${SQUALL_RACECHECK_CASES:--tc=*random-k*,*PowerSGD*,*write_selected*}"
-fi
 # device buffers over MPI, under the carried MPICH (UCX's modules beside it)
 [[ -f $dir/mpi.tar.gz ]] && tar -C "$dir" -xzf "$dir/mpi.tar.gz"
 if [[ -x $dir/mpi/squall_cuda_mpi_tests ]]; then
@@ -66,10 +60,29 @@ fi
 for bench in "$dir"/squall_cuda_bench*; do
   [[ -x $bench ]] || continue
   name=$(basename "$bench")
-  step "${name#squall_cuda_}" 40 "$bench" --benchmark_min_time=0.2
+  # shellcheck disable=SC2086
+  step "${name#squall_cuda_}" 90 "$bench" --benchmark_min_time=0.2 ${SQUALL_GPU_BENCH_ARGS:-}
 done
 if [[ -x $dir/squall-cuda-topk ]]; then
   step example-topk 60 "$dir/squall-run" -n 3 "$dir/squall-cuda-topk"
+fi
+tests=$dir/squall_cuda_tests
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+if [[ -x $tests && -n $sanitizer ]]; then
+  step memcheck 150 "$sanitizer" --tool memcheck --error-exitcode 9 "$tests" \
+    "${SQUALL_MEMCHECK_CASES:---test-case-exclude=*between processes*}"
+  export SQUALL_CUDA_TEST_RANKS=1  # the ranks run the case's body (tests/cuda/ipc.test.cu)
+  # Memory errors only: opening a peer's handle returns cudaErrorAlreadyMapped where the peer's
+  # new allocation shares driver memory with one still mapped here, which the transport
+  # handles by closing the peer's mappings and opening again (transport/cuda_ipc.cuh); every
+  # other API error throws and fails the test.
+  step memcheck-ipc "${SQUALL_MEMCHECK_IPC_S:-60}" "$sanitizer" --tool memcheck --error-exitcode 9 \
+    --report-api-errors no --target-processes all "$dir/squall-run" -n 2 "$tests" \
+    "--test-case=${SQUALL_MEMCHECK_IPC_CASES:-cuda_ipc_transport*}"
+  unset SQUALL_CUDA_TEST_RANKS
+  # racecheck is slow: the kernels that share memory within a block (CUB, the reductions)
+  step racecheck "${SQUALL_RACECHECK_S:-50}" "$sanitizer" --tool racecheck --error-exitcode 9 "$tests" \
+    "${SQUALL_RACECHECK_CASES:--tc=*random-k*,*PowerSGD*,*write_selected*}"
 fi
 if [[ -x $dir/squall_cuda_ipc_bench ]]; then
   step ipc-bench-2 90 "$dir/squall-run" -n 2 "$dir/squall_cuda_ipc_bench"

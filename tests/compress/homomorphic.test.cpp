@@ -149,11 +149,11 @@ std::vector<T> phases_decode(const squall::kernels::hq_shape& s, const std::uint
     const std::size_t first = k * squall::kernels::hq_max_block;
     const std::size_t length = phase::block_length(s.count, k, s.rotate);
     std::vector<std::uint32_t> signs(phase::sign_words);
-    std::vector<T> v(length);
+    std::vector<T> v(length, std::numeric_limits<T>::quiet_NaN());  // an unwritten value shows
     each_thread(threads, [&](unsigned t) {
       if (s.rotate) phase::signs(t, threads, s.seed, s.step, k, length, signs.data());
-      phase::unpack(t, threads, words, first, length, s.field, contributions * 2u * levels, offset,
-                    step, v.data(), [&](std::size_t e) {
+      phase::unpack(t, threads, words, first, length, s.padded(), s.field, s.words(),
+                    contributions * 2u * levels, offset, step, v.data(), [&](std::size_t e) {
                       first_bad = std::min(first_bad, e < s.count ? e : s.count - 1);
                     });
     });

@@ -41,7 +41,7 @@ inline constexpr std::size_t draw_words = hq_max_block* hq_draw_bits<T> / 32;
 SQUALL_HOST_DEVICE inline void philox_words(unsigned t, unsigned threads, std::uint64_t seed,
                                             random_stream stream, std::uint64_t first,
                                             std::size_t blocks, std::uint32_t* words) {
-  for (std::size_t b = t; b < blocks; b += threads) {
+  for (unsigned b = t; b < blocks; b += threads) {
     const philox_block r = philox(seed, stream, first + b);
     for (unsigned w = 0; w < 4; ++w) words[4 * b + w] = r.word[w];
   }
@@ -69,7 +69,7 @@ SQUALL_HOST_DEVICE inline void draws(unsigned t, unsigned threads, std::uint64_t
 
 /// Element j's draw: unit j of `hq_draw<T>` in `words` (the low half of a word first).
 template <class T>
-SQUALL_HOST_DEVICE inline std::uint32_t draw_of(const std::uint32_t* words, std::size_t j) {
+SQUALL_HOST_DEVICE inline std::uint32_t draw_of(const std::uint32_t* words, unsigned j) {
   if constexpr (hq_draw_bits<T> == 16) {
     return (words[j / 2] >> (16 * (j % 2))) & 0xffffu;
   } else {
@@ -77,30 +77,42 @@ SQUALL_HOST_DEVICE inline std::uint32_t draw_of(const std::uint32_t* words, std:
   }
 }
 
-/// The block's values into `v`: the input from element `first` (zero past `count`), with
-/// the rotation's sign applied where `rotate` (as `detail::hq_apply_signs`: times +1 or -1).
+/// Element j's value `x` with the rotation's sign applied where `rotate` (as
+/// `detail::hq_apply_signs`: times +1 or -1).
+template <class T>
+SQUALL_HOST_DEVICE SQUALL_FORCEINLINE T signed_value(T x, unsigned j, bool rotate,
+                                                     const std::uint32_t* sign_bits) {
+  return rotate ? x * (T(1) - static_cast<T>(2 * ((sign_bits[j / 32] >> (j % 32)) & 1u))) : x;
+}
+
+/// The block's values into `v`: the input from element `first` (zero past `count`), signed
+/// (`signed_value`). (The encode kernel reads its input into registers before the block's
+/// Philox words are drawn, then signs it the same way.)
 template <class T>
 SQUALL_HOST_DEVICE inline void load(unsigned t, unsigned threads, const T* in, std::size_t count,
                                     std::size_t first, std::size_t length, bool rotate,
                                     const std::uint32_t* sign_bits, T* v) {
-  for (std::size_t j = t; j < length; j += threads) {
-    const T x = first + j < count ? in[first + j] : T(0);
-    v[j] = rotate ? x * (T(1) - static_cast<T>(2 * ((sign_bits[j / 32] >> (j % 32)) & 1u))) : x;
+  for (unsigned j = t; j < length; j += threads) {
+    v[j] = signed_value(first + j < count ? in[first + j] : T(0), j, rotate, sign_bits);
   }
 }
 
 /// One stage of the Walsh-Hadamard transform of `length` values: pairs (i, i + h), the sum in
 /// the lower and the difference in the upper, each times `scale` (1, or 1 / sqrt(length) on
 /// the last stage). Stage by stage with the scale on the last, as `hq_hadamard` computes.
+/// `h` is a power of two, so pair p's lower index is p / h x 2h + p % h by masks (a division
+/// by a run-time 64-bit value is a long subroutine on a GPU: it was most of the transform).
 template <class T>
 SQUALL_HOST_DEVICE inline void butterflies(unsigned t, unsigned threads, T* v, std::size_t length,
                                            std::size_t h, T scale) {
-  for (std::size_t p = t; p < length / 2; p += threads) {
-    const std::size_t i = p / h * 2 * h + p % h;
+  const auto half = static_cast<unsigned>(length / 2);
+  const auto d = static_cast<unsigned>(h);
+  for (unsigned p = t; p < half; p += threads) {
+    const unsigned i = ((p & ~(d - 1)) << 1) | (p & (d - 1));
     const T a = v[i];
-    const T b = v[i + h];
+    const T b = v[i + d];
     v[i] = (a + b) * scale;
-    v[i + h] = (a - b) * scale;
+    v[i + d] = (a - b) * scale;
   }
 }
 
@@ -111,7 +123,7 @@ template <class T, class Scaled>
 SQUALL_HOST_DEVICE inline void codes(unsigned t, unsigned threads, const T* v, std::size_t length,
                                      const std::uint32_t* draw_bits, Scaled&& scaled,
                                      std::uint32_t levels, std::uint8_t* out) {
-  for (std::size_t j = t; j < length; j += threads) {
+  for (unsigned j = t; j < length; j += threads) {
     out[j] = hq_code<T>(scaled(v[j]), levels, draw_of<T>(draw_bits, j));
   }
 }
@@ -136,6 +148,31 @@ SQUALL_HOST_DEVICE constexpr std::size_t element_of(std::size_t w, unsigned f, u
          w % hq_group_words;
 }
 
+/// Calls `each(f, j)` for each field f of word `w` whose element lies in the block starting at
+/// `first` (j = the element - `first` < `length`) and below `padded`; returns whether every
+/// field below `padded` did (the word is the block's alone). In 32-bit offsets from `first`:
+/// field f's element is `element_of(w, 0)` + 8f, within a group (8F elements) of the block.
+template <class Each>
+SQUALL_HOST_DEVICE SQUALL_FORCEINLINE bool block_fields(std::size_t w, unsigned per_word,
+                                                        std::size_t first, unsigned length,
+                                                        std::size_t padded, Each&& each) {
+  const auto j0 = static_cast<int>(static_cast<std::int64_t>(element_of(w, 0, per_word)) -
+                                   static_cast<std::int64_t>(first));
+  const std::size_t room = padded - first;  // at least `length`
+  const int stop = room < std::size_t{0x7fffffff} ? static_cast<int>(room) : 0x7fffffff;
+  bool alone = true;
+  for (unsigned f = 0; f < per_word; ++f) {
+    const int j = j0 + static_cast<int>(f * hq_group_words);
+    if (j >= stop) break;  // elements of a word grow with f
+    if (j < 0 || j >= static_cast<int>(length)) {
+      alone = false;
+      continue;
+    }
+    each(f, static_cast<unsigned>(j));
+  }
+  return alone;
+}
+
 /// The words of the block (`words_of`), each assembled from the codes of its elements in the
 /// block (`codes`, indexed from `first`) and passed to `put(w, bits, alone)`: `alone` when no
 /// element of the word lies in another block (every element of the word below `padded` is
@@ -148,33 +185,33 @@ SQUALL_HOST_DEVICE inline void pack(unsigned t, unsigned threads, const std::uin
   const word_span span = words_of(first, length, per_word, total);
   for (std::size_t w = span.begin + t; w < span.end; w += threads) {
     std::uint64_t bits = 0;
-    bool alone = true;
-    for (unsigned f = 0; f < per_word; ++f) {
-      const std::size_t e = element_of(w, f, per_word);
-      if (e >= padded) break;  // elements of a word grow with f
-      if (e < first || e >= first + length) {
-        alone = false;
-        continue;
-      }
-      bits |= std::uint64_t{codes[e - first]} << (f * field);
-    }
+    const bool alone = block_fields(
+        w, per_word, first, static_cast<unsigned>(length), padded,
+        [&](unsigned f, unsigned j) { bits |= std::uint64_t{codes[j]} << (f * field); });
     put(w, bits, alone);
   }
 }
 
 /// The block's values from the summed fields: (field - n L) x step for element `first` + j,
-/// into `v`; a field above `top` (n x 2L) is reported by `bad(element)`.
+/// into `v`; a field above `top` (n x 2L) is reported by `bad(element)`. A word at a time, as
+/// `pack` (the words of the block, `total` in the tensor, the elements below `padded`): each
+/// word is read once, and an element's place needs no division by the run-time field count.
 template <class T, class Bad>
 SQUALL_HOST_DEVICE inline void unpack(unsigned t, unsigned threads, const std::uint64_t* words,
-                                      std::size_t first, std::size_t length, unsigned field,
-                                      std::uint64_t top, T offset, T step, T* v, Bad&& bad) {
+                                      std::size_t first, std::size_t length, std::size_t padded,
+                                      unsigned field, std::size_t total, std::uint64_t top,
+                                      T offset, T step, T* v, Bad&& bad) {
   const unsigned per_word = 64 / field;
   const std::uint64_t mask = (std::uint64_t{1} << field) - 1;
-  for (std::size_t j = t; j < length; j += threads) {
-    const hq_place p = hq_place_of(first + j, per_word);
-    const std::uint64_t sum = (words[p.word] >> (p.field * field)) & mask;
-    if (sum > top) bad(first + j);
-    v[j] = (static_cast<T>(static_cast<std::uint32_t>(sum)) - offset) * step;
+  const word_span span = words_of(first, length, per_word, total);
+  for (std::size_t w = span.begin + t; w < span.end; w += threads) {
+    const std::uint64_t word = words[w];
+    block_fields(w, per_word, first, static_cast<unsigned>(length), padded,
+                 [&](unsigned f, unsigned j) {
+                   const std::uint64_t sum = (word >> (f * field)) & mask;
+                   if (sum > top) bad(first + j);
+                   v[j] = (static_cast<T>(static_cast<std::uint32_t>(sum)) - offset) * step;
+                 });
   }
 }
 
@@ -186,9 +223,8 @@ template <class T>
 SQUALL_HOST_DEVICE inline void store(unsigned t, unsigned threads, const T* v, std::size_t n,
                                      bool rotate, const std::uint32_t* sign_bits, T step, T* out) {
   const bool nan = step != step;  // NOLINT(misc-redundant-expression): NaN test
-  for (std::size_t j = t; j < n; j += threads) {
-    const T y =
-        rotate ? v[j] * (T(1) - static_cast<T>(2 * ((sign_bits[j / 32] >> (j % 32)) & 1u))) : v[j];
+  for (unsigned j = t; j < n; j += threads) {
+    const T y = signed_value(v[j], j, rotate, sign_bits);
     out[j] = nan ? step : y;
   }
 }
