@@ -2,12 +2,14 @@
 #pragma once
 /// CUDA twins of kernels/host/homomorphic.hpp (`hq_range`, `hq_encode`, `hq_decode`): the same
 /// signatures over device memory, one CUDA block of `hq_threads` per rotation block of up to
-/// 1,024 elements, held in shared memory while it is signed, rotated (the Walsh-Hadamard
-/// transform a stage at a time, a barrier after each), coded and packed. The work of each
-/// thread between two barriers is a phase of kernels/host/homomorphic_phases.hpp, which the
-/// host tests run thread by thread against the host kernels, so the device writes the host's
-/// words and values bit for bit: the same signs and draws (Philox), the same sums in the same
-/// order, the same per-element code (`hq_code`, its product rounded before the shift).
+/// 1,024 elements, signed, rotated (the Walsh-Hadamard transform: a whole block in registers,
+/// shuffles and two rounds through shared memory; a shorter one in shared memory a stage at a
+/// time, a barrier after each), coded and packed. The work of each thread between two barriers
+/// is a phase of kernels/host/homomorphic_phases.hpp, which the host tests run thread by thread
+/// against the host kernels, and the register transform applies the same stages in the same
+/// order, so the device writes the host's words and values bit for bit (tests/cuda/
+/// homomorphic.test.cu): the same signs and draws (Philox), the same sums in the same order,
+/// the same per-element code (`hq_code`, its product rounded before the shift).
 ///
 /// The range is not the host's to the last bit: its sums of squares (the rms the clip scales)
 /// run in another order, in double, so the agreed scale may differ in its last bits from what
@@ -16,7 +18,8 @@
 /// back (the ranks agree it before anyone encodes), `hq_decode` reads whether every field was
 /// in range, and `hq_encode` only with `find_bad`. Run on an H200 (2026-12-04, the device
 /// payloads equal to the host's; docs/performance.md has their speed): bound by instructions,
-/// not by the memory (ncu: SM throughput 90%, DRAM 9%).
+/// not by the memory (ncu: issue slots 87% busy, DRAM 16%; the integer pipe, Philox and the
+/// packing, the busiest).
 
 #include <squall/backend/cuda.cuh>
 #include <squall/core/random.hpp>
@@ -99,6 +102,63 @@ __device__ inline void hq_rotate_shared(T* v, std::size_t length, T norm_full, T
   }
 }
 
+/// One butterfly of the transform on registers: (a, b) -> (a + b, a - b), times `scale` on
+/// the last stage (`hq_phase::butterflies`' operations on the same operands, so its bits).
+template <class T>
+__device__ __forceinline__ void hq_butterfly(T& a, T& b, bool last, T scale) {
+  const T sum = a + b;
+  const T difference = a - b;
+  a = last ? sum * scale : sum;
+  b = last ? difference * scale : difference;
+}
+
+/// The transform of a whole rotation block (`hq_max_block` values) held in registers, thread t
+/// holding element t + 256 i in x[i], in the stages' order h = 1, 2, ..., 512 (the order of
+/// `hq_rotate_shared`, so the same bits): distances 1 to 16 between the lanes of a warp
+/// (shuffles), 32 to 128 in shared memory `v` (a thread per 8 elements, the three stages in
+/// its registers), 256 and 512 between a thread's own registers, the last scaled by `norm`.
+/// Two barriers instead of ten, and no index arithmetic per pair.
+template <class T>
+__device__ inline void hq_rotate_registers(T (&x)[hq_max_block / hq_threads], T* v, T norm) {
+  static_assert(hq_max_block == 1024 && hq_threads == 256, "the stages' split assumes these");
+  const unsigned t = threadIdx.x;
+  const unsigned lane = t % 32;
+#pragma unroll
+  for (unsigned h = 1; h < 32; h *= 2) {
+    const bool upper = (lane & h) != 0;
+#pragma unroll
+    for (unsigned i = 0; i < 4; ++i) {
+      const T partner = __shfl_xor_sync(0xffffffffu, x[i], h);
+      x[i] = upper ? partner - x[i] : x[i] + partner;  // (a + b, a - b) of the pair
+    }
+  }
+#pragma unroll
+  for (unsigned i = 0; i < 4; ++i) v[t + hq_threads * i] = x[i];
+  __syncthreads();
+  if (t < hq_max_block / 8) {  // element bits 5 to 7 vary within a thread's 8
+    const unsigned base = t % 32 + t / 32 * 256;
+    T y[8];
+#pragma unroll
+    for (unsigned w = 0; w < 8; ++w) y[w] = v[base + 32 * w];
+#pragma unroll
+    for (unsigned d = 1; d < 8; d *= 2) {
+#pragma unroll
+      for (unsigned w = 0; w < 8; ++w) {
+        if ((w & d) == 0) hq_butterfly(y[w], y[w + d], false, T(1));
+      }
+    }
+#pragma unroll
+    for (unsigned w = 0; w < 8; ++w) v[base + 32 * w] = y[w];
+  }
+  __syncthreads();
+#pragma unroll
+  for (unsigned i = 0; i < 4; ++i) x[i] = v[t + hq_threads * i];
+  hq_butterfly(x[0], x[1], false, T(1));  // distance 256
+  hq_butterfly(x[2], x[3], false, T(1));
+  hq_butterfly(x[0], x[2], true, norm);  // distance 512, the last
+  hq_butterfly(x[1], x[3], true, norm);
+}
+
 /// Per rotation block: |x| statistics of its elements and, for the exact max (rotation, no
 /// bound), the block rotated in shared memory.
 template <class T>
@@ -164,9 +224,11 @@ __global__ void __launch_bounds__(hq_threads)
 }
 
 /// Per rotation block: the block's input read into registers first (its loads in flight while
-/// the signs and draws are computed from Philox into shared memory), signed into shared memory
-/// and rotated there, coded, and its words written (stored where the block holds every element
-/// of the word, ORed into the zeroed words where it shares one with a neighbour).
+/// the signs and draws are computed from Philox into shared memory), signed and rotated
+/// (a whole block in registers, `hq_rotate_registers`; a shorter last one, or no rotation, in
+/// shared memory a stage at a time), coded into shared memory, and its words written (stored
+/// where the block holds every element of the word, ORed into the zeroed words where it shares
+/// one with a neighbour).
 template <class T>
 __global__ void __launch_bounds__(hq_threads, 8)  // 32 registers: 8 blocks a multiprocessor
     hq_encode_kernel(const T* in, std::size_t count, hq_rotation r, std::uint64_t seed,
@@ -192,28 +254,38 @@ __global__ void __launch_bounds__(hq_threads, 8)  // 32 registers: 8 blocks a mu
     if (r.rotate) hq_phase::signs(t, hq_threads, r.seed, r.step, k, length, signs);
     hq_phase::draws<T>(t, hq_threads, seed, stream, first, length, draws);
     __syncthreads();
+    const auto scaled = [=](T y) {
+      if constexpr (sizeof(T) == 4) {
+        return __fmul_rn(y, inverse_step);
+      } else {
+        return __dmul_rn(y, inverse_step);
+      }
+    };
+    const bool in_registers = r.rotate && length == hq_max_block;  // the same for the block
 #pragma unroll
     for (unsigned i = 0; i < per_thread; ++i) {  // hq_phase::load, from the registers
       const unsigned j = t + i * hq_threads;
-      if (j < length) v[j] = hq_phase::signed_value(x[i], j, r.rotate, signs);
       if (first_bad != nullptr && j < length && first + j < count && !isfinite(x[i])) {
         atomicMin(first_bad, static_cast<unsigned long long>(first + j));
       }
+      if (in_registers) {
+        x[i] = hq_phase::signed_value(x[i], j, true, signs);
+      } else if (j < length) {
+        v[j] = hq_phase::signed_value(x[i], j, r.rotate, signs);
+      }
     }
-    __syncthreads();
-    if (r.rotate) {
-      hq_rotate_shared(v, length, norm_full, norm_last);
+    if (in_registers) {
+      hq_rotate_registers(x, v, norm_full);
+#pragma unroll
+      for (unsigned i = 0; i < per_thread; ++i) {  // hq_phase::codes, from the registers
+        const unsigned j = t + i * hq_threads;
+        codes[j] = hq_code<T>(scaled(x[i]), levels, hq_phase::draw_of<T>(draws, j));
+      }
+    } else {
+      __syncthreads();
+      if (r.rotate) hq_rotate_shared(v, length, norm_full, norm_last);
+      hq_phase::codes(t, hq_threads, v, length, draws, scaled, levels, codes);
     }
-    hq_phase::codes(
-        t, hq_threads, v, length, draws,
-        [=](T y) {
-          if constexpr (sizeof(T) == 4) {
-            return __fmul_rn(y, inverse_step);
-          } else {
-            return __dmul_rn(y, inverse_step);
-          }
-        },
-        levels, codes);
     __syncthreads();
     hq_phase::pack(t, hq_threads, codes, first, length, padded, field, total_words,
                    [&](std::size_t w, std::uint64_t bits, bool alone) {
@@ -228,8 +300,9 @@ __global__ void __launch_bounds__(hq_threads, 8)  // 32 registers: 8 blocks a mu
   }
 }
 
-/// Per rotation block: the summed fields unpacked to values in shared memory, rotated back and
-/// signed on the way out; a field above n x 2L recorded by atomicMin.
+/// Per rotation block: the summed fields unpacked to values in shared memory, rotated back (in
+/// registers for a whole block, as the encode) and signed on the way out; a field above n x 2L
+/// recorded by atomicMin.
 template <class T>
 __global__ void __launch_bounds__(hq_threads)
     hq_decode_kernel(const std::uint64_t* words, std::size_t count, hq_rotation r, unsigned field,
@@ -249,11 +322,24 @@ __global__ void __launch_bounds__(hq_threads)
                      });
     if (r.rotate) hq_phase::signs(t, hq_threads, r.seed, r.step, k, length, signs);
     __syncthreads();
-    if (r.rotate) {
-      hq_rotate_shared(v, length, norm_full, norm_last);
+    if (r.rotate && length == hq_max_block) {  // the same for the block
+      constexpr unsigned per_thread = hq_max_block / hq_threads;
+      T x[per_thread];
+#pragma unroll
+      for (unsigned i = 0; i < per_thread; ++i) x[i] = v[t + i * hq_threads];
+      hq_rotate_registers(x, v, norm_full);
+      const bool nan = step != step;  // hq_phase::store, from the registers
+#pragma unroll
+      for (unsigned i = 0; i < per_thread; ++i) {
+        const unsigned j = t + i * hq_threads;  // the padding of a last block is not written
+        if (first + j < count)
+          out[first + j] = nan ? step : hq_phase::signed_value(x[i], j, true, signs);
+      }
+    } else {
+      if (r.rotate) hq_rotate_shared(v, length, norm_full, norm_last);
+      const std::size_t n = length < count - first ? length : count - first;
+      hq_phase::store(t, hq_threads, v, n, r.rotate, signs, step, out + first);
     }
-    const std::size_t n = length < count - first ? length : count - first;
-    hq_phase::store(t, hq_threads, v, n, r.rotate, signs, step, out + first);
     __syncthreads();  // the shared arrays are the next block's
   }
 }
