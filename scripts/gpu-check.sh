@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one run (the device machine's time is short), the slow
-# sanitizer steps after the rest: the CUDA tests
-# (their process cases start ranks with DIR/squall-run), the same tests under compute-sanitizer
-# memcheck and racecheck (the process cases: the message test at 2 ranks under memcheck), the
-# CUDA kernel benchmark and the CUDA IPC allreduce benchmark at 2 and 4 processes, also under
-# MPS where nvidia-cuda-mps-control is installed (SQUALL_GPU_MPS=0: not), and where DIR holds
-# mpi.tar.gz (SQUALL_GPU_MPI_BUILD), the tests of device buffers over MPI at 1 to 3 ranks under
-# the MPICH packed there.
+# The checks that need a GPU, in one run (the device machine's time is short): the CUDA tests
+# (their process cases start ranks with DIR/squall-run); where DIR holds mpi.tar.gz
+# (SQUALL_GPU_MPI_BUILD), the tests of device buffers over MPI at 1 to 3 ranks under the MPICH
+# packed there; the CUDA kernel benchmark; the CUDA example; then the slower sanitizer steps:
+# the tests under compute-sanitizer memcheck (the process cases at 2 ranks, for memory errors)
+# and racecheck; last the CUDA IPC allreduce benchmark at 2 and 4 processes, also under MPS
+# where nvidia-cuda-mps-control is installed (SQUALL_GPU_MPS=0: not).
 # Usage: scripts/gpu-check.sh DIR [LOG_DIR]: DIR holds what scripts/gpu-build.sh gathers
 # (squall_cuda_tests, squall_cuda_bench, the shared libraries), and may hold another build's
 # as squall_cuda_tests-NAME / squall_cuda_bench-NAME, run beside them; logs go to LOG_DIR
-# (default: $OUT where set, else DIR). SQUALL_GPU_SKIP names steps to leave out (a rerun
-# within the lease: "memcheck racecheck bench"); SQUALL_RACECHECK_CASES the cases racecheck
-# runs and SQUALL_RACECHECK_S its deadline (default 50 s), SQUALL_MEMCHECK_IPC_CASES and
-# SQUALL_MEMCHECK_IPC_S the same for the process cases under memcheck (the message test,
-# 60 s); SQUALL_GPU_TEST_ARGS and SQUALL_GPU_BENCH_ARGS more arguments of the tests and the
-# benchmark (filters, no spaces), SQUALL_MEMCHECK_CASES the filter of memcheck's in-process
-# run. Prints a short table last.
+# (default: $OUT where set, else DIR). To narrow a rerun within the lease: SQUALL_GPU_SKIP
+# names steps to leave out ("memcheck racecheck bench"); SQUALL_GPU_TEST_ARGS and
+# SQUALL_GPU_BENCH_ARGS add arguments to the tests and the benchmark (filters, no spaces);
+# SQUALL_MEMCHECK_CASES is memcheck's in-process filter; SQUALL_MEMCHECK_IPC_CASES and
+# SQUALL_MEMCHECK_IPC_S the process cases under memcheck and their deadline (the message test,
+# 60 s); SQUALL_RACECHECK_CASES and SQUALL_RACECHECK_S racecheck's (50 s). Prints a short
+# table last.
 set -u
 dir=$(cd "$1" && pwd)
 logs=${2:-${OUT:-$dir}}

@@ -8,8 +8,10 @@
 /// they write with the host kernels (kernels/host/homomorphic.hpp) bit for bit: the device's
 /// schedule (the Hadamard transform a stage at a time, the draws and signs from Philox words
 /// computed once per block, each 64-bit word assembled from the codes of the block it lies in)
-/// is tested where no GPU is. What the host cannot run is the glue: the barriers, the atomic
-/// OR of a word shared by two blocks, and the launch.
+/// is tested where no GPU is. What the host cannot run is the glue (the barriers, the atomic
+/// OR of a word shared by two blocks, the launch) and the transform of a whole block in
+/// registers and warp shuffles (`hq_rotate_registers`, the same stages in the same order as
+/// `butterflies`), which the CUDA tests check against the host kernels on a GPU.
 
 #include <squall/core/config.hpp>
 #include <squall/core/random.hpp>
