@@ -2,10 +2,11 @@
 # Builds what scripts/gpu-check.sh runs on a GPU machine (the CUDA tests, squall-run that
 # starts their process cases, the CUDA kernel benchmark, the CUDA IPC allreduce benchmark and
 # the CUDA example; sm_90 by default) and gathers them, with the shared libraries they need
-# that a bare CUDA machine may lack, into DIR (default .devrun, which git ignores where
-# .git/info/exclude names it). With SQUALL_GPU_MPI_BUILD=DIR2 (a build configured with MPICH,
-# e.g. -DMPI_CXX_COMPILER=mpicxx.mpich), also the tests of device buffers over MPI built there
-# and MPICH's launcher and libraries (the GPU machine has no MPI) into DIR/mpi.tar.gz.
+# that a bare CUDA machine may lack, into DIR (default .devrun, which .gitignore names, so a
+# copy of the working tree takes it only where told to). With SQUALL_GPU_MPI_BUILD=DIR2 (a
+# build configured with MPICH, e.g. -DMPI_CXX_COMPILER=mpicxx.mpich), also the tests of device
+# buffers over MPI built there and MPICH's launcher and libraries (the GPU machine has no
+# MPI) into DIR/mpi.tar.gz.
 # Usage: scripts/gpu-build.sh [DIR] [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
