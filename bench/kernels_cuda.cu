@@ -144,6 +144,13 @@ void reduce_sum(benchmark::State& state) {
   report_of_copy(state, count, rate);
 }
 
+/// A codec's row: its rate beside the copy's, and its ratio (`size` payload bytes for `count`
+/// floats).
+void report_codec(benchmark::State& state, std::size_t count, std::size_t size, double rate) {
+  report_of_copy(state, count, rate);
+  state.counters["ratio"] = 4.0 * count / static_cast<double>(size);
+}
+
 /// Encode (`decode` false) or decode of compressor `C` on `count` floats.
 template <class C>
 void codec(benchmark::State& state, const C& c, bool decode) {
@@ -160,8 +167,7 @@ void codec(benchmark::State& state, const C& c, bool decode) {
                  benchmark::DoNotOptimize(
                      c.encode(gpu, cview(in), payload.view(), squall::random_stream{}));
                });
-  report_of_copy(state, count, rate);
-  state.counters["ratio"] = 4.0 * count / static_cast<double>(size);
+  report_codec(state, count, size, rate);
 }
 
 /// hq's encode against a range agreed before (what the collective calls after the ranks'
@@ -179,8 +185,7 @@ void hq_encode_agreed(benchmark::State& state, const squall::homomorphic_compres
   const std::size_t size = encode();
   const double rate = rate_of_calls(state, nullptr, 4.0 * count + static_cast<double>(size),
                                     [&] { benchmark::DoNotOptimize(encode()); });
-  report_of_copy(state, count, rate);
-  state.counters["ratio"] = 4.0 * count / static_cast<double>(size);
+  report_codec(state, count, size, rate);
 }
 
 /// A quantizer's kernel alone, without the call's waits (the encode's for its first

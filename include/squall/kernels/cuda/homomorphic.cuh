@@ -38,6 +38,8 @@ namespace squall::kernels {
 namespace detail {
 
 inline constexpr unsigned hq_threads = 256;
+/// Values of a whole rotation block a thread holds in registers: element t + 256 i in x[i].
+inline constexpr unsigned hq_per_thread = hq_max_block / hq_threads;
 
 /// What `hq_range_kernel` leaves per rotation block: its bound on (or exact) max |y|, its
 /// sum of squares, and whether its sum of |x| was finite.
@@ -102,14 +104,14 @@ __device__ inline void hq_rotate_shared(T* v, std::size_t length, T norm_full, T
   }
 }
 
-/// One butterfly of the transform on registers: (a, b) -> (a + b, a - b), times `scale` on
-/// the last stage (`hq_phase::butterflies`' operations on the same operands, so its bits).
+/// One butterfly of the transform on registers: (a, b) -> (a + b, a - b)
+/// (`hq_phase::butterflies`' operations on the same operands, so its bits; the last stage's
+/// scale is a multiply after it, as there).
 template <class T>
-__device__ __forceinline__ void hq_butterfly(T& a, T& b, bool last, T scale) {
+__device__ __forceinline__ void hq_butterfly(T& a, T& b) {
   const T sum = a + b;
-  const T difference = a - b;
-  a = last ? sum * scale : sum;
-  b = last ? difference * scale : difference;
+  b = a - b;
+  a = sum;
 }
 
 /// The transform of a whole rotation block (`hq_max_block` values) held in registers, thread t
@@ -119,7 +121,7 @@ __device__ __forceinline__ void hq_butterfly(T& a, T& b, bool last, T scale) {
 /// its registers), 256 and 512 between a thread's own registers, the last scaled by `norm`.
 /// Two barriers instead of ten, and no index arithmetic per pair.
 template <class T>
-__device__ inline void hq_rotate_registers(T (&x)[hq_max_block / hq_threads], T* v, T norm) {
+__device__ inline void hq_rotate_registers(T (&x)[hq_per_thread], T* v, T norm) {
   static_assert(hq_max_block == 1024 && hq_threads == 256, "the stages' split assumes these");
   const unsigned t = threadIdx.x;
   const unsigned lane = t % 32;
@@ -127,13 +129,13 @@ __device__ inline void hq_rotate_registers(T (&x)[hq_max_block / hq_threads], T*
   for (unsigned h = 1; h < 32; h *= 2) {
     const bool upper = (lane & h) != 0;
 #pragma unroll
-    for (unsigned i = 0; i < 4; ++i) {
+    for (unsigned i = 0; i < hq_per_thread; ++i) {
       const T partner = __shfl_xor_sync(0xffffffffu, x[i], h);
       x[i] = upper ? partner - x[i] : x[i] + partner;  // (a + b, a - b) of the pair
     }
   }
 #pragma unroll
-  for (unsigned i = 0; i < 4; ++i) v[t + hq_threads * i] = x[i];
+  for (unsigned i = 0; i < hq_per_thread; ++i) v[t + hq_threads * i] = x[i];
   __syncthreads();
   if (t < hq_max_block / 8) {  // element bits 5 to 7 vary within a thread's 8
     const unsigned base = t % 32 + t / 32 * 256;
@@ -144,7 +146,7 @@ __device__ inline void hq_rotate_registers(T (&x)[hq_max_block / hq_threads], T*
     for (unsigned d = 1; d < 8; d *= 2) {
 #pragma unroll
       for (unsigned w = 0; w < 8; ++w) {
-        if ((w & d) == 0) hq_butterfly(y[w], y[w + d], false, T(1));
+        if ((w & d) == 0) hq_butterfly(y[w], y[w + d]);
       }
     }
 #pragma unroll
@@ -152,11 +154,13 @@ __device__ inline void hq_rotate_registers(T (&x)[hq_max_block / hq_threads], T*
   }
   __syncthreads();
 #pragma unroll
-  for (unsigned i = 0; i < 4; ++i) x[i] = v[t + hq_threads * i];
-  hq_butterfly(x[0], x[1], false, T(1));  // distance 256
-  hq_butterfly(x[2], x[3], false, T(1));
-  hq_butterfly(x[0], x[2], true, norm);  // distance 512, the last
-  hq_butterfly(x[1], x[3], true, norm);
+  for (unsigned i = 0; i < hq_per_thread; ++i) x[i] = v[t + hq_threads * i];
+  hq_butterfly(x[0], x[1]);  // distance 256
+  hq_butterfly(x[2], x[3]);
+  hq_butterfly(x[0], x[2]);  // distance 512, the last: scaled
+  hq_butterfly(x[1], x[3]);
+#pragma unroll
+  for (unsigned i = 0; i < hq_per_thread; ++i) x[i] *= norm;
 }
 
 /// Per rotation block: |x| statistics of its elements and, for the exact max (rotation, no
@@ -244,10 +248,9 @@ __global__ void __launch_bounds__(hq_threads, 8)  // 32 registers: 8 blocks a mu
   for (std::size_t k = blockIdx.x; k < blocks; k += gridDim.x) {
     const std::size_t first = k * hq_max_block;
     const std::size_t length = hq_phase::block_length(count, k, r.rotate);
-    constexpr unsigned per_thread = hq_max_block / hq_threads;
-    T x[per_thread];
+    T x[hq_per_thread];
 #pragma unroll
-    for (unsigned i = 0; i < per_thread; ++i) {
+    for (unsigned i = 0; i < hq_per_thread; ++i) {
       const unsigned j = t + i * hq_threads;
       x[i] = j < length && first + j < count ? in[first + j] : T(0);
     }
@@ -263,7 +266,7 @@ __global__ void __launch_bounds__(hq_threads, 8)  // 32 registers: 8 blocks a mu
     };
     const bool in_registers = r.rotate && length == hq_max_block;  // the same for the block
 #pragma unroll
-    for (unsigned i = 0; i < per_thread; ++i) {  // hq_phase::load, from the registers
+    for (unsigned i = 0; i < hq_per_thread; ++i) {  // hq_phase::load, from the registers
       const unsigned j = t + i * hq_threads;
       if (first_bad != nullptr && j < length && first + j < count && !isfinite(x[i])) {
         atomicMin(first_bad, static_cast<unsigned long long>(first + j));
@@ -277,9 +280,9 @@ __global__ void __launch_bounds__(hq_threads, 8)  // 32 registers: 8 blocks a mu
     if (in_registers) {
       hq_rotate_registers(x, v, norm_full);
 #pragma unroll
-      for (unsigned i = 0; i < per_thread; ++i) {  // hq_phase::codes, from the registers
+      for (unsigned i = 0; i < hq_per_thread; ++i) {  // hq_phase::codes, from the registers
         const unsigned j = t + i * hq_threads;
-        codes[j] = hq_code<T>(scaled(x[i]), levels, hq_phase::draw_of<T>(draws, j));
+        codes[j] = hq_phase::code_of(x[i], j, draws, scaled, levels);
       }
     } else {
       __syncthreads();
@@ -323,17 +326,14 @@ __global__ void __launch_bounds__(hq_threads)
     if (r.rotate) hq_phase::signs(t, hq_threads, r.seed, r.step, k, length, signs);
     __syncthreads();
     if (r.rotate && length == hq_max_block) {  // the same for the block
-      constexpr unsigned per_thread = hq_max_block / hq_threads;
-      T x[per_thread];
+      T x[hq_per_thread];
 #pragma unroll
-      for (unsigned i = 0; i < per_thread; ++i) x[i] = v[t + i * hq_threads];
+      for (unsigned i = 0; i < hq_per_thread; ++i) x[i] = v[t + i * hq_threads];
       hq_rotate_registers(x, v, norm_full);
-      const bool nan = step != step;  // hq_phase::store, from the registers
 #pragma unroll
-      for (unsigned i = 0; i < per_thread; ++i) {
-        const unsigned j = t + i * hq_threads;  // the padding of a last block is not written
-        if (first + j < count)
-          out[first + j] = nan ? step : hq_phase::signed_value(x[i], j, true, signs);
+      for (unsigned i = 0; i < hq_per_thread; ++i) {  // hq_phase::store, from the registers
+        const unsigned j = t + i * hq_threads;        // the padding of a last block is not written
+        if (first + j < count) out[first + j] = hq_phase::stored_value(x[i], j, true, signs, step);
       }
     } else {
       if (r.rotate) hq_rotate_shared(v, length, norm_full, norm_last);

@@ -118,15 +118,23 @@ SQUALL_HOST_DEVICE inline void butterflies(unsigned t, unsigned threads, T* v, s
   }
 }
 
-/// The codes of the block's rotated values, each scaled by `scaled(y)` (y / step, the product
+/// Element j's code of its rotated value y, scaled by `scaled(y)` (y / step, the product
 /// rounded before `hq_code` adds the shift, as on the host: the device passes an
 /// uncontracted multiply, `__fmul_rn`).
+template <class T, class Scaled>
+SQUALL_HOST_DEVICE SQUALL_FORCEINLINE std::uint8_t code_of(T y, unsigned j,
+                                                           const std::uint32_t* draw_bits,
+                                                           Scaled&& scaled, std::uint32_t levels) {
+  return hq_code<T>(scaled(y), levels, draw_of<T>(draw_bits, j));
+}
+
+/// `code_of` each of the block's rotated values `v` into `out`.
 template <class T, class Scaled>
 SQUALL_HOST_DEVICE inline void codes(unsigned t, unsigned threads, const T* v, std::size_t length,
                                      const std::uint32_t* draw_bits, Scaled&& scaled,
                                      std::uint32_t levels, std::uint8_t* out) {
   for (unsigned j = t; j < length; j += threads) {
-    out[j] = hq_code<T>(scaled(v[j]), levels, draw_of<T>(draw_bits, j));
+    out[j] = code_of(v[j], j, draw_bits, scaled, levels);
   }
 }
 
@@ -217,18 +225,22 @@ SQUALL_HOST_DEVICE inline void unpack(unsigned t, unsigned threads, const std::u
   }
 }
 
-/// The block's `n` values (`n` <= length: the padding is not written) out from `v`, with the
-/// rotation's signs applied where `rotate`; a NaN `step` (a NaN on some rank made the scale
-/// NaN) writes that NaN itself, as the host's arithmetic on it does (a GPU's gives its
-/// canonical NaN).
+/// Element j's decoded value from its rotated-back value y: the rotation's sign applied where
+/// `rotate`; a NaN `step` (a NaN on some rank made the scale NaN) gives that NaN itself, as
+/// the host's arithmetic on it does (a GPU's gives its canonical NaN).
+template <class T>
+SQUALL_HOST_DEVICE SQUALL_FORCEINLINE T stored_value(T y, unsigned j, bool rotate,
+                                                     const std::uint32_t* sign_bits, T step) {
+  const bool nan = step != step;  // NOLINT(misc-redundant-expression): NaN test
+  return nan ? step : signed_value(y, j, rotate, sign_bits);
+}
+
+/// The block's `n` values (`n` <= length: the padding is not written) out from `v`
+/// (`stored_value`).
 template <class T>
 SQUALL_HOST_DEVICE inline void store(unsigned t, unsigned threads, const T* v, std::size_t n,
                                      bool rotate, const std::uint32_t* sign_bits, T step, T* out) {
-  const bool nan = step != step;  // NOLINT(misc-redundant-expression): NaN test
-  for (unsigned j = t; j < n; j += threads) {
-    const T y = signed_value(v[j], j, rotate, sign_bits);
-    out[j] = nan ? step : y;
-  }
+  for (unsigned j = t; j < n; j += threads) out[j] = stored_value(v[j], j, rotate, sign_bits, step);
 }
 
 /// The scale of the stage at distance `h` of a transform of `length` values: 1, or `norm`
