@@ -216,6 +216,11 @@ struct config {
   /// speed at 2-8 MiB, and across hosts it would run on MPI point to point. Naming bcast lifts
   /// both bounds.
   bool bcast_by_default = true;
+  /// SQUALL_MPI_SHARED_HEAP: allocations of at least this many bytes come from the shared
+  /// heap (interpose/shared_heap.cpp reads it, before any constructor; here it is checked and
+  /// reported). 0: none. Not in `hash`: it changes no route, only whether a peer's buffer is
+  /// reached through a mapping or by cross-memory copy, which give the same bits.
+  std::uint64_t shared_heap_bytes = 0;
   std::string compressor;                  ///< SQUALL_MPI_COMPRESSOR; empty: none
   std::vector<std::string> compress_only;  ///< SQUALL_MPI_COMPRESSOR_COMMS; empty: every one
   std::string problem;  ///< the first malformed variable, named; squall is then off
@@ -258,6 +263,7 @@ struct config {
     };
     bytes("SQUALL_MPI_MIN_BYTES", c.min_bytes);
     bytes("SQUALL_MPI_IALLREDUCE_MIN_BYTES", c.iallreduce_min_bytes);
+    bytes("SQUALL_MPI_SHARED_HEAP", c.shared_heap_bytes);
     if (const char* text = std::getenv("SQUALL_MPI_WINDOW_COPY_BYTES");
         text != nullptr && std::string_view(text) != "auto") {
       c.calibrate_windows = false;
@@ -945,12 +951,17 @@ comm_state& make_state(MPI_Comm comm) {
              ? ""
              : ", window copies up to " + std::to_string(l.settings.window_copy_bytes) + " bytes") +
         calibrated;
+    const std::string heap =
+        l.settings.shared_heap_bytes == 0
+            ? ""
+            : ", allocations of >= " + std::to_string(l.settings.shared_heap_bytes) +
+                  " bytes on the shared heap";
     std::fprintf(stderr,
                  "squall_mpi: communicator '%s' (%d ranks): squall's collectives over %s, "
-                 "topology %s, for calls of >= %llu bytes%s%s%s; the rest goes to MPI\n",
+                 "topology %s, for calls of >= %llu bytes%s%s%s%s; the rest goes to MPI\n",
                  name_of(comm).c_str(), size, state->transport.c_str(), l.settings.topology.c_str(),
                  static_cast<unsigned long long>(l.settings.min_bytes), bcasts.c_str(),
-                 compressed.c_str(), windows.c_str());
+                 compressed.c_str(), windows.c_str(), heap.c_str());
   }
   comm_state& result = *state;
   {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <malloc.h>  // malloc_usable_size
 #include <string>
 #include <tuple>
 #include <utility>
@@ -27,6 +28,7 @@
 extern "C" int squall_mpi_counts(unsigned long long* handled, unsigned long long* passed,
                                  unsigned long long* compressed);
 extern "C" unsigned long long squall_mpi_tiered_calls();
+extern "C" unsigned long long squall_mpi_shared_heap_mappings();
 
 namespace {
 
@@ -336,6 +338,55 @@ TEST_CASE("lossy compression: float sums on the communicators named, within bf16
   allreduce_case<float>(MPI_FLOAT, MPI_MAX, 30000, false, grads);
   CHECK(compressed_calls() == before + 1);
   MPI_Comm_free(&grads);
+}
+
+// Run with SQUALL_MPI_SHARED_HEAP=1M SQUALL_TEST_SHARED_HEAP=1 (and the rest of this program
+// beside it, every large buffer of its other cases then on the shared heap too).
+TEST_CASE("SQUALL_MPI_SHARED_HEAP: large mallocs shared, the peers' buffers reached by mapping") {
+  const char* flag = std::getenv("SQUALL_TEST_SHARED_HEAP");
+  if (flag == nullptr || std::string(flag) != "1") return;
+  const int rank = rank_of(MPI_COMM_WORLD);
+  const int size = size_of(MPI_COMM_WORLD);
+  // 4 MiB and 16 MiB of floats: above the windows' bound, where squall reads and writes the
+  // peers' buffers; new allocations each time, so the peers map them afresh
+  for (const std::size_t count : {(std::size_t{1} << 20) + 7, (std::size_t{1} << 22) + 1}) {
+    CAPTURE(count);
+    std::vector<float> in(count), out(count), want(count);
+    for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>((rank + 1) * (i % 13));
+    PMPI_Allreduce(in.data(), want.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                   MPI_COMM_WORLD);
+    const unsigned long long before = squall_mpi_shared_heap_mappings();
+    expect_allreduce_route(true, MPI_COMM_WORLD, [&] {
+      return MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                           MPI_COMM_WORLD);
+    });
+    CHECK(std::memcmp(out.data(), want.data(), count * sizeof(float)) == 0);
+    expect_allreduce_route(true, MPI_COMM_WORLD, [&] {
+      return MPI_Allreduce(MPI_IN_PLACE, in.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                           MPI_COMM_WORLD);
+    });
+    CHECK(std::memcmp(in.data(), want.data(), count * sizeof(float)) == 0);
+    if (size > 1 && !expect_off()) CHECK(squall_mpi_shared_heap_mappings() > before);
+  }
+  // realloc of a shared-heap allocation keeps its bytes, within it and moved out of it
+  auto* p = static_cast<unsigned char*>(std::malloc(std::size_t{3} << 20));
+  REQUIRE(p != nullptr);
+  std::memset(p, 5, std::size_t{3} << 20);
+  CHECK(malloc_usable_size(p) >= (std::size_t{3} << 20));
+  p = static_cast<unsigned char*>(std::realloc(p, std::size_t{3} << 20 | 1));  // within
+  REQUIRE(p != nullptr);
+  p = static_cast<unsigned char*>(std::realloc(p, std::size_t{9} << 20));  // moved
+  REQUIRE(p != nullptr);
+  CHECK(std::all_of(p, p + (std::size_t{3} << 20), [](unsigned char c) { return c == 5; }));
+  std::free(p);
+  void* aligned = nullptr;
+  REQUIRE(posix_memalign(&aligned, 4096, std::size_t{2} << 20) == 0);
+  CHECK(reinterpret_cast<std::uintptr_t>(aligned) % 4096 == 0);
+  std::free(aligned);
+  auto* zeros = static_cast<unsigned char*>(std::calloc(std::size_t{1} << 20, 4));
+  REQUIRE(zeros != nullptr);
+  CHECK(std::all_of(zeros, zeros + (std::size_t{4} << 20), [](unsigned char c) { return c == 0; }));
+  std::free(zeros);
 }
 
 TEST_CASE("allreduce: derived types of one element type; ranks describe one signature alike") {

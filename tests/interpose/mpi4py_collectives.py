@@ -6,6 +6,7 @@ that a run with libsquall_mpi.so preloaded can be compared line by line with one
 With --expect-squall it also checks, through ctypes, that the preloaded library took calls."""
 import ctypes
 import hashlib
+import os
 import sys
 
 import numpy as np
@@ -84,5 +85,13 @@ if "--expect-squall" in sys.argv:
             print(f"rank {rank}: squall took {handled.value} calls (on: {on})", file=sys.stderr)
         elif rank == 0:
             print(f"squall took {handled.value} calls, MPI {passed.value}", file=sys.stderr)
+    # SQUALL_MPI_SHARED_HEAP: NumPy's large arrays come from squall's shared heap, and the
+    # peers' were reached through mappings
+    if os.environ.get("SQUALL_MPI_SHARED_HEAP", "0") != "0" and size > 1:
+        mappings = ctypes.CDLL(None).squall_mpi_shared_heap_mappings
+        mappings.restype = ctypes.c_ulonglong
+        if mappings() == 0:
+            failures += 1
+            print(f"rank {rank}: no peer's shared-heap array was mapped", file=sys.stderr)
 failures = comm.allreduce(failures)
 sys.exit(1 if failures else 0)

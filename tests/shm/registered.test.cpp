@@ -8,16 +8,23 @@
 #include <squall/algorithm/communicator.hpp>
 #include <squall/topology/automatic.hpp>
 #include <squall/topology/direct.hpp>
+#include <squall/transport/detail/shared_heap.hpp>
 #include <squall/transport/launch.hpp>
 #include <squall/transport/shm.hpp>
 
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include "../support/collective_checks.hpp"
@@ -59,27 +66,56 @@ void expect_values(test::findings& found, const float* got, std::size_t n, int r
   }
 }
 
-/// Every collective of `count` floats, on registered buffers where `registered`, else on
-/// std::vector's, each result added to `found` where it differs from the reference.
+/// Where a test's buffers live: the heap (std::vector), registered memory
+/// (`shm_transport::allocate`), or the process's shared heap (what libsquall_mpi.so's malloc
+/// gives under SQUALL_MPI_SHARED_HEAP).
+enum class memory { heap, registered, shared_heap };
+
+/// Frees shared-heap memory.
+struct shared_heap_free {
+  void operator()(float* p) const { squall::detail::shm::shared_heap::instance().release(p); }
+};
+using shared_heap_floats = std::unique_ptr<float[], shared_heap_free>;
+
+/// `n` floats of the shared heap; null if the heap could not take them.
+shared_heap_floats shared_heap_allocate(std::size_t n) {
+  return shared_heap_floats(static_cast<float*>(
+      squall::detail::shm::shared_heap::instance().allocate(n * sizeof(float), 64)));
+}
+
+/// Every collective of `count` floats, on buffers in `where`, each result added to `found`
+/// where it differs from the reference.
 template <class Topology>
 void run_collectives(squall::communicator<shm_transport, Topology>& comm, std::size_t count,
-                     bool registered, test::findings& found) {
+                     memory where, test::findings& found) {
   shm_transport& t = comm.transport();
   const int p = comm.size();
   const int me = comm.rank();
   const std::size_t all = count * static_cast<std::size_t>(p);
+  const bool registered = where == memory::registered;
   auto make = [&](std::size_t n) {
     // registered memory, or the heap: a vector kept alive beside it
     return registered ? t.allocate<float>(n) : squall::registered_buffer<float>{};
   };
-  std::vector<float> heap_in(all);
-  std::vector<float> heap_out(all);
+  std::vector<float> heap_in(where == memory::heap ? all : 0);
+  std::vector<float> heap_out(where == memory::heap ? all : 0);
   squall::registered_buffer<float> reg_in = make(all);
   squall::registered_buffer<float> reg_out = make(all);
-  float* in = registered ? reg_in.data() : heap_in.data();
-  float* out = registered ? reg_out.data() : heap_out.data();
-  const std::string how =
-      std::string(registered ? "registered" : "heap") + ", " + std::to_string(count) + " floats";
+  shared_heap_floats shared_in = where == memory::shared_heap ? shared_heap_allocate(all) : nullptr;
+  shared_heap_floats shared_out =
+      where == memory::shared_heap ? shared_heap_allocate(all) : nullptr;
+  float* in = registered ? reg_in.data() : where == memory::heap ? heap_in.data() : shared_in.get();
+  float* out = registered              ? reg_out.data()
+               : where == memory::heap ? heap_out.data()
+                                       : shared_out.get();
+  if (in == nullptr || out == nullptr) {
+    found.add("the shared heap could not allocate " + std::to_string(all) + " floats");
+    return;
+  }
+  const std::string how = std::string(registered              ? "registered"
+                                      : where == memory::heap ? "heap"
+                                                              : "shared heap") +
+                          ", " + std::to_string(count) + " floats";
   const std::vector<float> mine = test::exact_input<float>(me, count);
 
   // allreduce, out of place then in place
@@ -128,13 +164,17 @@ void collectives_on_registered_buffers() {
       for (const std::size_t count : counts) {
         // heap buffers: no mapping reached
         const std::uint64_t before = t.mapped_accesses();
-        run_collectives(comm, count, false, found);
+        run_collectives(comm, count, memory::heap, found);
         if (t.mapped_accesses() != before) found.add("heap buffers went through a mapping");
-        // registered buffers: every peer reached through its mapping (when cross-memory
-        // attach, which the peer-memory paths need, is allowed)
-        run_collectives(comm, count, true, found);
-        if (me.size > 1 && t.can_access_peers() && t.mapped_accesses() == before) {
-          found.add("registered buffers never went through a mapping");
+        // registered buffers, then the shared heap's: every peer reached through its mapping
+        // (when cross-memory attach, which the peer-memory paths need, is allowed)
+        for (const memory where : {memory::registered, memory::shared_heap}) {
+          const std::uint64_t mapped = t.mapped_accesses();
+          run_collectives(comm, count, where, found);
+          if (me.size > 1 && t.can_access_peers() && t.mapped_accesses() == mapped) {
+            found.add(std::string(where == memory::registered ? "registered" : "shared-heap") +
+                      " buffers never went through a mapping");
+          }
         }
       }
       if (found.ok()) return 0;
@@ -267,5 +307,89 @@ TEST_SUITE("shm_registered") {
       std::fprintf(stderr, "rank 0: with_peer still ran 10 s after rank 1 failed\n");
       return 1;
     });
+  }
+}
+
+TEST_SUITE("shm_registered") {
+  TEST_CASE("the shared heap: zero-filled, aligned, found by range, freed, private after fork") {
+    auto& heap = squall::detail::shm::shared_heap::instance();
+    const std::size_t live = heap.live();
+    constexpr std::size_t bytes = (std::size_t{3} << 20) + 5;
+    auto* p = static_cast<unsigned char*>(heap.allocate(bytes, 64));
+    REQUIRE(p != nullptr);
+    CHECK(heap.owns(p));
+    CHECK(heap.live() == live + 1);
+    CHECK(reinterpret_cast<std::uintptr_t>(p) % 4096 == 0);
+    CHECK(heap.usable(p) >= bytes);
+    CHECK(std::all_of(p, p + bytes, [](unsigned char c) { return c == 0; }));
+    CHECK(heap.find(p, bytes).fd >= 0);
+    CHECK(heap.find(p + 100, bytes - 100).fd >= 0);
+    CHECK(heap.find(p, heap.usable(p) + 1).fd < 0);  // past the end
+    CHECK(heap.find(p - 1, 2).fd < 0);               // before the start (the header page)
+    auto* aligned = static_cast<unsigned char*>(heap.allocate(100, std::size_t{1} << 20));
+    REQUIRE(aligned != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(aligned) % (std::size_t{1} << 20) == 0);
+    CHECK(heap.allocate(100, std::size_t{4} << 20) == nullptr);  // alignment above 2 MiB
+    int local = 0;
+    CHECK_FALSE(heap.owns(&local));
+    CHECK(heap.find(&local, sizeof local).fd < 0);
+    // after fork the child's copy is private: its writes do not reach the parent
+    std::memset(p, 7, bytes);
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      const bool same = p[0] == 7 && p[bytes - 1] == 7;
+      const bool private_now = heap.find(p, bytes).fd < 0;
+      std::memset(p, 9, bytes);
+      _exit(same && private_now ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    CHECK(p[0] == 7);
+    CHECK(p[bytes - 1] == 7);
+    CHECK(heap.find(p, bytes).fd >= 0);  // still shared here
+    heap.release(aligned);
+    heap.release(p);
+    CHECK(heap.live() == live);
+    CHECK(heap.owns(p));  // the address range stays the heap's
+    CHECK(heap.find(p, 1).fd < 0);
+  }
+
+  TEST_CASE("shared-heap buffers freed and made again between calls: the peers map the new ones") {
+    for (int ranks = 2; ranks <= 3; ++ranks) {
+      CAPTURE(ranks);
+      test::expect_ranks_succeed(ranks, [](const shm_job& me) {
+        squall::communicator<shm_transport, squall::direct_topology> comm(
+            shm_transport(me, squall::options{.deadline = 60s}));
+        const shm_transport& t = comm.transport();
+        test::findings found;
+        const std::uint64_t before = t.mapped_accesses();
+        for (int round = 0; round < 4; ++round) {
+          // sizes that alternate, so a freed file's address and descriptor come back; above
+          // the windows' bound (2 MiB a rank), where 3 ranks reach the peers' memory
+          const std::size_t count = (std::size_t{1} << (20 + round % 2)) + 3;
+          // rank 1 on the ordinary heap in the last round: its peers copy from it
+          const bool ordinary = me.rank == 1 && round == 3;
+          std::vector<float> plain(ordinary ? count : 0);
+          shared_heap_floats shared = ordinary ? nullptr : shared_heap_allocate(count);
+          float* data = ordinary ? plain.data() : shared.get();
+          if (data == nullptr) {
+            found.add("the shared heap could not allocate");
+            break;
+          }
+          const std::vector<float> mine = test::exact_input<float>(me.rank, count);
+          std::copy(mine.begin(), mine.end(), data);
+          comm.allreduce(squall::host_view<float>(data, count));
+          expect_sums(found, data, count, 0, me.size, "round " + std::to_string(round));
+        }
+        if (t.can_access_peers() && t.mapped_accesses() == before) {
+          found.add("no peer's shared-heap buffer was reached through a mapping");
+        }
+        if (found.ok()) return 0;
+        std::fprintf(stderr, "rank %d of %d: %s\n", me.rank, me.size, found.text().c_str());
+        return 1;
+      });
+    }
   }
 }

@@ -31,6 +31,7 @@
 #include <squall/detail/math.hpp>
 #include <squall/kernels/host/copy.hpp>
 #include <squall/transport/detail/cross_memory.hpp>
+#include <squall/transport/detail/shared_heap.hpp>
 #include <squall/transport/detail/shm_registry.hpp>
 #include <squall/transport/detail/shm_segment.hpp>
 
@@ -302,6 +303,8 @@ struct state {
   std::vector<std::uint32_t> tickets;
   /// Registered memory (`shm_transport::register_memory`), shared with its handles.
   std::shared_ptr<registry> registered = std::make_shared<registry>(rank);
+  /// This rank's mappings of its peers' shared-heap memory (`shared_heap`).
+  std::unique_ptr<heap_mappings> heap_mapped = std::make_unique<heap_mappings>(size);
   std::uint64_t registrations = 0;    ///< registrations made, the same count on every rank
   std::uint64_t mapped_accesses = 0;  ///< `with_peer` calls
   /// The word every peer reads once, at setup, to learn whether it may read our memory.
@@ -1006,8 +1009,13 @@ class shm_transport {
 
   /// The registration of this rank's memory that holds all of [`p`, `p` + `bytes`), or 0:
   /// what a peer-memory collective tells the peers with the buffer's address.
+  /// Memory of the process's shared heap (`detail::shm::shared_heap`, what libsquall_mpi.so's
+  /// `malloc` gives under SQUALL_MPI_SHARED_HEAP) has a registration too, of its own: the
+  /// peers map it when they first meet it.
   std::uint64_t registration_of(const void* p, std::size_t bytes) const {
-    return state_->registered->id_of(p, bytes);
+    if (const std::uint64_t id = state_->registered->id_of(p, bytes); id != 0) return id;
+    const auto file = detail::shm::shared_heap::instance().find(p, bytes);
+    return file.fd < 0 ? 0 : detail::shm::heap_mappings::id_of(file);
   }
 
   /// Where [`address`, `address` + `bytes`) of `peer`'s memory, inside its registration `id`,
@@ -1015,7 +1023,14 @@ class shm_transport {
   /// inside `with_peer`.
   std::byte* mapped_peer(int peer, std::uint64_t id, std::uint64_t address,
                          std::size_t bytes) const {
-    return state_->registered->here(peer, id, address, bytes);
+    if ((id & detail::shm::heap_mappings::heap_bit) == 0) {
+      return state_->registered->here(peer, id, address, bytes);
+    }
+    if (peer == rank()) {  // this rank's own: where it is, if it still is
+      auto* const p = reinterpret_cast<std::byte*>(address);
+      return registration_of(p, bytes) == id ? p : nullptr;
+    }
+    return state_->heap_mapped->here(peer, state_->seg.rank(peer).pid.load(), id, address, bytes);
   }
 
   /// Runs `f()` while this rank may touch `peer`'s memory (through `mapped_peer`): as a
