@@ -84,6 +84,9 @@
 //   SQUALL_MPI_COMPRESSOR_COMMS  compress only on communicators of these names (comma list).
 //   SQUALL_MPI_VERBOSE    1: rank 0 of each communicator says once what squall handles on it.
 //   SQUALL_MPI_STATS      1: at MPI_Finalize rank 0 prints the job's counts and bytes per call.
+//   SQUALL_MPI_SHARED_HEAP  off (default), or a byte count: allocations of at least that many
+//                         bytes come from squall's shared heap, which the peers map
+//                         (interpose/shared_heap.cpp, the library's malloc).
 // A malformed value is named on stderr and turns squall off (never a guess).
 //
 // Errors: a squall error (a dead peer, a deadline) is printed with squall's message and

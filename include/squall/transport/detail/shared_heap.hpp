@@ -57,7 +57,7 @@ struct heap_header {
 /// never destroyed, so `malloc` may reach it before any constructor and after every destructor.
 class shared_heap {
  public:
-  static constexpr std::size_t unit = std::size_t{2} << 20;  ///< allocations in whole 2 MiB
+  static constexpr std::size_t unit = std::size_t{2} << 20;         ///< allocations in whole 2 MiB
   static constexpr std::size_t arena_bytes = std::size_t{1} << 38;  ///< 256 GiB of addresses
   /// Live allocations at most (each holds a file descriptor): this, or a quarter of the
   /// process's descriptor limit where that is less.
@@ -104,7 +104,8 @@ class shared_heap {
                              .data_bytes = total - offset};
     std::memcpy(where, &header, sizeof header);
     for (std::size_t i = count_; i > slot; --i) live_[i] = live_[i - 1];
-    live_[slot] = {.base = base_ + at, .total = total, .offset = offset, .fd = fd, .serial = serial};
+    live_[slot] = {
+        .base = base_ + at, .total = total, .offset = offset, .fd = fd, .serial = serial};
     ++count_;
     return where + offset;
   }
@@ -232,8 +233,8 @@ class shared_heap {
     for (std::size_t i = 0; i < h.count_; ++i) {
       allocation& a = h.live_[i];
       if (a.fd < 0) continue;
-      void* copy = mmap(nullptr, a.total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                        -1, 0);
+      void* copy =
+          mmap(nullptr, a.total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (copy == MAP_FAILED) continue;  // stays shared: no memory for a private copy
       std::memcpy(copy, reinterpret_cast<void*>(a.base), a.total);
       if (mremap(copy, a.total, a.total, MREMAP_MAYMOVE | MREMAP_FIXED,
@@ -333,7 +334,7 @@ class heap_mappings {
 
  private:
   struct mapping {
-    int fd = -1;             ///< the owner's descriptor
+    int fd = -1;  ///< the owner's descriptor
     std::byte* here = nullptr;
     std::size_t bytes = 0;
     std::uint64_t used = 0;  ///< `clock_` at the last use
