@@ -333,12 +333,18 @@ TEST_SUITE("shm_registered") {
     int local = 0;
     CHECK_FALSE(heap.owns(&local));
     CHECK(heap.find(&local, sizeof local).fd < 0);
-    // after fork the child's copy is private: its writes do not reach the parent
+    // after fork the child's copy is private: its writes do not reach the parent; a sparse
+    // allocation (one byte written, far in) keeps that byte and its zeros
     std::memset(p, 7, bytes);
+    auto* sparse = static_cast<unsigned char*>(heap.allocate(std::size_t{5} << 20, 64));
+    REQUIRE(sparse != nullptr);
+    sparse[std::size_t{4} << 20] = 3;
     const pid_t child = fork();
     REQUIRE(child >= 0);
     if (child == 0) {
-      const bool same = p[0] == 7 && p[bytes - 1] == 7;
+      const bool same = p[0] == 7 && p[bytes - 1] == 7 && sparse[std::size_t{4} << 20] == 3 &&
+                        sparse[0] == 0 && sparse[(std::size_t{4} << 20) - 1] == 0 &&
+                        heap.find(sparse, 1).fd < 0;
       const bool private_now = heap.find(p, bytes).fd < 0;
       std::memset(p, 9, bytes);
       _exit(same && private_now ? 0 : 1);
@@ -349,6 +355,8 @@ TEST_SUITE("shm_registered") {
     CHECK(p[0] == 7);
     CHECK(p[bytes - 1] == 7);
     CHECK(heap.find(p, bytes).fd >= 0);  // still shared here
+    CHECK(sparse[std::size_t{4} << 20] == 3);
+    heap.release(sparse);
     heap.release(aligned);
     heap.release(p);
     CHECK(heap.live() == live);

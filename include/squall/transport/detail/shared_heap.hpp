@@ -21,7 +21,7 @@
 /// descriptor comes back with another serial, and keep at most `heap_mappings::most` per
 /// peer. After `fork` the child turns every allocation into private memory with the same
 /// contents (memory files stay shared across a fork, which would let a child's writes reach
-/// the parent): the fork costs a copy of the heap's allocations.
+/// the parent): the fork costs a copy of the pages the allocations hold.
 ///
 /// `shared_heap` allocates nothing itself (its `allocate` and `release` run inside `malloc`
 /// and `free`); `heap_mappings`, the peers' side, runs inside the collectives.
@@ -31,6 +31,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>  // memcpy
@@ -225,6 +226,23 @@ class shared_heap {
     return count_;
   }
 
+  // Copies the pages of `a` that hold data (the file's holes read as zeros in the fresh
+  // mapping already) to `to`: touching a hole would allocate it in the file.
+  static void copy_data(const allocation& a, std::byte* to) noexcept {
+    const auto* from = reinterpret_cast<const std::byte*>(a.base);
+    for (off_t at = 0; at < static_cast<off_t>(a.total);) {
+      const off_t data = lseek(a.fd, at, SEEK_DATA);
+      if (data < 0) {
+        if (errno != ENXIO) std::memcpy(to + at, from + at, a.total - static_cast<std::size_t>(at));
+        return;  // ENXIO: no data from `at` on; else no SEEK_DATA here, so all of it copied
+      }
+      off_t hole = lseek(a.fd, data, SEEK_HOLE);
+      if (hole < 0) hole = static_cast<off_t>(a.total);
+      std::memcpy(to + data, from + data, static_cast<std::size_t>(hole - data));
+      at = hole;
+    }
+  }
+
   static void prepare_fork() noexcept { instance().mutex_.lock(); }
   static void parent_fork() noexcept { instance().mutex_.unlock(); }
   // The child's copy of each allocation becomes private memory with the same contents.
@@ -236,7 +254,7 @@ class shared_heap {
       void* copy =
           mmap(nullptr, a.total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (copy == MAP_FAILED) continue;  // stays shared: no memory for a private copy
-      std::memcpy(copy, reinterpret_cast<void*>(a.base), a.total);
+      copy_data(a, static_cast<std::byte*>(copy));
       if (mremap(copy, a.total, a.total, MREMAP_MAYMOVE | MREMAP_FIXED,
                  reinterpret_cast<void*>(a.base)) == MAP_FAILED) {
         munmap(copy, a.total);
