@@ -21,7 +21,9 @@
 /// descriptor comes back with another serial, and keep at most `heap_mappings::most` per
 /// peer. After `fork` the child turns every allocation into private memory with the same
 /// contents (memory files stay shared across a fork, which would let a child's writes reach
-/// the parent): the fork costs a copy of the pages the allocations hold.
+/// the parent): the fork costs a copy of the pages the allocations hold (where no memory is
+/// left for a copy, the child's mapping is made read-only: a write faults, never reaches the
+/// parent).
 ///
 /// `shared_heap` allocates nothing itself (its `allocate` and `release` run inside `malloc`
 /// and `free`); `heap_mappings`, the peers' side, runs inside the collectives.
@@ -246,24 +248,30 @@ class shared_heap {
   static void prepare_fork() noexcept { instance().mutex_.lock(); }
   static void parent_fork() noexcept { instance().mutex_.unlock(); }
   // The child's copy of each allocation becomes private memory with the same contents.
+  // Where no private copy can be made (no memory), the child's mapping becomes read-only: a
+  // write there faults rather than reaching the parent's memory.
   static void child_fork() noexcept {
+    const int saved = errno;
     shared_heap& h = instance();
     for (std::size_t i = 0; i < h.count_; ++i) {
       allocation& a = h.live_[i];
       if (a.fd < 0) continue;
+      void* const at = reinterpret_cast<void*>(a.base);
       void* copy =
           mmap(nullptr, a.total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (copy == MAP_FAILED) continue;  // stays shared: no memory for a private copy
-      copy_data(a, static_cast<std::byte*>(copy));
-      if (mremap(copy, a.total, a.total, MREMAP_MAYMOVE | MREMAP_FIXED,
-                 reinterpret_cast<void*>(a.base)) == MAP_FAILED) {
-        munmap(copy, a.total);
-        continue;
+      if (copy != MAP_FAILED) {
+        copy_data(a, static_cast<std::byte*>(copy));
+        if (mremap(copy, a.total, a.total, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
+          munmap(copy, a.total);
+          copy = MAP_FAILED;
+        }
       }
+      if (copy == MAP_FAILED) mprotect(at, a.total, PROT_READ);
       close(a.fd);
       a.fd = -1;
     }
     h.mutex_.unlock();
+    errno = saved;
   }
 
   std::mutex mutex_;
