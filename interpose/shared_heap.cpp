@@ -75,9 +75,10 @@ std::size_t threshold() noexcept {
   return t;
 }
 
-/// `bytes` from the shared heap when they reach the threshold, else null.
-void* from_shared_heap(std::size_t bytes, std::size_t alignment) noexcept {
-  return bytes >= threshold() ? shared_heap::instance().allocate(bytes, alignment) : nullptr;
+/// `bytes` from the shared heap when they reach the threshold, else null; zero-filled where
+/// `zero`.
+void* from_shared_heap(std::size_t bytes, std::size_t alignment, bool zero = false) noexcept {
+  return bytes >= threshold() ? shared_heap::instance().allocate(bytes, alignment, zero) : nullptr;
 }
 
 bool is_power_of_two(std::size_t x) noexcept { return x != 0 && (x & (x - 1)) == 0; }
@@ -104,7 +105,7 @@ SQUALL_MPI_EXPORT void free(void* p) {
 SQUALL_MPI_EXPORT void* calloc(std::size_t count, std::size_t bytes) {
   std::size_t total = 0;
   if (!__builtin_mul_overflow(count, bytes, &total)) {
-    if (void* p = from_shared_heap(total, alignof(std::max_align_t))) return p;  // zero-filled
+    if (void* p = from_shared_heap(total, alignof(std::max_align_t), true)) return p;
   }
   return __libc_calloc(count, bytes);
 }

@@ -80,7 +80,7 @@ using shared_heap_floats = std::unique_ptr<float[], shared_heap_free>;
 /// `n` floats of the shared heap; null if the heap could not take them.
 shared_heap_floats shared_heap_allocate(std::size_t n) {
   return shared_heap_floats(static_cast<float*>(
-      squall::detail::shm::shared_heap::instance().allocate(n * sizeof(float), 64)));
+      squall::detail::shm::shared_heap::instance().allocate(n * sizeof(float), 64, false)));
 }
 
 /// Every collective of `count` floats, on buffers in `where`, each result added to `found`
@@ -315,7 +315,7 @@ TEST_SUITE("shm_registered") {
     auto& heap = squall::detail::shm::shared_heap::instance();
     const std::size_t live = heap.live();
     constexpr std::size_t bytes = (std::size_t{3} << 20) + 5;
-    auto* p = static_cast<unsigned char*>(heap.allocate(bytes, 64));
+    auto* p = static_cast<unsigned char*>(heap.allocate(bytes, 64, true));
     REQUIRE(p != nullptr);
     CHECK(heap.owns(p));
     CHECK(heap.live() == live + 1);
@@ -326,17 +326,17 @@ TEST_SUITE("shm_registered") {
     CHECK(heap.find(p + 100, bytes - 100).fd >= 0);
     CHECK(heap.find(p, heap.usable(p) + 1).fd < 0);  // past the end
     CHECK(heap.find(p - 1, 2).fd < 0);               // before the start (the header page)
-    auto* aligned = static_cast<unsigned char*>(heap.allocate(100, std::size_t{1} << 20));
+    auto* aligned = static_cast<unsigned char*>(heap.allocate(100, std::size_t{1} << 20, true));
     REQUIRE(aligned != nullptr);
     CHECK(reinterpret_cast<std::uintptr_t>(aligned) % (std::size_t{1} << 20) == 0);
-    CHECK(heap.allocate(100, std::size_t{4} << 20) == nullptr);  // alignment above 2 MiB
+    CHECK(heap.allocate(100, std::size_t{4} << 20, true) == nullptr);  // alignment above 2 MiB
     int local = 0;
     CHECK_FALSE(heap.owns(&local));
     CHECK(heap.find(&local, sizeof local).fd < 0);
     // after fork the child's copy is private: its writes do not reach the parent; a sparse
     // allocation (one byte written, far in) keeps that byte and its zeros
     std::memset(p, 7, bytes);
-    auto* sparse = static_cast<unsigned char*>(heap.allocate(std::size_t{5} << 20, 64));
+    auto* sparse = static_cast<unsigned char*>(heap.allocate(std::size_t{5} << 20, 64, true));
     REQUIRE(sparse != nullptr);
     sparse[std::size_t{4} << 20] = 3;
     const pid_t child = fork();
@@ -360,6 +360,13 @@ TEST_SUITE("shm_registered") {
     heap.release(aligned);
     heap.release(p);
     CHECK(heap.live() == live);
+    // a freed allocation is taken again for a request of its layout and up to twice its
+    // size, zero-filled where asked
+    auto* again = static_cast<unsigned char*>(heap.allocate(bytes - 4096, 64, true));
+    CHECK(again == p);
+    CHECK(heap.find(again, bytes - 4096).fd >= 0);
+    CHECK(std::all_of(again, again + bytes - 4096, [](unsigned char c) { return c == 0; }));
+    heap.release(again);
     CHECK(heap.owns(p));  // the address range stays the heap's
     CHECK(heap.find(p, 1).fd < 0);
   }
@@ -377,6 +384,13 @@ TEST_SUITE("shm_registered") {
           // sizes that alternate, so a freed file's address and descriptor come back; above
           // the windows' bound (2 MiB a rank), where 3 ranks reach the peers' memory
           const std::size_t count = (std::size_t{1} << (20 + round % 2)) + 3;
+          // five small allocations made and freed: more than the heap keeps for reuse, so
+          // the last round's file is given back and a new one may take its descriptor (a
+          // new serial, which the peers' mappings must notice)
+          if (round % 2 == 1) {
+            std::vector<shared_heap_floats> small;
+            for (int i = 0; i < 5; ++i) small.push_back(shared_heap_allocate(std::size_t{1} << 18));
+          }
           // rank 1 on the ordinary heap in the last round: its peers copy from it
           const bool ordinary = me.rank == 1 && round == 3;
           std::vector<float> plain(ordinary ? count : 0);

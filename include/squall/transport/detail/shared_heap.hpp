@@ -16,6 +16,11 @@
 /// number (`find`); a peer opens /proc/<pid>/fd/<fd> (the same-user access cross-memory
 /// attach needs), maps it, and checks the header's serial and bounds (`heap_mappings`).
 ///
+/// Freed allocations are kept for reuse (at most `most_kept`, `kept_bytes` in all), as glibc
+/// keeps freed memory: an MPI library allocates a temporary of the message's size per call,
+/// and a fresh file each time would fault every page in again. A reused allocation keeps its
+/// file and serial, so the peers' mappings of it stay good.
+///
 /// A peer's mapping keeps the file's memory alive after the owner frees it (no fault, only
 /// stale data the collectives no longer ask for); peers drop such mappings when the owner's
 /// descriptor comes back with another serial, and keep at most `heap_mappings::most` per
@@ -73,14 +78,21 @@ class shared_heap {
 
   /// `bytes` aligned to `alignment` (a power of two, at most `unit`) in a memory file of its
   /// own; null where the heap cannot take it (a larger alignment, no address space left, the
-  /// table full, a system call failed): the caller then allocates elsewhere. Zero-filled.
-  void* allocate(std::size_t bytes, std::size_t alignment) noexcept {
+  /// table full, a system call failed): the caller then allocates elsewhere. A freed
+  /// allocation of the same layout and at most twice the size is taken again first (its pages
+  /// are in place, and the peers' mappings of it stay good); zero-filled where `zero`.
+  void* allocate(std::size_t bytes, std::size_t alignment, bool zero) noexcept {
     if (alignment > unit) return nullptr;
     const std::size_t offset = alignment > page ? alignment : page;
     if (bytes > arena_bytes - offset) return nullptr;
     const std::size_t total = (offset + bytes + unit - 1) / unit * unit;
     if (!reserved()) return nullptr;
     std::lock_guard lock(mutex_);
+    if (void* again = reuse(total, offset)) {
+      if (zero) std::memset(again, 0, bytes);
+      return again;
+    }
+    if (count_ >= most_) evict_oldest_freed();
     if (count_ >= most_) return nullptr;
     // first fit between the live allocations, which are kept in address order
     std::size_t at = 0;
@@ -120,18 +132,30 @@ class shared_heap {
     return base != 0 && a >= base && a - base < arena_bytes;
   }
 
-  /// Frees the allocation whose data start at `p` (a pointer `allocate` returned).
+  /// Frees the allocation whose data start at `p` (a pointer `allocate` returned): kept for
+  /// reuse while at most `most_kept` freed ones of `kept_bytes` in all are (the oldest
+  /// given back beyond), as glibc keeps freed memory for the next request.
   void release(void* p) noexcept {
     std::lock_guard lock(mutex_);
     const std::size_t i = index_of(p);
     if (i == count_) return;
-    const allocation a = live_[i];
-    // back to reserved address space, no memory behind it
-    mmap(reinterpret_cast<void*>(a.base), a.total, PROT_NONE,
-         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-    if (a.fd >= 0) close(a.fd);
-    for (std::size_t j = i; j + 1 < count_; ++j) live_[j] = live_[j + 1];
-    --count_;
+    if (live_[i].fd < 0) {  // private after a fork: nothing to keep it for
+      remove(i);
+      return;
+    }
+    live_[i].freed = ++frees_;
+    for (;;) {
+      std::size_t kept = 0;
+      std::size_t bytes = 0;
+      for (std::size_t j = 0; j < count_; ++j) {
+        if (live_[j].freed != 0) {
+          ++kept;
+          bytes += live_[j].total;
+        }
+      }
+      if (kept <= most_kept && bytes <= kept_bytes) return;
+      evict_oldest_freed();
+    }
   }
 
   /// The bytes usable from `p` (a pointer `allocate` returned) to its allocation's end.
@@ -154,6 +178,7 @@ class shared_heap {
     std::lock_guard lock(mutex_);
     for (std::size_t i = 0; i < count_; ++i) {
       const allocation& x = live_[i];
+      if (x.freed != 0) continue;
       const std::uintptr_t data = x.base + x.offset;
       if (a >= data && bytes <= x.total - x.offset && a - data <= x.total - x.offset - bytes) {
         return x.fd < 0 ? shared_file{} : shared_file{x.fd, x.serial};
@@ -165,7 +190,9 @@ class shared_heap {
   /// How many allocations are live (for tests and statistics).
   std::size_t live() noexcept {
     std::lock_guard lock(mutex_);
-    return count_;
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < count_; ++i) n += live_[i].freed == 0 ? 1 : 0;
+    return n;
   }
 
  private:
@@ -175,7 +202,10 @@ class shared_heap {
     std::size_t offset = 0;   ///< the data's offset from `base`
     int fd = -1;              ///< the memory file; -1 once a fork made the memory private
     std::uint64_t serial = 0;
+    std::uint64_t freed = 0;  ///< 0 in use; else freed, kept for reuse (`frees_` then)
   };
+  static constexpr std::size_t most_kept = 4;
+  static constexpr std::size_t kept_bytes = std::size_t{1} << 30;
   static constexpr std::size_t page = 4096;
 
   constexpr shared_heap() = default;
@@ -220,12 +250,50 @@ class shared_heap {
     return false;
   }
 
+  // The allocation in use whose data start at `p`, or `count_`.
   std::size_t index_of(const void* p) const noexcept {
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     for (std::size_t i = 0; i < count_; ++i) {
-      if (live_[i].base + live_[i].offset == a) return i;
+      if (live_[i].freed == 0 && live_[i].base + live_[i].offset == a) return i;
     }
     return count_;
+  }
+
+  // The smallest freed allocation of `offset` and `total` to 2 `total` bytes, taken into use
+  // again (its data); null if none.
+  void* reuse(std::size_t total, std::size_t offset) noexcept {
+    std::size_t best = count_;
+    for (std::size_t i = 0; i < count_; ++i) {
+      const allocation& a = live_[i];
+      if (a.freed != 0 && a.offset == offset && a.total >= total && a.total / 2 <= total &&
+          (best == count_ || a.total < live_[best].total)) {
+        best = i;
+      }
+    }
+    if (best == count_) return nullptr;
+    live_[best].freed = 0;
+    return reinterpret_cast<void*>(live_[best].base + live_[best].offset);
+  }
+
+  // Gives back the freed allocation kept longest, if any.
+  void evict_oldest_freed() noexcept {
+    std::size_t oldest = count_;
+    for (std::size_t i = 0; i < count_; ++i) {
+      if (live_[i].freed != 0 && (oldest == count_ || live_[i].freed < live_[oldest].freed)) {
+        oldest = i;
+      }
+    }
+    if (oldest != count_) remove(oldest);
+  }
+
+  // Unmaps allocation `i` (its range reserved again, no memory behind it) and closes its file.
+  void remove(std::size_t i) noexcept {
+    const allocation a = live_[i];
+    mmap(reinterpret_cast<void*>(a.base), a.total, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (a.fd >= 0) close(a.fd);
+    for (std::size_t j = i; j + 1 < count_; ++j) live_[j] = live_[j + 1];
+    --count_;
   }
 
   // Copies the pages of `a` that hold data (the file's holes read as zeros in the fresh
@@ -253,6 +321,9 @@ class shared_heap {
   static void child_fork() noexcept {
     const int saved = errno;
     shared_heap& h = instance();
+    for (std::size_t i = h.count_; i-- > 0;) {
+      if (h.live_[i].freed != 0) h.remove(i);  // nothing to copy for memory not in use
+    }
     for (std::size_t i = 0; i < h.count_; ++i) {
       allocation& a = h.live_[i];
       if (a.fd < 0) continue;
@@ -278,6 +349,7 @@ class shared_heap {
   std::atomic<std::uintptr_t> base_{0};
   bool failed_ = false;
   std::uint64_t serials_ = 0;
+  std::uint64_t frees_ = 0;
   std::size_t most_ = 0;  ///< live allocations allowed (`most_allocations`, fewer for few fds)
   std::size_t count_ = 0;
   allocation live_[most_allocations] = {};
