@@ -304,7 +304,7 @@ struct state {
   /// Registered memory (`shm_transport::register_memory`), shared with its handles.
   std::shared_ptr<registry> registered = std::make_shared<registry>(rank);
   /// This rank's mappings of its peers' shared-heap memory (`shared_heap`).
-  std::unique_ptr<heap_mappings> heap_mapped = std::make_unique<heap_mappings>(size);
+  heap_mappings heap_mapped{size};
   std::uint64_t registrations = 0;    ///< registrations made, the same count on every rank
   std::uint64_t mapped_accesses = 0;  ///< `with_peer` calls
   /// The word every peer reads once, at setup, to learn whether it may read our memory.
@@ -985,7 +985,7 @@ class shm_transport {
       next.made.address[static_cast<std::size_t>(q)] = theirs.address;
       if (q != rank()) {
         next.made.here[static_cast<std::size_t>(q)] =
-            detail::shm::registry::map_peer(theirs.pid, theirs.fd, mapped);
+            detail::shm::map_peer_file(theirs.pid, theirs.fd, mapped).here;
       }
     }
     barrier().wait();  // every peer has opened this rank's memory file: it may be closed
@@ -1030,7 +1030,7 @@ class shm_transport {
       auto* const p = reinterpret_cast<std::byte*>(address);
       return registration_of(p, bytes) == id ? p : nullptr;
     }
-    return state_->heap_mapped->here(peer, state_->seg.rank(peer).pid.load(), id, address, bytes);
+    return state_->heap_mapped.here(peer, state_->seg.rank(peer).pid.load(), id, address, bytes);
   }
 
   /// Runs `f()` while this rank may touch `peer`'s memory (through `mapped_peer`): as a

@@ -33,9 +33,10 @@
 /// `shared_heap` allocates nothing itself (its `allocate` and `release` run inside `malloc`
 /// and `free`); `heap_mappings`, the peers' side, runs inside the collectives.
 
+#include <squall/transport/detail/peer_file.hpp>
+
 #include <sys/mman.h>
 #include <sys/resource.h>  // getrlimit
-#include <sys/stat.h>
 
 #include <atomic>
 #include <cerrno>
@@ -45,7 +46,6 @@
 #include <fcntl.h>
 #include <mutex>
 #include <pthread.h>  // pthread_atfork
-#include <string>
 #include <unistd.h>
 #include <vector>
 
@@ -144,18 +144,15 @@ class shared_heap {
       return;
     }
     live_[i].freed = ++frees_;
-    for (;;) {
-      std::size_t kept = 0;
-      std::size_t bytes = 0;
-      for (std::size_t j = 0; j < count_; ++j) {
-        if (live_[j].freed != 0) {
-          ++kept;
-          bytes += live_[j].total;
-        }
+    std::size_t kept = 0;
+    std::size_t bytes = 0;
+    for (std::size_t j = 0; j < count_; ++j) {
+      if (live_[j].freed != 0) {
+        ++kept;
+        bytes += live_[j].total;
       }
-      if (kept <= most_kept && bytes <= kept_bytes) return;
-      evict_oldest_freed();
     }
+    for (; kept > most_kept || bytes > kept_bytes; --kept) bytes -= evict_oldest_freed();
   }
 
   /// The bytes usable from `p` (a pointer `allocate` returned) to its allocation's end.
@@ -275,15 +272,18 @@ class shared_heap {
     return reinterpret_cast<void*>(live_[best].base + live_[best].offset);
   }
 
-  // Gives back the freed allocation kept longest, if any.
-  void evict_oldest_freed() noexcept {
+  // Gives back the freed allocation kept longest, if any; its size (0 if none).
+  std::size_t evict_oldest_freed() noexcept {
     std::size_t oldest = count_;
     for (std::size_t i = 0; i < count_; ++i) {
       if (live_[i].freed != 0 && (oldest == count_ || live_[i].freed < live_[oldest].freed)) {
         oldest = i;
       }
     }
-    if (oldest != count_) remove(oldest);
+    if (oldest == count_) return 0;
+    const std::size_t total = live_[oldest].total;
+    remove(oldest);
+    return total;
   }
 
   // Unmaps allocation `i` (its range reserved again, no memory behind it) and closes its file.
@@ -413,10 +413,10 @@ class heap_mappings {
         mine[oldest] = mine.back();
         mine.pop_back();
       }
-      const mapping fresh = map(pid, fd);
+      const peer_file_mapping fresh = map_peer_file(pid, fd, 0, sizeof(heap_header));
       if (fresh.here == nullptr) return nullptr;
       made_.fetch_add(1, std::memory_order_relaxed);
-      mine.push_back(fresh);
+      mine.push_back({.fd = fd, .here = fresh.here, .bytes = fresh.bytes});
       m = &mine.back();
       if (static_cast<std::uint32_t>(header_of(*m).serial) != serial) return nullptr;
     }
@@ -442,23 +442,6 @@ class heap_mappings {
     heap_header h;
     std::memcpy(&h, m.here, sizeof h);
     return h;
-  }
-
-  // Maps `pid`'s descriptor `fd` whole; `here` null if it cannot be opened or mapped.
-  static mapping map(std::int32_t pid, int fd) {
-    const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-    const int mine = open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (mine < 0) return {};
-    struct stat s {};
-    if (fstat(mine, &s) != 0 || s.st_size < static_cast<off_t>(sizeof(heap_header))) {
-      close(mine);
-      return {};
-    }
-    const auto bytes = static_cast<std::size_t>(s.st_size);
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mine, 0);
-    close(mine);
-    if (p == MAP_FAILED) return {};
-    return {.fd = fd, .here = static_cast<std::byte*>(p), .bytes = bytes};
   }
 
   static inline std::atomic<std::uint64_t> made_{0};

@@ -13,6 +13,7 @@
 /// collectives exchange with the addresses, so a freed region's stale mapping is never used.
 
 #include <squall/core/error.hpp>
+#include <squall/transport/detail/peer_file.hpp>
 
 #include <sys/mman.h>
 
@@ -20,7 +21,6 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <fcntl.h>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -103,17 +103,6 @@ class registry {
     }
     madvise(p, bytes, MADV_HUGEPAGE);  // advice: ignored where shared huge pages are off
     return {fd, static_cast<std::byte*>(p)};
-  }
-
-  /// Maps a peer's memory file (`pid`'s descriptor `fd`) of `bytes`; null if it cannot be
-  /// opened or mapped (then the collectives reach that peer's memory as unregistered).
-  static std::byte* map_peer(std::int32_t pid, std::int32_t fd, std::size_t bytes) {
-    const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-    const int mine = open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (mine < 0) return nullptr;
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mine, 0);
-    close(mine);
-    return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
   }
 
   /// Keeps `d`'s region (its mappings now the registry's, unmapped by `remove`).
