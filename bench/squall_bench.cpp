@@ -10,7 +10,7 @@
 //                [--whole-reduce BYTES]
 //                [--no-check] [--registered] [--fresh] [--calibrate] [--csv FILE] [--json FILE]
 //                [--compressor none|cast:bf16|topk:0.01+ef|qsgd:4|powersgd:4|...[,..]]
-//                [--aggregation automatic|linear|low_rank|per_hop|gtopk|gather]
+//                [--aggregation automatic|linear|low_rank|per_hop|gtopk|gather|two_round]
 //                [--link-rate 1gbit]
 //
 // --chunk, --peer-memory, --window-copy, --non-temporal and --whole-reduce override
@@ -112,7 +112,8 @@ const std::vector<std::string> all_topologies = {
       "[--calibrate] "
       "[--csv FILE] [--json FILE] "
       "[--compressor NAME[:PARAMETER][+ef][@ALGORITHM][,...]] (%s) "
-      "[--aggregation automatic|linear|low_rank|per_hop|gtopk|gather] [--link-rate 1gbit]\n",
+      "[--aggregation automatic|linear|low_rank|per_hop|gtopk|gather|two_round] [--link-rate "
+      "1gbit]\n",
       why.c_str(), squall::compressor_usage().c_str());
   std::exit(2);
 }
@@ -251,7 +252,7 @@ settings parse(int argc, char** argv) {
         s.aggregation = squall::parse_compressor("topk@" + v).aggregation.value();
       } catch (const squall::invalid_argument&) {
         usage("unknown aggregation '" + v +
-              "' (automatic, linear, low_rank, per_hop, gtopk, gather)");
+              "' (automatic, linear, low_rank, per_hop, gtopk, gather, two_round)");
       }
     } else if (a == "-h" || a == "--help")
       usage("help");

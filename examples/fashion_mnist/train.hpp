@@ -192,10 +192,12 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
   };
   // Momentum: with error feedback each rank keeps its own velocity and compresses that (the
   // loop's comment says why); DGC's masking for the sparse-set compressors (the ones gTop-k
-  // merges) with error feedback.
+  // merges) and count sketch's two rounds (Sketched-SGD zeroes the momentum it sent), with
+  // error feedback.
   constexpr bool local_momentum = squall::is_error_feedback<C>;
-  constexpr bool masks = local_momentum && squall::compression_traits<C>::aggregations.contains(
-                                               squall::aggregation::gtopk);
+  constexpr squall::aggregation_set allowed = squall::compression_traits<C>::aggregations;
+  constexpr bool masks = local_momentum && (allowed.contains(squall::aggregation::gtopk) ||
+                                            allowed.contains(squall::aggregation::two_round));
   exchange::facts f;
   f.label = choice.text;
   f.local_momentum = local_momentum;
@@ -288,9 +290,9 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
       else
         comm.allreduce(view, squall::avg_op{});
     }
-    // Where this rank sent its value (the residual is exactly 0 there after a top-k encode;
-    // threshold sends +-tau and leaves a remainder, so it is not masked), its velocity starts
-    // again from 0, so that stale momentum is not sent twice.
+    // Where this rank sent its value (the residual is exactly 0 there after a top-k encode or
+    // count sketch's second round; threshold sends +-tau and leaves a remainder, so it is not
+    // masked), its velocity starts again from 0, so that stale momentum is not sent twice.
     static void mask(state_type& state, float* v, bool compressed) {
       if constexpr (masks) {
         if (!compressed) return;

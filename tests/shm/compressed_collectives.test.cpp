@@ -227,6 +227,19 @@ TEST_SUITE("shm_compressed_collectives") {
     });
   }
 
+  TEST_CASE("two_round: count sketch with error feedback on a ring, the serial two rounds") {
+    using C = squall::count_sketch_compressor<3, 256>;
+    const C c{.seed = 4};
+    // each process checks its own steps in order, so the residuals advance step by step
+    test::two_round_reference<3, 256> want{c, true, {}};
+    run_on_processes<squall::ring_topology>(
+        squall::error_feedback<C>{c}, true,
+        [&](int s, const std::vector<float>& got) {
+          return got == want.step(inputs_at(s, true), count, static_cast<std::uint64_t>(s));
+        },
+        squall::collective_tuning{.aggregation = squall::aggregation::two_round});
+  }
+
   TEST_CASE("linear: hq on halving-doubling, the integer sum of the agreed payloads") {
     const squall::homomorphic_compressor c{.bits = 4, .seed = 6};
     run_on_processes<squall::halving_doubling_topology>(

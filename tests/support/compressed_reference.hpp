@@ -6,16 +6,20 @@
 
 #include <squall/backend/host.hpp>
 #include <squall/compress/homomorphic.hpp>
+#include <squall/compress/sketch.hpp>
 #include <squall/compress/state.hpp>
 #include <squall/core/buffer.hpp>
 #include <squall/core/error.hpp>
 #include <squall/core/random.hpp>
 
-#include <algorithm>  // max
+#include <algorithm>  // max, sort, stable_sort
+#include <bit>        // countr_zero
+#include <cmath>      // fabs
 #include <cstddef>
 #include <cstdint>
 #include <cstring>  // memcpy, memcmp
 #include <string>
+#include <utility>  // pair
 #include <vector>
 
 namespace squall::test {
@@ -161,5 +165,68 @@ std::string what_of(const F& f) {
   }
   return "(nothing thrown)";
 }
+
+/// Count sketch's two rounds, serially in double from the hash formula (as
+/// compressed_collectives.test.cpp's fetchsgd_reference): r_q = residual_q + x_q (error feedback)
+/// or x_q; the sum of the ranks' sketches of r at the step's hashes; its median estimates; I = the
+/// k largest in magnitude (ties to the lower index); the result is the exact sum of the r_q at I, 0
+/// elsewhere, and residual_q = r_q with I zeroed. Integer inputs: every sum exact, so any order
+/// must give these bits.
+template <std::size_t Rows, std::size_t Cols>
+struct two_round_reference {
+  count_sketch_compressor<Rows, Cols> c;
+  bool feedback = false;
+  std::vector<std::vector<double>> residual;
+
+  std::vector<float> step(const std::vector<std::vector<float>>& in, std::size_t count,
+                          std::uint64_t step) {
+    constexpr unsigned bits = static_cast<unsigned>(std::countr_zero(Cols));
+    const auto at = [&](std::size_t r, std::size_t i) {
+      const auto h = kernels::make_sketch_row_hash(c.seed, {step, shared_rank}, r);
+      const std::uint64_t w = kernels::sketch_word(h, i);
+      return std::pair{r * Cols + kernels::sketch_bucket(w, bits),
+                       kernels::sketch_sign_bit(w) != 0 ? -1.0 : 1.0};
+    };
+    residual.resize(in.size(), std::vector<double>(count, 0.0));
+    std::vector<std::vector<double>> r(in.size(), std::vector<double>(count));
+    std::vector<double> sketch(Rows * Cols, 0.0);
+    for (std::size_t q = 0; q < in.size(); ++q) {
+      for (std::size_t i = 0; i < count; ++i) {
+        r[q][i] = (feedback ? residual[q][i] : 0.0) + in[q][i];
+        for (std::size_t row = 0; row < Rows; ++row) {
+          const auto [b, sign] = at(row, i);
+          sketch[b] += sign * r[q][i];
+        }
+      }
+    }
+    std::vector<double> est(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      std::vector<double> rows;
+      for (std::size_t row = 0; row < Rows; ++row) {
+        const auto [b, sign] = at(row, i);
+        rows.push_back(sign * sketch[b]);
+      }
+      std::sort(rows.begin(), rows.end());
+      est[i] = rows[Rows / 2];
+    }
+    std::vector<std::size_t> order(count);
+    for (std::size_t i = 0; i < count; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return std::fabs(est[a]) > std::fabs(est[b]);
+    });
+    std::vector<float> out(count, 0.0f);
+    for (std::size_t j = 0; j < std::min(c.kept(), count); ++j) {
+      const std::size_t i = order[j];
+      double sum = 0;
+      for (auto& x : r) {
+        sum += x[i];
+        x[i] = 0;  // sent: it leaves the residual
+      }
+      out[i] = static_cast<float>(sum);
+    }
+    if (feedback) residual = r;
+    return out;
+  }
+};
 
 }  // namespace squall::test

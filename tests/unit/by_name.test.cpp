@@ -99,6 +99,8 @@ TEST_SUITE("compress") {
           squall::aggregation::per_hop);
     CHECK(squall::parse_compressor("powersgd:2@low_rank").tuned(base).aggregation ==
           squall::aggregation::low_rank);
+    CHECK(squall::parse_compressor("count_sketch:4096+ef@two_round").tuned(base).aggregation ==
+          squall::aggregation::two_round);
     CHECK(squall::parse_compressor("int8").tuned(base) == base);
   }
 

@@ -401,6 +401,42 @@ void check_fetchsgd() {
   }
 }
 
+/// Count sketch's two rounds, with and without error feedback, over three steps: bitwise the
+/// serial reference, every rank alike, the residuals the reference's.
+template <class Topology>
+void check_two_round() {
+  using C = squall::count_sketch_compressor<3, 64>;
+  const C c{.seed = 6, .heavy_hitters = 12};
+  squall::collective_tuning tuning = tiny_pieces;
+  tuning.aggregation = squall::aggregation::two_round;
+  for (int p = 1; p <= 4; ++p) {
+    for (const std::size_t count : counts_for(p)) {
+      CAPTURE(p);
+      CAPTURE(count);
+      const auto input = [count](int r, int s) { return exact_step_input(r, s, count); };
+      const auto plain = run_compressed<Topology>(p, c, count, 3, input, tuning);
+      const auto fed =
+          run_compressed<Topology>(p, squall::error_feedback<C>{c}, count, 3, input, tuning);
+      check_bitwise_equal(plain);
+      check_bitwise_equal(fed);
+      squall::test::two_round_reference<3, 64> want_plain{c, false, {}};
+      squall::test::two_round_reference<3, 64> want_fed{c, true, {}};
+      for (int s = 0; s < 3; ++s) {
+        CAPTURE(s);
+        const auto in = all_inputs(p, s, count, true);
+        const auto step = static_cast<std::uint64_t>(s);
+        REQUIRE(plain[0].out[static_cast<std::size_t>(s)] == want_plain.step(in, count, step));
+        REQUIRE(fed[0].out[static_cast<std::size_t>(s)] == want_fed.step(in, count, step));
+      }
+      for (std::size_t q = 0; q < fed.size(); ++q) {
+        CAPTURE(q);
+        const std::vector<double>& want = want_fed.residual[q];
+        REQUIRE(fed[q].residual == std::vector<float>(want.begin(), want.end()));
+      }
+    }
+  }
+}
+
 /// hq: linear, bitwise the serial reference (the ranks' payloads against the agreed range,
 /// their bodies added as integers, decoded once); gathered, the payloads of one rank per field
 /// decoded and summed in rank order.
@@ -595,6 +631,12 @@ TEST_SUITE("compressed_collectives") {
   TEST_CASE_TEMPLATE("linear: fetchsgd, momentum and error in sketch space (serial reference)",
                      Topology, SQUALL_LINEAR_TOPOLOGIES) {
     check_fetchsgd<Topology>();
+  }
+
+  TEST_CASE_TEMPLATE("two_round: count sketch's k coordinates, their exact sums (serial reference)",
+                     Topology, squall::ring_topology, squall::direct_topology,
+                     squall::tree_topology) {
+    check_two_round<Topology>();
   }
 
   TEST_CASE_TEMPLATE("linear: hq, the integer sum of the payloads against the agreed range",

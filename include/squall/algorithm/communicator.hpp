@@ -441,7 +441,11 @@ class communicator {
   ///   every rank decodes all P and sums them in rank order. A majority vote (sign_vote) is
   ///   element i = sign(sum_q sign(d_q[i])) x sum_q |d_q[i]|, d_q rank q's decoded payload:
   ///   the majority sign times the sum of the ranks' scales (their mean with `avg_op`); a
-  ///   tie gives 0.
+  ///   tie gives 0;
+  /// - two_round (count_sketch, when asked): the sketches summed, every rank picks the same k
+  ///   largest median estimates I, the ranks' exact values at I summed; data = those sums at
+  ///   I, 0 elsewhere; with error feedback the residual is zeroed at I
+  ///   (algorithm/compressed/two_round.hpp).
   ///
   /// `avg_op` divides the sum by `size()`. Throws `invalid_argument` if `state.count()` is
   /// not `data.count()` (naming both), what the compressor throws (a bad parameter or

@@ -182,8 +182,9 @@ inline compressor_choice parse_compressor(std::string_view text) {
   if (const std::size_t at = body.find('@'); at != std::string::npos) {
     const std::string asked = body.substr(at + 1);
     body.resize(at);
-    for (auto a : {aggregation::automatic, aggregation::linear, aggregation::low_rank,
-                   aggregation::per_hop, aggregation::gtopk, aggregation::gather}) {
+    for (auto a :
+         {aggregation::automatic, aggregation::linear, aggregation::low_rank, aggregation::per_hop,
+          aggregation::gtopk, aggregation::gather, aggregation::two_round}) {
       if (asked == to_string(a)) choice.aggregation = a;
     }
     if (!choice.aggregation) {

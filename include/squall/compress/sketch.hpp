@@ -84,7 +84,8 @@ struct count_sketch_compressor {
   static_assert(Rows <= 65535, "count_sketch_compressor: Rows must fit the header's u16");
 
   static constexpr std::string_view name = "count_sketch";
-  static constexpr aggregation_set aggregations{aggregation::linear, aggregation::gather};
+  static constexpr aggregation_set aggregations{aggregation::linear, aggregation::gather,
+                                                aggregation::two_round};
   static constexpr bool fixed_size = true;
   static constexpr payload_kind kind = payload_kind::count_sketch;
   static constexpr std::size_t rows = Rows;

@@ -23,12 +23,13 @@ enum class aggregation : std::uint8_t {
   per_hop,        ///< decode, add, re-encode at each hop of the topology's schedule (CGX)
   gtopk,          ///< sparse sets merged pairwise up a tree keeping the k largest (gTop-k)
   gather,         ///< every payload gathered, decoded and summed (a majority vote for sign_vote)
+  two_round,      ///< a sketch summed to find k coordinates, then their exact values summed
 };
 
-/// "automatic", "linear", "low_rank", "per_hop", "gtopk", "gather".
+/// "automatic", "linear", "low_rank", "per_hop", "gtopk", "gather", "two_round".
 constexpr std::string_view to_string(aggregation a) {
-  constexpr std::string_view names[] = {"automatic", "linear", "low_rank",
-                                        "per_hop",   "gtopk",  "gather"};
+  constexpr std::string_view names[] = {"automatic", "linear", "low_rank", "per_hop",
+                                        "gtopk",     "gather", "two_round"};
   const auto i = static_cast<std::size_t>(a);
   return i < std::size(names) ? names[i] : std::string_view("?");
 }
@@ -61,7 +62,7 @@ class aggregation_set {
   }
 
  private:
-  std::array<aggregation, 6> items_{};
+  std::array<aggregation, 7> items_{};
   std::size_t size_ = 0;
 };
 

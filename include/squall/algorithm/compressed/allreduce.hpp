@@ -12,6 +12,7 @@
 #include <squall/algorithm/compressed/per_hop.hpp>
 #include <squall/algorithm/compressed/phases.hpp>
 #include <squall/algorithm/compressed/sparse_merge.hpp>
+#include <squall/algorithm/compressed/two_round.hpp>
 #include <squall/backend/host.hpp>
 #include <squall/compress/linear_body.hpp>
 #include <squall/compress/state.hpp>
@@ -38,6 +39,7 @@ struct compressed_workspace {
   lowrank_workspace<Backend> lowrank;
   requantize_buffers<Backend> per_hop;
   gtopk_workspace<Backend> sparse_merge;
+  two_round_workspace<Backend> two_round;
   overlap_workspace<Backend> overlap;       ///< the worker and second payload slot of overlap
   gather_workspace<Backend> gather_second;  ///< gather's second slot with overlap
   phase_clock clock;                        ///< the last call's split (communicator::last_split)
@@ -185,6 +187,12 @@ void compressed_allreduce(aggregation how, const chunk_plan& plan, Dense& dense,
       if constexpr (allowed.contains(aggregation::gather)) {
         gather_allreduce(dense, c, w.payload, w.gather, w.overlap, w.gather_second, plan, data,
                          state, w.clock);
+        return;
+      }
+      break;
+    case aggregation::two_round:
+      if constexpr (allowed.contains(aggregation::two_round)) {
+        two_round_allreduce(dense, c, w.payload, w.two_round, data, state, w.clock);
         return;
       }
       break;

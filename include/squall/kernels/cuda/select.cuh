@@ -289,6 +289,17 @@ __global__ void __launch_bounds__(select_threads)
 
 // Writes value j at index j (`Sign` 0), or adds it (+1) or subtracts it (-1) there, for j < k;
 // the indices are distinct.
+template <class Index, class T>
+__global__ void __launch_bounds__(select_threads)
+    gather_sparse_kernel(const T* in, const std::byte* indices, std::size_t k, std::byte* values) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * select_threads;
+  for (std::size_t j = static_cast<std::size_t>(blockIdx.x) * select_threads + threadIdx.x; j < k;
+       j += stride) {
+    const auto index = static_cast<std::size_t>(load_unaligned<Index>(indices + j * sizeof(Index)));
+    store_unaligned(values + j * sizeof(T), in[index]);
+  }
+}
+
 template <int Sign, class Index, class T>
 __global__ void __launch_bounds__(select_threads)
     scatter_sparse_kernel(const std::byte* indices, const std::byte* values, std::size_t k,
@@ -496,6 +507,18 @@ void scatter_combine_sparse(const cuda_backend& backend, const std::byte* indice
   SQUALL_CUDA_CHECK(cudaGetLastError());
 }
 }  // namespace detail
+
+/// Device twin of the host `gather_sparse`: `values_j = in[index_j]`, for j < k.
+template <class Index, real_gradient T>
+void gather_sparse(const cuda_backend& backend, device_view<const T> in, const std::byte* indices,
+                   std::size_t k, std::byte* values) {
+  if (k == 0) return;
+  squall::detail::device_guard guard(backend.device);
+  detail::gather_sparse_kernel<Index>
+      <<<detail::select_grid(k), detail::select_threads, 0, backend.stream>>>(in.data(), indices, k,
+                                                                              values);
+  SQUALL_CUDA_CHECK(cudaGetLastError());
+}
 
 /// Device twin of the host `scatter_add_sparse`: `out[index_j] += value_j`. The indices are
 /// distinct, so no two threads touch one element.

@@ -445,6 +445,20 @@ void scatter_subtract_sparse(const host_backend& /*backend*/, const std::byte* i
   detail::scatter_combine_sparse<-1, Index>(indices, values, k, out);
 }
 
+/// Gathers value j from index j of `in` (`values_j = in[index_j]`, unaligned `T`s at `values`),
+/// for j < k: the exact values of coordinates chosen elsewhere (count sketch's second round,
+/// algorithm/compressed/two_round.hpp). Indices as for `scatter_sparse`.
+template <class Index, real_gradient T>
+void gather_sparse(const host_backend& /*backend*/, host_view<const T> in, const std::byte* indices,
+                   std::size_t k, std::byte* values) {
+  for (std::size_t j = 0; j < k; ++j) {
+    Index index;
+    std::memcpy(&index, indices + j * sizeof(Index), sizeof index);
+    const T value = in[static_cast<std::size_t>(index)];
+    std::memcpy(values + j * sizeof(T), &value, sizeof value);
+  }
+}
+
 /// The stratum layout of random-k: [0, count) split into k strata, the first count % k of
 /// size count / k + 1, the rest of size count / k.
 struct strata {
