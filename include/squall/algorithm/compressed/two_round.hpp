@@ -45,13 +45,13 @@ namespace squall::detail {
 /// `estimate(b, payload, out)` of every coordinate from a (summed) payload, and `kept()`,
 /// the coordinates the second round fetches.
 template <class C, class T, class Backend>
-concept two_round_compressor =
-    has_linear_body<C> &&
-    requires(const C& c, const Backend& b, buffer_view<const std::byte, typename Backend::memory_space> p,
+concept two_round_compressor = has_linear_body<C> &&
+    requires(const C& c, const Backend& b,
+             buffer_view<const std::byte, typename Backend::memory_space> p,
              buffer_view<T, typename Backend::memory_space> out) {
-      { c.kept() } -> std::convertible_to<std::size_t>;
-      c.estimate(b, p, out);
-    };
+  { c.kept() } -> std::convertible_to<std::size_t>;
+  c.estimate(b, p, out);
+};
 
 // The kernels called with explicit template arguments (`name<Index>(b, ...)`), declared here
 // so that the name is a template; argument-dependent lookup adds the backend's own overloads.
