@@ -12,9 +12,10 @@
 //
 // SPEC is squall's compressor name (squall/compress/by_name.hpp): none, cast:bf16, int8,
 // qsgd:4, terngrad, sign+ef, topk:0.01+ef, topk:0.001+ef@gtopk, randomk:0.01,
-// count_sketch:16384, fetchsgd:16384, powersgd:4+ef, ... Each SPEC trains the same network from the
-// same initial weights on P ranks (ring topology): -n P forked processes joined by the
-// shared-memory transport, or with --transport mpi the ranks mpiexec started (the same code,
+// count_sketch:16384, count_sketch:4096+ef@two_round, fetchsgd:16384, powersgd:4+ef, ... Each
+// SPEC trains the same network from the same initial weights on P ranks (ring topology): -n P
+// forked processes joined by the shared-memory transport, or with --transport mpi the ranks
+// mpiexec started (the same code,
 // squall::mpi_transport in place of squall::shm_transport). Rank r trains on its B images of each
 // global batch of P x B; the gradients of the two weight matrices go through the compressed
 // allreduce (each with its own state: residual, PowerSGD's Q viewed as the layer's matrix), the 266

@@ -35,6 +35,7 @@
 #include <squall/kernels/host/select.hpp>
 
 #include <algorithm>  // min
+#include <concepts>   // convertible_to
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -114,12 +115,11 @@ void two_round_allreduce(Dense& dense, const C& compressor,
   const std::size_t index_bytes = sparse_index_bytes(count);
   std::byte* const indices = t.indices.reserve(b, k * index_bytes);
   T* const values = t.values.template elements<T>(b, k).data();
-  const auto* const value_bytes = reinterpret_cast<std::byte*>(values);
+  auto* const value_bytes = reinterpret_cast<std::byte*>(values);
   const auto second_round = [&](auto index) {
     using Index = decltype(index);
-    select_topk<Index>(b, buffer_view<const T, M>(estimates), k, indices,
-                       reinterpret_cast<std::byte*>(values));
-    gather_sparse<Index>(b, r, indices, k, reinterpret_cast<std::byte*>(values));
+    select_topk<Index>(b, buffer_view<const T, M>(estimates), k, indices, value_bytes);
+    gather_sparse<Index>(b, r, indices, k, value_bytes);  // the estimates replaced
     if constexpr (is_error_feedback<C>) {
       scatter_subtract_sparse<Index>(b, indices, value_bytes, k,
                                      buffer_view<T, M>(state.residual().residual().data(), count));
