@@ -166,12 +166,63 @@ std::string what_of(const F& f) {
   return "(nothing thrown)";
 }
 
-/// Count sketch's two rounds, serially in double from the hash formula (as
-/// compressed_collectives.test.cpp's fetchsgd_reference): r_q = residual_q + x_q (error feedback)
-/// or x_q; the sum of the ranks' sketches of r at the step's hashes; its median estimates; I = the
-/// k largest in magnitude (ties to the lower index); the result is the exact sum of the r_q at I, 0
-/// elsewhere, and residual_q = r_q with I zeroed. Integer inputs: every sum exact, so any order
-/// must give these bits.
+/// A count sketch in double from the hash formula (kernels/host/sketch.hpp's `sketch_word`,
+/// `sketch_bucket`, `sketch_sign_bit`), for the serial references of the sketching
+/// aggregations (FetchSGD, count sketch's two rounds): independent of the sketch kernels.
+template <std::size_t Rows, std::size_t Cols>
+struct sketch_reference {
+  std::uint64_t seed = 0;
+  std::uint64_t step = 0;  ///< the hashes' step
+
+  /// Where coordinate i lands in row r (r x Cols + its column) and its sign there.
+  std::pair<std::size_t, double> at(std::size_t r, std::size_t i) const {
+    constexpr unsigned bits = static_cast<unsigned>(std::countr_zero(Cols));
+    const auto h = kernels::make_sketch_row_hash(seed, {step, shared_rank}, r);
+    const std::uint64_t w = kernels::sketch_word(h, i);
+    return {r * Cols + kernels::sketch_bucket(w, bits),
+            kernels::sketch_sign_bit(w) != 0 ? -1.0 : 1.0};
+  }
+  /// Adds the sketch of `x` to `sketch` (Rows x Cols).
+  template <class V>
+  void add(std::vector<double>& sketch, const std::vector<V>& x) const {
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      for (std::size_t r = 0; r < Rows; ++r) {
+        const auto [b, sign] = at(r, i);
+        sketch[b] += sign * static_cast<double>(x[i]);
+      }
+    }
+  }
+  /// Every coordinate's median over the rows of its signed bucket in `sketch`.
+  std::vector<double> estimates(const std::vector<double>& sketch, std::size_t count) const {
+    std::vector<double> est(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      std::vector<double> rows;
+      for (std::size_t r = 0; r < Rows; ++r) {
+        const auto [b, sign] = at(r, i);
+        rows.push_back(sign * sketch[b]);
+      }
+      std::sort(rows.begin(), rows.end());
+      est[i] = rows[Rows / 2];
+    }
+    return est;
+  }
+};
+
+/// 0 .. v.size() - 1 in order of decreasing |v| (ties: the lower index first), as the top-k
+/// selections order them.
+inline std::vector<std::size_t> by_magnitude(const std::vector<double>& v) {
+  std::vector<std::size_t> order(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return std::fabs(v[a]) > std::fabs(v[b]); });
+  return order;
+}
+
+/// Count sketch's two rounds, serially in double (`sketch_reference`): r_q = residual_q + x_q
+/// (error feedback) or x_q; the sum of the ranks' sketches of r at the step's hashes; its
+/// median estimates; I = the k largest in magnitude (ties to the lower index); the result is
+/// the exact sum of the r_q at I, 0 elsewhere, and residual_q = r_q with I zeroed. Integer
+/// inputs: every sum exact, so any order must give these bits.
 template <std::size_t Rows, std::size_t Cols>
 struct two_round_reference {
   count_sketch_compressor<Rows, Cols> c;
@@ -180,40 +231,17 @@ struct two_round_reference {
 
   std::vector<float> step(const std::vector<std::vector<float>>& in, std::size_t count,
                           std::uint64_t step) {
-    constexpr unsigned bits = static_cast<unsigned>(std::countr_zero(Cols));
-    const auto at = [&](std::size_t r, std::size_t i) {
-      const auto h = kernels::make_sketch_row_hash(c.seed, {step, shared_rank}, r);
-      const std::uint64_t w = kernels::sketch_word(h, i);
-      return std::pair{r * Cols + kernels::sketch_bucket(w, bits),
-                       kernels::sketch_sign_bit(w) != 0 ? -1.0 : 1.0};
-    };
+    const sketch_reference<Rows, Cols> hashes{.seed = c.seed, .step = step};
     residual.resize(in.size(), std::vector<double>(count, 0.0));
     std::vector<std::vector<double>> r(in.size(), std::vector<double>(count));
     std::vector<double> sketch(Rows * Cols, 0.0);
     for (std::size_t q = 0; q < in.size(); ++q) {
       for (std::size_t i = 0; i < count; ++i) {
         r[q][i] = (feedback ? residual[q][i] : 0.0) + in[q][i];
-        for (std::size_t row = 0; row < Rows; ++row) {
-          const auto [b, sign] = at(row, i);
-          sketch[b] += sign * r[q][i];
-        }
       }
+      hashes.add(sketch, r[q]);
     }
-    std::vector<double> est(count);
-    for (std::size_t i = 0; i < count; ++i) {
-      std::vector<double> rows;
-      for (std::size_t row = 0; row < Rows; ++row) {
-        const auto [b, sign] = at(row, i);
-        rows.push_back(sign * sketch[b]);
-      }
-      std::sort(rows.begin(), rows.end());
-      est[i] = rows[Rows / 2];
-    }
-    std::vector<std::size_t> order(count);
-    for (std::size_t i = 0; i < count; ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return std::fabs(est[a]) > std::fabs(est[b]);
-    });
+    const std::vector<std::size_t> order = by_magnitude(hashes.estimates(sketch, count));
     std::vector<float> out(count, 0.0f);
     for (std::size_t j = 0; j < std::min(c.kept(), count); ++j) {
       const std::size_t i = order[j];

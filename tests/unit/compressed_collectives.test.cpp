@@ -30,7 +30,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <concepts>
@@ -321,41 +320,15 @@ struct fetchsgd_reference {
   std::vector<double> e = std::vector<double>(Rows * Cols, 0.0);
 
   std::vector<float> step(const std::vector<std::vector<float>>& in, std::size_t count) {
-    constexpr unsigned bits = static_cast<unsigned>(std::countr_zero(Cols));
-    const auto at = [&](std::size_t r, std::size_t i) {
-      const auto h = squall::kernels::make_sketch_row_hash(c.seed, {0, squall::shared_rank}, r);
-      const std::uint64_t w = squall::kernels::sketch_word(h, i);
-      return std::pair{r * Cols + squall::kernels::sketch_bucket(w, bits),
-                       squall::kernels::sketch_sign_bit(w) != 0 ? -1.0 : 1.0};
-    };
+    const squall::test::sketch_reference<Rows, Cols> hashes{.seed = c.seed, .step = 0};
     std::vector<double> sum(Rows * Cols, 0.0);
-    for (const auto& x : in) {
-      for (std::size_t i = 0; i < count; ++i) {
-        for (std::size_t r = 0; r < Rows; ++r) {
-          const auto [b, sign] = at(r, i);
-          sum[b] += sign * x[i];
-        }
-      }
-    }
+    for (const auto& x : in) hashes.add(sum, x);
     for (std::size_t j = 0; j < sum.size(); ++j) {
       u[j] = c.momentum * u[j] + sum[j];
       e[j] += u[j];
     }
-    std::vector<double> est(count);
-    for (std::size_t i = 0; i < count; ++i) {
-      std::vector<double> rows;
-      for (std::size_t r = 0; r < Rows; ++r) {
-        const auto [b, sign] = at(r, i);
-        rows.push_back(sign * e[b]);
-      }
-      std::sort(rows.begin(), rows.end());
-      est[i] = rows[Rows / 2];
-    }
-    std::vector<std::size_t> order(count);
-    for (std::size_t i = 0; i < count; ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return std::fabs(est[a]) > std::fabs(est[b]);
-    });
+    const std::vector<double> est = hashes.estimates(e, count);
+    const std::vector<std::size_t> order = squall::test::by_magnitude(est);
     const std::size_t k = c.heavy_hitters != 0 ? c.heavy_hitters : Cols / 4;
     std::vector<float> out(count, 0.0f);
     for (std::size_t j = 0; j < std::min(k, count); ++j) {
@@ -364,7 +337,7 @@ struct fetchsgd_reference {
     for (std::size_t i = 0; i < count; ++i) {
       if (out[i] == 0.0f) continue;
       for (std::size_t r = 0; r < Rows; ++r) {
-        const auto b = at(r, i).first;
+        const auto b = hashes.at(r, i).first;
         u[b] = 0;
         e[b] = 0;
       }
