@@ -3,7 +3,7 @@
 /// The two-round aggregation (`aggregation::two_round`): a sketch finds the coordinates, a
 /// second round sends their exact values (Ivkin, Rothchild, Ullah, Braverman, Stoica, Arora,
 /// "Communication-efficient Distributed SGD with Sketching", NeurIPS 2019, the second round
-/// of their Algorithm 1 -- the remedy FetchSGD's paper names for estimates that are too noisy).
+/// of their Algorithm 1, the round FetchSGD does without; here for estimates too noisy to use).
 ///
 ///   round 1: every rank sketches r (its residual + gradient with error feedback, else its
 ///            gradient); the sketches' bodies are summed through the topology's schedule
@@ -100,14 +100,15 @@ void two_round_allreduce(Dense& dense, const C& compressor,
   const std::size_t capacity = c.max_payload_bytes(dtype_of<T>, count);
   const buffer_view<std::byte, M> payload(w.payload.reserve(b, capacity), capacity);
   const std::size_t bytes = c.encode(b, r, payload, state.stream(dense.rank()));
+  using E = typename linear_body<Inner>::template element<T>;  // what the sketch adds (T)
   const linear_body_range body = linear_body_of<T>(c, count, bytes);
-  if (body.offset > bytes || body.count > (bytes - body.offset) / sizeof(T)) {
+  if (body.offset > bytes || body.count > (bytes - body.offset) / sizeof(E)) {
     throw error(make_error_code(errc::internal), {.operation = "compressed allreduce"},
                 "a sketch of " + std::to_string(bytes) + " bytes has no body of " +
                     std::to_string(body.count) + " values at " + std::to_string(body.offset));
   }
   clock.mark(phase::encode);
-  dense.sum_in_place(reinterpret_cast<T*>(payload.data() + body.offset), body.count);
+  dense.sum_in_place(reinterpret_cast<E*>(payload.data() + body.offset), body.count);
   clock.mark(phase::transfer);
   const buffer_view<T, M> estimates = w.decoded.template elements<T>(b, count);
   c.estimate(b, buffer_view<const std::byte, M>(payload.data(), bytes), estimates);
