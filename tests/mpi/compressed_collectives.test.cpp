@@ -11,7 +11,9 @@
 //   residual with error feedback) and MPI_Allgather-ed, decoded and summed in rank order;
 // - per hop: the serial re-implementation of the hops (tests/support/requantize_reference.hpp)
 //   on the MPI_Allgather-ed inputs, and within half an int8 step per encode of the exact sum;
-// - PowerSGD of rank 1 on inputs of rank 1: the exact sum within float rounding.
+// - PowerSGD of rank 1 on inputs of rank 1: the exact sum within float rounding;
+// - count sketch's two rounds with error feedback: the k coordinates of the MPI_Allreduce-d
+//   sketch (in double, from the hash formula) and the MPI_Allreduce-d exact values there.
 // A check that fails is counted and reported, never REQUIREd, so that all ranks keep making
 // the same calls. Suite mpi_compressed_collectives.
 
@@ -33,6 +35,7 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <algorithm>  // min
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -40,6 +43,7 @@
 #include <cstdio>
 #include <string>
 #include <type_traits>
+#include <utility>  // exchange
 #include <vector>
 
 #include "../support/collective_data.hpp"
@@ -235,6 +239,43 @@ void check_linear() {
   }
 }
 
+/// Count sketch's two rounds with error feedback against MPI_Allreduce: each rank mirrors its
+/// own residual r; the sketch of the sum is MPI_Allreduce of the ranks' sketches of r (in
+/// double, from the hash formula, test::sketch_reference); I = its k largest median estimates;
+/// the result is MPI_Allreduce of r at I, zero elsewhere; the mirror is zeroed at I.
+template <class Topology>
+void check_two_round() {
+  using C = squall::count_sketch_compressor<3, 256>;
+  const C c{.seed = 7, .heavy_hitters = 40};
+  for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1009}}) {
+    std::vector<double> r(count, 0.0);  // this rank's residual, mirrored
+    run_case<Topology>(
+        squall::error_feedback<C>{c}, count, true,
+        [&](int s, const std::vector<float>& in, const std::vector<float>& got) {
+          for (std::size_t i = 0; i < count; ++i) r[i] += in[i];
+          const test::sketch_reference<3, 256> hashes{.seed = c.seed,
+                                                      .step = static_cast<std::uint64_t>(s)};
+          std::vector<double> mine(3 * 256, 0.0);
+          hashes.add(mine, r);
+          std::vector<double> sketch(mine.size());
+          MPI_Allreduce(mine.data(), sketch.data(), static_cast<int>(mine.size()), MPI_DOUBLE,
+                        MPI_SUM, MPI_COMM_WORLD);
+          const std::vector<std::size_t> order =
+              test::by_magnitude(hashes.estimates(sketch, count));
+          const std::size_t k = std::min(c.kept(), count);
+          std::vector<double> sent(k);
+          for (std::size_t j = 0; j < k; ++j) sent[j] = std::exchange(r[order[j]], 0.0);
+          std::vector<double> sums(k);
+          MPI_Allreduce(sent.data(), sums.data(), static_cast<int>(k), MPI_DOUBLE, MPI_SUM,
+                        MPI_COMM_WORLD);
+          std::vector<float> want(count, 0.0f);
+          for (std::size_t j = 0; j < k; ++j) want[order[j]] = static_cast<float>(sums[j]);
+          return got == want;
+        },
+        squall::aggregation::two_round);
+  }
+}
+
 template <class Topology>
 void check_gather() {
   for (const std::size_t count : {std::size_t{1}, std::size_t{1009}}) {
@@ -370,6 +411,12 @@ TEST_SUITE("mpi_compressed_collectives") {
   TEST_CASE_TEMPLATE("linear: cast<bfloat16>, randomk, count_sketch against MPI_Allreduce",
                      Topology, SQUALL_MPI_TOPOLOGIES) {
     check_linear<Topology>();
+    CHECK(nobody_failed());
+  }
+
+  TEST_CASE_TEMPLATE("two_round: count sketch with error feedback against MPI_Allreduce", Topology,
+                     squall::ring_topology, squall::direct_topology) {
+    check_two_round<Topology>();
     CHECK(nobody_failed());
   }
 
