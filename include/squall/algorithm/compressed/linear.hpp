@@ -32,6 +32,23 @@ struct linear_pairing {
   static constexpr bool possible = true;
 };
 
+/// Sums, over the ranks of `dense` and in place, the body of `c`'s payload at `payload`
+/// (`bytes` long, for `count` elements of `T`) with the topology's allreduce schedule: the
+/// payload's header fields are equal on every rank. Throws an internal error if the payload
+/// has no such body.
+template <class Dense, class C, class T>
+void sum_linear_body(Dense& dense, const C& c, std::byte* payload, std::size_t count,
+                     std::size_t bytes) {
+  using E = typename linear_body<C>::template element<T>;
+  const linear_body_range body = linear_body_of<T>(c, count, bytes);
+  if (body.offset > bytes || body.count > (bytes - body.offset) / sizeof(E)) {
+    throw error(make_error_code(errc::internal), {.operation = "compressed allreduce"},
+                "a payload of " + std::to_string(bytes) + " bytes has no body of " +
+                    std::to_string(body.count) + " elements at " + std::to_string(body.offset));
+  }
+  dense.sum_in_place(reinterpret_cast<E*>(payload + body.offset), body.count);
+}
+
 // Per chunk of `plan` (the whole tensor without overlap): step 0: encode; step 1: allreduce
 // the payload's body (elements E) with the topology's schedule, the header fields being equal
 // on every rank; step 2: decode the sum (a compressor that keeps a state of its own and
@@ -44,7 +61,6 @@ void linear_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense
                       compression_state<C, T, typename Dense::backend_type>& state,
                       phase_clock& clock) {
   using Inner = inner_compressor_t<C>;
-  using E = typename linear_body<Inner>::template element<T>;
   using M = typename Dense::memory_space;
   const auto& b = dense.backend();
   payload_workspace<typename Dense::backend_type>* const slots[2] = {&w, &o.payload};
@@ -56,14 +72,8 @@ void linear_allreduce(Dense& dense, const C& c, payload_workspace<typename Dense
                         range_agreement(dense, static_cast<std::uint32_t>(dense.size())));
   };
   const auto transfer = [&](std::size_t k, std::size_t bytes) {
-    const linear_body_range body = linear_body_of<T>(inner_of(c), plan.count_of(k), bytes);
-    if (body.offset > bytes || body.count > (bytes - body.offset) / sizeof(E)) {
-      throw error(make_error_code(errc::internal), {.operation = "compressed allreduce"},
-                  "a payload of " + std::to_string(bytes) + " bytes has no body of " +
-                      std::to_string(body.count) + " elements at " + std::to_string(body.offset));
-    }
-    dense.sum_in_place(reinterpret_cast<E*>(slots[k % 2]->payload.data() + body.offset),
-                       body.count);
+    sum_linear_body<Dense, Inner, T>(dense, inner_of(c), slots[k % 2]->payload.data(),
+                                     plan.count_of(k), bytes);
   };
   const auto decode = [&](std::size_t k, std::size_t bytes) {
     const buffer_view<const std::byte, M> sum(slots[k % 2]->payload.data(), bytes);

@@ -20,6 +20,7 @@
 /// (the estimates) is no contraction and diverges. Wire: the sketch (Rows x Cols values) plus k
 /// values a rank, in two sums; no indices cross (every rank derives I).
 
+#include <squall/algorithm/compressed/linear.hpp>  // sum_linear_body
 #include <squall/algorithm/compressed/payload.hpp>
 #include <squall/algorithm/compressed/phases.hpp>
 #include <squall/algorithm/detail/scratch.hpp>
@@ -29,7 +30,6 @@
 #include <squall/compress/state.hpp>
 #include <squall/compress/traits.hpp>
 #include <squall/core/buffer.hpp>
-#include <squall/core/error.hpp>
 #include <squall/core/ops.hpp>
 #include <squall/core/random.hpp>
 #include <squall/kernels/host/select.hpp>
@@ -38,7 +38,6 @@
 #include <concepts>   // convertible_to
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
 namespace squall::detail {
 
@@ -100,15 +99,8 @@ void two_round_allreduce(Dense& dense, const C& compressor,
   const std::size_t capacity = c.max_payload_bytes(dtype_of<T>, count);
   const buffer_view<std::byte, M> payload(w.payload.reserve(b, capacity), capacity);
   const std::size_t bytes = c.encode(b, r, payload, state.stream(dense.rank()));
-  using E = typename linear_body<Inner>::template element<T>;  // what the sketch adds (T)
-  const linear_body_range body = linear_body_of<T>(c, count, bytes);
-  if (body.offset > bytes || body.count > (bytes - body.offset) / sizeof(E)) {
-    throw error(make_error_code(errc::internal), {.operation = "compressed allreduce"},
-                "a sketch of " + std::to_string(bytes) + " bytes has no body of " +
-                    std::to_string(body.count) + " values at " + std::to_string(body.offset));
-  }
   clock.mark(phase::encode);
-  dense.sum_in_place(reinterpret_cast<E*>(payload.data() + body.offset), body.count);
+  sum_linear_body<Dense, Inner, T>(dense, c, payload.data(), count, bytes);
   clock.mark(phase::transfer);
   const buffer_view<T, M> estimates = w.decoded.template elements<T>(b, count);
   c.estimate(b, buffer_view<const std::byte, M>(payload.data(), bytes), estimates);
