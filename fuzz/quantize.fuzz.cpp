@@ -4,7 +4,8 @@
 // homomorphic quantization (compress/homomorphic.hpp) and of the chains of compress/chain.hpp
 // (topk>int4, randomk>topk>int4), into float and double. The parameter byte sets the
 // quantizers' bucket (mutate mode) to (parameter % 128) x 8 elements (0: one bucket) and their
-// seed; decode reads the bucket from the payload. hq: bits 2 + parameter % 7, rotated for an
+// seed, and its bit 7 least-squares scales for the integer levels (int8, terngrad, qsgd);
+// decode reads the bucket from the payload. hq: bits 2 + parameter % 7, rotated for an
 // even parameter; chains: ratios from the parameter. Layout: fuzz_common.hpp.
 #include <squall/compress/chain.hpp>
 #include <squall/compress/homomorphic.hpp>
@@ -23,11 +24,18 @@ struct quantize_family {
     c.seed = parameter;
     return c;
   }
+  /// The integer-level quantizers also with least-squares scales (`fit_scale`): bit 7.
+  template <class C>
+  static C fitted(std::uint8_t parameter) {
+    C c = configured<C>(parameter);
+    c.fit_scale = (parameter & 0x80) != 0;
+    return c;
+  }
   template <class F>
   static void with(std::size_t index, std::uint8_t parameter, F&& f) {
     switch (index) {
       case 0:
-        f(configured<squall::int8_compressor>(parameter));
+        f(fitted<squall::int8_compressor>(parameter));
         break;
       case 1:
         f(configured<squall::sign_compressor>(parameter));
@@ -36,13 +44,13 @@ struct quantize_family {
         f(configured<squall::sign_vote_compressor>(parameter));
         break;
       case 3:
-        f(configured<squall::terngrad_compressor>(parameter));
+        f(fitted<squall::terngrad_compressor>(parameter));
         break;
       case 4:
-        f(configured<squall::qsgd_compressor<4>>(parameter));
+        f(fitted<squall::qsgd_compressor<4>>(parameter));
         break;
       case 5:
-        f(configured<squall::qsgd_compressor<1>>(parameter));
+        f(fitted<squall::qsgd_compressor<1>>(parameter));
         break;
       case 6: {
         auto c = configured<squall::fp8_compressor>(parameter);
@@ -76,7 +84,7 @@ struct quantize_family {
             {{.ratio = (parameter / 16 % 16 + 1) / 16.0}, {}}});
         break;
       default:
-        f(configured<squall::qsgd_compressor<127>>(parameter));
+        f(fitted<squall::qsgd_compressor<127>>(parameter));
         break;
     }
   }

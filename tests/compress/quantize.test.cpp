@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "../support/data.hpp"
@@ -72,6 +73,28 @@ void check_streamed_decode(const std::vector<T>& x, std::size_t bucket) {
   for (std::size_t i = 0; i < count; ++i) {
     REQUIRE(squall::test::bits_of(streamed[i + 1]) == squall::test::bits_of(plain[i]));
   }
+}
+
+// The signed levels q (code - s) of a quantizer payload of `count` elements in `buckets`
+// buckets, read from its bytes (docs/compressors.md: 32 bytes of header and prefix, the
+// scales, then the codes of `width` bits, low bits first).
+template <class T>
+std::vector<int> levels_of(const std::vector<std::byte>& payload, std::size_t count,
+                           std::size_t buckets, unsigned width, int s) {
+  const std::size_t codes = 32 + buckets * sizeof(T);
+  std::vector<int> q(count);
+  for (std::size_t k = 0; k < count; ++k) {
+    const auto byte = static_cast<unsigned>(payload[codes + k * width / 8]);
+    q[k] = static_cast<int>((byte >> (k * width % 8)) & ((1u << width) - 1)) - s;
+  }
+  return q;
+}
+
+template <class T>
+T scale_of(const std::vector<std::byte>& payload, std::size_t b) {
+  T scale;
+  std::memcpy(&scale, payload.data() + 32 + b * sizeof(T), sizeof scale);
+  return scale;
 }
 
 }  // namespace
@@ -416,6 +439,125 @@ TEST_SUITE("quantize") {
     CHECK(allowed(squall::terngrad_compressor{}) == "per_hop, gather");
     CHECK(allowed(squall::qsgd_compressor<4>{}) == "per_hop, gather");
     CHECK(squall::compression_traits<squall::qsgd_compressor<4>>::fixed_size);
+  }
+
+  TEST_CASE_TEMPLATE("fit_scale: the same codes, each scale s sum q g / sum q^2, nearer g", T,
+                     float, double) {
+    // Against a serial double fit from the payload's own codes: the codes are the unfitted
+    // encoder's, each usable bucket's scale is the least-squares one, so its decoded values are
+    // no farther from g than the unfitted scale's and nearer than 0 (a contraction). Buckets of
+    // 512 (the last one short, one all zero, one with a NaN), 2048 (two blocks of the host
+    // loop), and one for the whole tensor.
+    auto check = [&](auto c, int s, std::size_t count, std::size_t bucket) {
+      CAPTURE(c.name);
+      CAPTURE(count);
+      CAPTURE(bucket);
+      c.bucket = bucket;
+      auto g = squall::test::normal_values<T>(count, 40 + count);
+      if (bucket == 512) {
+        std::fill(g.begin() + 512, g.begin() + 1024, T(0));
+        g[1100] = std::numeric_limits<T>::quiet_NaN();
+      }
+      auto fit = c;
+      fit.fit_scale = true;
+      const auto plain = encode(c, g, {7, 1});
+      const auto fitted = encode(fit, g, {7, 1});
+      const std::size_t size = bucket == 0 ? count : bucket;
+      const std::size_t buckets = (count + size - 1) / size;
+      const std::size_t codes = 32 + buckets * sizeof(T);
+      REQUIRE(fitted.size() == plain.size());
+      CHECK(std::memcmp(fitted.data(), plain.data(), 32) == 0);
+      CHECK(std::memcmp(fitted.data() + codes, plain.data() + codes, plain.size() - codes) == 0);
+      const auto q = levels_of<T>(fitted, count, buckets, c.scheme.width, s);
+      const auto dp = decode<decltype(c), T>(c, plain, count);
+      const auto df = decode<decltype(c), T>(c, fitted, count);
+      std::size_t refitted = 0;
+      for (std::size_t b = 0; b < buckets; ++b) {
+        CAPTURE(b);
+        const auto [begin, end] = bucket_range(b, size, count);
+        double dot = 0, square = 0, norm2 = 0, err_plain = 0, err_fit = 0;
+        for (std::size_t i = begin; i < end; ++i) {
+          const auto x = static_cast<double>(g[i]);
+          dot += q[i] * x;
+          square += static_cast<double>(q[i]) * q[i];
+          norm2 += x * x;
+          err_plain += (static_cast<double>(dp[i]) - x) * (static_cast<double>(dp[i]) - x);
+          err_fit += (static_cast<double>(df[i]) - x) * (static_cast<double>(df[i]) - x);
+        }
+        const T sent = scale_of<T>(plain, b);
+        const T got = scale_of<T>(fitted, b);
+        if (!(sent > T(0)) || !std::isfinite(sent) || square == 0) {
+          REQUIRE(squall::test::bits_of(got) == squall::test::bits_of(sent));
+          continue;
+        }
+        ++refitted;
+        // the kernel sums in another order: terms of one sign, so at most n roundings apart
+        const double expected = s * dot / square;
+        const double order = static_cast<double>(end - begin) * 0x1p-52;
+        REQUIRE(std::fabs(static_cast<double>(got) - expected) <=
+                (std::numeric_limits<T>::epsilon() + order) * expected);
+        REQUIRE(err_fit <= err_plain * (1 + 1e-6));
+        REQUIRE(err_fit < norm2);
+      }
+      CHECK(refitted == buckets - (bucket == 512 ? 2 : 0));
+    };
+    for (const auto& [count, bucket] :
+         {std::pair<std::size_t, std::size_t>{2000, 512}, {5000, 2048}, {300, 0}}) {
+      check(squall::terngrad_compressor{}, 1, count, bucket);
+      check(squall::qsgd_compressor<4>{}, 4, count, bucket);
+      check(squall::qsgd_compressor<16>{}, 16, count, bucket);
+      check(squall::int8_compressor{}, 127, count, bucket);
+    }
+    squall::sign_compressor sign;
+    sign.fit_scale = true;
+    CHECK_THROWS_WITH_AS(encode(sign, std::vector<T>(64, T(1))),
+                         doctest::Contains("fit_scale takes integer levels"),
+                         squall::invalid_argument);
+  }
+
+  TEST_CASE("error feedback around fitted qsgd:4 and terngrad: the residual contracts each step") {
+    // ||residual after|| < ||residual before + g|| at every step (the fit makes C a
+    // contraction); without the fit these two grow it (docs/performance.md), reported only.
+    const std::size_t n = 4096;
+    auto run = [&](auto c) {
+      const squall::error_feedback<decltype(c)> ef{c};
+      squall::error_feedback_state<float> state(n);
+      std::vector<std::byte> payload(ef.max_payload_bytes(squall::dtype::float32, n));
+      std::vector<float> scratch(n);
+      double last = 0;
+      bool contracted = true;
+      for (std::uint64_t step = 0; step < 60; ++step) {
+        const auto g = squall::test::normal_values<float>(n, 300 + static_cast<unsigned>(step));
+        double before = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          const double r = static_cast<double>(state.residual()[i]) + g[i];
+          before += r * r;
+        }
+        ef.encode(host_backend{}, state, host_view<const float>(g), host_view<std::byte>(payload),
+                  host_view<float>(scratch), random_stream{step, 0});
+        last = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          last += static_cast<double>(state.residual()[i]) * state.residual()[i];
+        }
+        contracted = contracted && last < before;
+      }
+      return std::pair{contracted, std::sqrt(last / n)};
+    };
+    for (const bool fit : {true, false}) {
+      squall::qsgd_compressor<4> q;
+      q.fit_scale = fit;
+      squall::terngrad_compressor t;
+      t.fit_scale = fit;
+      const auto [q_contracted, q_rms] = run(q);
+      const auto [t_contracted, t_rms] = run(t);
+      MESSAGE(std::string(fit ? "fitted" : "unfitted")
+              << ": residual rms after 60 steps of N(0, 1): qsgd:4 " << q_rms << ", terngrad "
+              << t_rms);
+      if (fit) {
+        CHECK(q_contracted);
+        CHECK(t_contracted);
+      }
+    }
   }
 
   TEST_CASE("error feedback around terngrad conserves mass and advances the stream") {

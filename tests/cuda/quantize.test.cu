@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CUDA quantizers against their host twins, byte for byte: the same scale rule, the same
 // per-element code (quantize_code), the same Philox words, so a device payload that differs
-// from the host's is a device-side bug. The host side is tested against the papers in
-// tests/compress/quantize.test.cpp.
+// from the host's is a device-side bug (least-squares scales included). The host side is tested
+// against the papers in tests/compress/quantize.test.cpp.
 
 #include <squall/cuda.cuh>
 
@@ -42,6 +42,13 @@ void check_every_scheme(std::uint64_t bucket, const std::vector<T>& g, std::size
   test::check_codec_twin(squall::sign_compressor{.bucket = bucket}, g, stream, misalign);
   test::check_codec_twin(squall::terngrad_compressor{.bucket = bucket}, g, stream, misalign);
   test::check_codec_twin(squall::qsgd_compressor<4>{.bucket = bucket}, g, stream, misalign);
+  // least-squares scales (`fit_scale`): the fit kernel sums in the host's order
+  test::check_codec_twin(squall::int8_compressor{.bucket = bucket, .fit_scale = true}, g, stream,
+                         misalign);
+  test::check_codec_twin(squall::terngrad_compressor{.bucket = bucket, .fit_scale = true}, g,
+                         stream, misalign);
+  test::check_codec_twin(squall::qsgd_compressor<4>{.bucket = bucket, .fit_scale = true}, g, stream,
+                         misalign);
   test::check_codec_twin(squall::fp8_compressor{.stochastic = true, .bucket = bucket}, g, stream,
                          misalign);
 }
@@ -60,6 +67,8 @@ TEST_SUITE("cuda") {
       check_twin<squall::terngrad_compressor, T>({}, count);
       check_twin<squall::qsgd_compressor<4>, T>({}, count);
       check_twin<squall::qsgd_compressor<127>, T>({}, count);
+      check_twin<squall::qsgd_compressor<4>, T>({.fit_scale = true}, count);
+      check_twin<squall::terngrad_compressor, T>({.fit_scale = true}, count);
       for (const auto format : {squall::fp8_format::e4m3, squall::fp8_format::e5m2}) {
         for (const bool stochastic : {false, true}) {
           check_twin<squall::fp8_compressor, T>({.format = format, .stochastic = stochastic},

@@ -86,6 +86,24 @@ TEST_SUITE("compress") {
             if constexpr (requires { c.rank; }) return c.rank;
             return std::size_t{0};
           }) == 3);
+    // "_fit" ("fit" for terngrad) sets least-squares scales on the same policy type
+    const auto fits = [](std::string_view text) {
+      return squall::visit_compressor(squall::parse_compressor(text), [](auto c) {
+        if constexpr (requires { c.inner.fit_scale; }) return c.inner.fit_scale ? 1 : 0;
+        if constexpr (requires { c.fit_scale; }) return c.fit_scale ? 1 : 0;
+        return -1;
+      });
+    };
+    CHECK(visits<squall::error_feedback<squall::qsgd_compressor<4>>>("qsgd:4_fit+ef"));
+    CHECK(visits<squall::qsgd_compressor<16>>("qsgd:16_fit"));
+    CHECK(visits<squall::terngrad_compressor>("terngrad:fit"));
+    CHECK(fits("qsgd:4_fit+ef") == 1);
+    CHECK(fits("qsgd:127_fit") == 1);
+    CHECK(fits("qsgd:fit") == 1);
+    CHECK(fits("terngrad:fit+ef") == 1);
+    CHECK(fits("qsgd:4+ef") == 0);
+    CHECK(fits("terngrad") == 0);
+    CHECK(fits("int8") == 0);
   }
 
   TEST_CASE("@aggregation sets the aggregation of a tuning") {
@@ -128,6 +146,9 @@ TEST_SUITE("compress") {
     CHECK(fault_of("int8:3").find("int8 takes no parameter") != std::string::npos);
     CHECK(fault_of("none+ef").find("none takes no +ef") != std::string::npos);
     CHECK(fault_of("qsgd:5").find("qsgd takes 4, 16 or 127") != std::string::npos);
+    CHECK(fault_of("qsgd:5_fit").find("qsgd takes 4, 16 or 127") != std::string::npos);
+    CHECK(fault_of("qsgd:4fit").find("qsgd takes 4, 16 or 127") != std::string::npos);
+    CHECK(fault_of("terngrad:4").find("terngrad takes fit or nothing") != std::string::npos);
     CHECK(fault_of("cast:fp8").find("cast takes fp16, bf16, e4m3, e5m2") != std::string::npos);
     CHECK(fault_of("topk:0").find("'0' is not a positive number") != std::string::npos);
     CHECK(fault_of("topk:abc").find("'abc' is not a positive number") != std::string::npos);

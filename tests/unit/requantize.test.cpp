@@ -201,6 +201,11 @@ void check_every_quantizer() {
   check_against_reference<Topology, squall::qsgd_compressor<4>, true>(qsgd, 0);
   check_against_reference<Topology, squall::terngrad_compressor, true>(tern, 0);
   check_against_reference<Topology, squall::sign_compressor, true>(sign, 0);
+  // least-squares scales (biased: bitwise the reference only), as error feedback uses them
+  const squall::qsgd_compressor<4> qsgd_fit{.bucket = 64, .seed = 3, .fit_scale = true};
+  const squall::terngrad_compressor tern_fit{.bucket = 64, .seed = 9, .fit_scale = true};
+  check_against_reference<Topology, squall::qsgd_compressor<4>, true>(qsgd_fit, 0);
+  check_against_reference<Topology, squall::terngrad_compressor, true>(tern_fit, 0);
 }
 
 /// The stochastic quantizers are unbiased through the hops: over `steps` calls on the same

@@ -61,8 +61,8 @@ inline constexpr std::array<std::pair<std::string_view, std::string_view>, 15> c
     {"hq", "BITS 2..8 per rank's code (default 4)"},
     {"sign", "BUCKET elements per scale, 0 for the tensor (default 512)"},
     {"sign_vote", ""},
-    {"terngrad", ""},
-    {"qsgd", "4|16|127 levels (default 4)"},
+    {"terngrad", "[fit] (least-squares scales, for error feedback)"},
+    {"qsgd", "4|16|127[_fit] levels (default 4); _fit: least-squares scales"},
     {"topk", "RATIO (default 0.01)"},
     {"topk_sampled", "RATIO (default 0.01)"},
     {"randomk", "RATIO (default 0.01)"},
@@ -287,12 +287,24 @@ decltype(auto) visit_compressor(const compressor_choice& choice, F&& f) {
     return with(c);
   }
   if (n == "sign_vote") return with(sign_vote_compressor{});
-  if (n == "terngrad") return with(terngrad_compressor{});
+  // "_fit" (terngrad: "fit"): each bucket's scale fitted to its codes by least squares, a
+  // contraction for error feedback (quantize_compressor::fit_scale)
+  const auto fitted = [](auto c, bool fit) {
+    c.fit_scale = fit;
+    return c;
+  };
+  if (n == "terngrad") {
+    if (!p.empty() && p != "fit")
+      detail::bad_compressor(choice.text, "terngrad takes fit or nothing");
+    return with(fitted(terngrad_compressor{}, p == "fit"));
+  }
   if (n == "qsgd") {
-    if (p.empty() || p == "4") return with(qsgd_compressor<4>{});
-    if (p == "16") return with(qsgd_compressor<16>{});
-    if (p == "127") return with(qsgd_compressor<127>{});
-    detail::bad_compressor(choice.text, "qsgd takes 4, 16 or 127 levels");
+    const bool fit = p.ends_with("_fit") || p == "fit";
+    const std::string levels = p == "fit" ? "" : fit ? p.substr(0, p.size() - 4) : p;
+    if (levels.empty() || levels == "4") return with(fitted(qsgd_compressor<4>{}, fit));
+    if (levels == "16") return with(fitted(qsgd_compressor<16>{}, fit));
+    if (levels == "127") return with(fitted(qsgd_compressor<127>{}, fit));
+    detail::bad_compressor(choice.text, "qsgd takes 4, 16 or 127 levels, each with _fit or not");
   }
   if (n == "topk" || n == "topk_sampled") {
     topk_compressor c;

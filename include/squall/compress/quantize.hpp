@@ -48,8 +48,9 @@ concept quantizer_spec = requires {
 };
 
 /// A bucketed quantizer. Runtime parameters: `bucket` (elements per scale, a multiple of 8, or
-/// 0 for one bucket), `seed` (stochastic schemes' Philox key) and `check_finite` (throw on a
-/// NaN or Inf input instead of propagating it). Fixed size for a given count and bucket.
+/// 0 for one bucket), `seed` (stochastic schemes' Philox key), `check_finite` (throw on a
+/// NaN or Inf input instead of propagating it) and `fit_scale` (least-squares scales). Fixed
+/// size for a given count and bucket.
 ///
 /// NaN and Inf: with `check_finite` false, a bucket holding a NaN or an Inf is sent with a NaN
 /// scale and decodes to all NaN (the bad value propagates to its bucket, nothing else);
@@ -68,6 +69,12 @@ struct quantize_compressor {
   std::uint64_t bucket = Spec::default_bucket;
   std::uint64_t seed = 0;
   bool check_finite = false;
+  /// Integer levels only (int8, int4, TernGrad, QSGD): each bucket's scale refitted to its
+  /// codes by least squares (s x sum q v / sum q^2, the codes unchanged), so that the decoded
+  /// bucket is nearer the input than 0 is: a contraction, as error feedback needs, where
+  /// TernGrad and QSGD at few levels are not; biased. The payload is the same format (by name
+  /// `terngrad:fit`, `qsgd:4_fit`; docs/compressors.md).
+  bool fit_scale = false;
 
   /// Chunks starting at multiples of the bucket quantize as the whole tensor does (each bucket
   /// has its own scale); 0 with a bucket of the whole tensor (`collective_tuning::overlap_chunks`).
@@ -106,13 +113,17 @@ struct quantize_compressor {
     std::memcpy(head + payload_header::bytes, &b, 8);
     std::memcpy(head + payload_header::bytes + 8, prefix, 8);
     store_bytes(backend, payload.data(), head, body_offset);
+    if (fit_scale && (scheme.float8 != 0 || scheme.sign_only)) {
+      throw invalid_argument({.operation = name},
+                             "fit_scale takes integer levels (int8, int4, terngrad, qsgd)");
+    }
     std::byte* p = payload.data();
     T* scales = reinterpret_cast<T*>(p + body_offset);
     auto* codes =
         reinterpret_cast<std::uint8_t*>(p + body_offset + buckets(count, bucket_size) * sizeof(T));
     const std::size_t bad =
         quantize<scheme>(backend, in.data(), count, bucket_size, scales, codes, seed, stream,
-                         /*find_non_finite=*/check_finite);
+                         /*find_non_finite=*/check_finite, fit_scale);
     if (check_finite && bad != count) {
       // the element itself may be in device memory: the kind is not read back
       throw_not_finite(name, bad, "NaN or infinite");

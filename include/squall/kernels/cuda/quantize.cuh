@@ -479,6 +479,41 @@ inline std::size_t bucket_blocks(std::size_t count, std::size_t bucket) {
   return ((count + bucket - 1) / bucket + bucket_warps - 1) / bucket_warps;
 }
 
+/// The host's `fit` (`detail::fit_block`, `detail::fitted_scale`) after the codes are written:
+/// a warp per bucket reads its values and codes again, lane l's `dot[k]` and `square[k]` holding
+/// host lane 32 k + l (`warp_bucket_sum`), so the fitted scale is the host's bit for bit; lane
+/// 0 replaces the bucket's scale where the host would.
+template <std::uint32_t Levels, unsigned Width, class T>
+__global__ void __launch_bounds__(quantize_threads)
+    fit_scales_kernel(const T* in, std::size_t count, std::size_t bucket, T* scales,
+                      const std::uint8_t* codes) {
+  const unsigned lane = threadIdx.x % warp_lanes;
+  for_each_warp_bucket(count, bucket, [&](std::size_t b, std::size_t begin, std::size_t n) {
+    double dot[8] = {};
+    double square[8] = {};
+    for (std::size_t c = 0; c < n; c += bucket_sum_lanes) {
+#pragma unroll
+      for (unsigned k = 0; k < 8; ++k) {
+        const std::size_t e = c + k * warp_lanes + lane;
+        if (e < n) {
+          const std::size_t bit = (begin + e) * Width;
+          const unsigned code = (codes[bit / 8] >> (bit % 8)) & ((1u << Width) - 1u);
+          const double q = static_cast<double>(static_cast<int>(code) - static_cast<int>(Levels));
+          dot[k] = __dadd_rn(dot[k], __dmul_rn(q, static_cast<double>(in[begin + e])));
+          square[k] = __dadd_rn(square[k], __dmul_rn(q, q));
+        }
+      }
+    }
+    const double d = warp_bucket_sum(dot);
+    const double q2 = warp_bucket_sum(square);
+    const T sent = scales[b];
+    if (lane == 0 && sent > T(0) && isfinite(sent) && q2 > 0) {
+      const T fitted = static_cast<T>(__ddiv_rn(__dmul_rn(static_cast<double>(Levels), d), q2));
+      if (fitted > T(0) && isfinite(fitted)) scales[b] = fitted;
+    }
+  });
+}
+
 inline unsigned quantize_grid(std::size_t blocks) {
   return static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
 }
@@ -490,11 +525,13 @@ namespace detail {
 /// Enqueues the quantizer: buckets up to `resident_bucket` elements in registers
 /// (`quantize_resident_kernel`) unless `read_twice` (the benchmark's comparison), larger ones
 /// read twice (`quantize_kernel`); the first non-finite element's index goes to `first_bad`
-/// by atomicMin (where not null). No wait.
+/// by atomicMin (where not null). With `fit` (integer levels), `fit_scales_kernel` follows on
+/// the stream. No wait.
 template <quantize_scheme Q, class T>
 void launch_quantize(const cuda_backend& backend, const T* in, std::size_t count,
                      std::size_t bucket, T* scales, std::uint8_t* codes, std::uint64_t seed,
-                     random_stream stream, unsigned long long* first_bad, bool read_twice = false) {
+                     random_stream stream, unsigned long long* first_bad, bool read_twice = false,
+                     bool fit = false) {
   const unsigned grid = quantize_grid(bucket_blocks(count, bucket));
   if (bucket > resident_bucket || read_twice) {
     quantize_kernel<Q.levels, Q.width, static_cast<int>(Q.scale), Q.stochastic, Q.sign_only,
@@ -506,6 +543,13 @@ void launch_quantize(const cuda_backend& backend, const T* in, std::size_t count
         in, count, bucket, scales, codes, seed, stream, first_bad);
   }
   SQUALL_CUDA_CHECK(cudaGetLastError());
+  if constexpr (Q.float8 == 0 && !Q.sign_only) {
+    if (fit) {
+      fit_scales_kernel<Q.levels, Q.width>
+          <<<grid, quantize_threads, 0, backend.stream>>>(in, count, bucket, scales, codes);
+      SQUALL_CUDA_CHECK(cudaGetLastError());
+    }
+  }
 }
 
 /// Enqueues the decode; the first element whose code is not a level goes to `first_bad` by
@@ -544,20 +588,21 @@ class first_index_slot {
 /// Device twin of the host `quantize`: same arguments over device memory, enqueued on the
 /// backend's stream. With `find_non_finite`, returns the first non-finite element's index (or
 /// `count`), so it waits for the stream once; without, returns `count` and does not wait (a
-/// non-finite element still sends its bucket a NaN scale).
+/// non-finite element still sends its bucket a NaN scale). `fit` as the host's.
 template <quantize_scheme Q, class T>
 std::size_t quantize(const cuda_backend& backend, const T* in, std::size_t count,
                      std::size_t bucket, T* scales, std::uint8_t* codes, std::uint64_t seed,
-                     random_stream stream, bool find_non_finite = true) {
+                     random_stream stream, bool find_non_finite = true, bool fit = false) {
   if (count == 0) return 0;
   squall::detail::device_guard guard(backend.device);
   if (!find_non_finite) {
-    detail::launch_quantize<Q>(backend, in, count, bucket, scales, codes, seed, stream, nullptr);
+    detail::launch_quantize<Q>(backend, in, count, bucket, scales, codes, seed, stream, nullptr,
+                               false, fit);
     return count;
   }
   detail::first_index_slot first_bad(backend, count);
   detail::launch_quantize<Q>(backend, in, count, bucket, scales, codes, seed, stream,
-                             first_bad.get());
+                             first_bad.get(), false, fit);
   return first_bad.read();
 }
 

@@ -11,7 +11,7 @@
 #include <squall/core/random.hpp>
 #include <squall/kernels/host/copy.hpp>  // prefetch_lines, stream_copy
 
-#include <algorithm>  // max
+#include <algorithm>  // max, fill_n
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -243,6 +243,46 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES_AVX512 void quantize_block_loop(
   }
 }
 
+/// The least-squares fit of a bucket's scale to its codes (`quantize`'s `fit`): adds each
+/// element's q x v and q^2 (q = code - s, the signed level) to `dot` and `square`, element k
+/// to lane k mod `bucket_sum_lanes` (`n` elements from a lane-0 element of the bucket); each
+/// product rounded once, then the sum (q x v is exact for float v, q^2 for every q).
+template <quantize_scheme Q, class T>
+SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void fit_block(const T* SQUALL_RESTRICT in,
+                                                          const std::uint8_t* SQUALL_RESTRICT codes,
+                                                          std::size_t n,
+                                                          double* SQUALL_RESTRICT dot,
+                                                          double* SQUALL_RESTRICT square) {
+  constexpr std::size_t lanes = bucket_sum_lanes;
+  for (std::size_t row = 0; row < n; row += lanes) {
+    const std::size_t m = n - row < lanes ? n - row : lanes;
+    for (std::size_t j = 0; j < m; ++j) {
+      const double q = static_cast<double>(static_cast<std::int32_t>(codes[row + j]) -
+                                           static_cast<std::int32_t>(Q.levels));
+      dot[j] += q * static_cast<double>(in[row + j]);
+      square[j] += q * q;
+    }
+  }
+}
+
+/// The lanes' sums of `fit_block` added pairwise (lane t taking lane t + h, h = 128 ... 1, as
+/// `bucket_stats_of`), then the fitted scale s x dot / square: the scale whose decoded values
+/// (q x scale / s) are nearest the bucket's values in L2 for these codes. `sent` is kept where
+/// it is not a finite positive scale, where every code is the zero level, or where the fit is
+/// not finite in T. The CUDA twin (`fit_scales_kernel`) sums in the same order.
+template <quantize_scheme Q, class T>
+T fitted_scale(double* dot, double* square, T sent) {
+  for (std::size_t half = bucket_sum_lanes / 2; half > 0; half /= 2) {
+    for (std::size_t t = 0; t < half; ++t) {
+      dot[t] += dot[t + half];
+      square[t] += square[t + half];
+    }
+  }
+  if (!(sent > T(0)) || !std::isfinite(sent) || !(square[0] > 0)) return sent;
+  const auto fitted = static_cast<T>(static_cast<double>(Q.levels) * dot[0] / square[0]);
+  return fitted > T(0) && std::isfinite(fitted) ? fitted : sent;
+}
+
 /// The same for a bucket whose levels / scale overflows T (a subnormal scale): values and
 /// scale go through double multiplied by 2^600 (exact), where levels / scale is finite.
 template <quantize_scheme Q, class T>
@@ -339,13 +379,20 @@ SQUALL_HOST_CLONES void unpack_codes(const std::uint8_t* SQUALL_RESTRICT in, std
 /// ceil(count x width / 8) bytes. Stochastic draws are `random_word(seed, stream, element)`.
 /// Returns the index of the first non-finite element, or `count` if all are finite (the host
 /// finds it whatever `find_non_finite`, which spares the device twin its wait when false).
+/// With `fit` (integer levels only), each usable bucket's scale is then refitted to its codes
+/// by least squares (`detail::fitted_scale`): the codes are unchanged, the decoded bucket is
+/// nearer the input than with the unfitted scale, and nearer than 0 whenever a code is not the
+/// zero level (a contraction, biased; docs/compressors.md).
 template <quantize_scheme Q, class T>
 std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t count,
                      std::size_t bucket, T* scales, std::uint8_t* codes, std::uint64_t seed,
-                     random_stream stream, bool /*find_non_finite*/ = true) {
+                     random_stream stream, bool /*find_non_finite*/ = true, bool fit = false) {
+  static_assert(detail::quantize_block % detail::bucket_sum_lanes == 0);
   std::size_t first_bad = count;
   std::uint8_t block_codes[detail::quantize_block];
   alignas(64) std::uint32_t words[detail::quantize_block];
+  alignas(64) double dot[detail::bucket_sum_lanes];
+  alignas(64) double square[detail::bucket_sum_lanes];
   // Small buckets alternate a read of the bucket from memory (its scale) with a pass in L1
   // (its codes), during which the hardware prefetcher has no misses to follow; asking for the
   // bucket after next at each bucket keeps memory busy through the second pass (1.4x the
@@ -372,6 +419,11 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
         }
       }
     }
+    const bool fitting = Q.float8 == 0 && !Q.sign_only && fit && usable;
+    if (fitting) {
+      std::fill_n(dot, detail::bucket_sum_lanes, 0.0);
+      std::fill_n(square, detail::bucket_sum_lanes, 0.0);
+    }
     for (std::size_t off = 0; off < n; off += detail::quantize_block) {
       const std::size_t m = n - off < detail::quantize_block ? n - off : detail::quantize_block;
       const std::size_t first = begin + off;  // a multiple of 8 unless it is element 0's bucket
@@ -388,6 +440,11 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
         }
       }
       detail::pack_codes<Q.width>(block_codes, m, codes + first * Q.width / 8);
+      if (fitting) detail::fit_block<Q>(in + first, block_codes, m, dot, square);
+    }
+    if (fitting) {
+      const T fitted = detail::fitted_scale<Q>(dot, square, sent);
+      std::memcpy(scales + b, &fitted, sizeof fitted);
     }
   }
   return first_bad;
