@@ -480,35 +480,48 @@ inline std::size_t bucket_blocks(std::size_t count, std::size_t bucket) {
 }
 
 /// The host's `fit` (`detail::fit_block`, `detail::fitted_scale`) after the codes are written:
-/// a warp per bucket reads its values and codes again, lane l's `dot[k]` and `square[k]` holding
-/// host lane 32 k + l (`warp_bucket_sum`), so the fitted scale is the host's bit for bit; lane
-/// 0 replaces the bucket's scale where the host would.
+/// a warp per bucket reads its values and codes again, lane l taking elements l, l + 32, ...
+/// (host lane l of `fit_lanes`), first summed in T over each block of the host loop
+/// (`quantize_block`), then in double, then pairwise by shuffles as the host adds its lanes,
+/// so the fitted scale is the host's bit for bit; lane 0 replaces the bucket's scale where the
+/// host would.
 template <std::uint32_t Levels, unsigned Width, class T>
 __global__ void __launch_bounds__(quantize_threads)
     fit_scales_kernel(const T* in, std::size_t count, std::size_t bucket, T* scales,
                       const std::uint8_t* codes) {
+  static_assert(fit_lanes == warp_lanes);
   const unsigned lane = threadIdx.x % warp_lanes;
   for_each_warp_bucket(count, bucket, [&](std::size_t b, std::size_t begin, std::size_t n) {
-    double dot[8] = {};
-    double square[8] = {};
-    for (std::size_t c = 0; c < n; c += bucket_sum_lanes) {
-#pragma unroll
-      for (unsigned k = 0; k < 8; ++k) {
-        const std::size_t e = c + k * warp_lanes + lane;
-        if (e < n) {
-          const std::size_t bit = (begin + e) * Width;
-          const unsigned code = (codes[bit / 8] >> (bit % 8)) & ((1u << Width) - 1u);
-          const double q = static_cast<double>(static_cast<int>(code) - static_cast<int>(Levels));
-          dot[k] = __dadd_rn(dot[k], __dmul_rn(q, static_cast<double>(in[begin + e])));
-          square[k] = __dadd_rn(square[k], __dmul_rn(q, q));
+    double dot = 0;
+    double square = 0;
+    for (std::size_t block = 0; block < n; block += quantize_block) {
+      const std::size_t end = n - block < quantize_block ? n : block + quantize_block;
+      T part = 0;
+      int part_square = 0;
+      for (std::size_t e = block + lane; e < end; e += warp_lanes) {
+        const std::size_t bit = (begin + e) * Width;
+        const unsigned code = (codes[bit / 8] >> (bit % 8)) & ((1u << Width) - 1u);
+        const int q = static_cast<int>(code) - static_cast<int>(Levels);
+        // rounded apart, as the host: no fused multiply-add
+        if constexpr (sizeof(T) == 4) {
+          part = __fadd_rn(part, __fmul_rn(static_cast<float>(q), in[begin + e]));
+        } else {
+          part = __dadd_rn(part, __dmul_rn(static_cast<double>(q), in[begin + e]));
         }
+        part_square += q * q;
       }
+      dot = __dadd_rn(dot, static_cast<double>(part));
+      square = __dadd_rn(square, static_cast<double>(part_square));
     }
-    const double d = warp_bucket_sum(dot);
-    const double q2 = warp_bucket_sum(square);
+#pragma unroll
+    for (unsigned half = warp_lanes / 2; half > 0; half /= 2) {
+      dot = __dadd_rn(dot, __shfl_down_sync(full_warp, dot, half));
+      square = __dadd_rn(square, __shfl_down_sync(full_warp, square, half));
+    }
     const T sent = scales[b];
-    if (lane == 0 && sent > T(0) && isfinite(sent) && q2 > 0) {
-      const T fitted = static_cast<T>(__ddiv_rn(__dmul_rn(static_cast<double>(Levels), d), q2));
+    if (lane == 0 && sent > T(0) && isfinite(sent) && square > 0) {
+      const T fitted =
+          static_cast<T>(__ddiv_rn(__dmul_rn(static_cast<double>(Levels), dot), square));
       if (fitted > T(0) && isfinite(fitted)) scales[b] = fitted;
     }
   });

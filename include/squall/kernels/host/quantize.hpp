@@ -243,36 +243,48 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES_AVX512 void quantize_block_loop(
   }
 }
 
+/// The lanes of the least-squares fit's sums (`fit_block`): element k of a bucket goes to lane
+/// k mod 32, one warp's lanes in the CUDA twin.
+inline constexpr std::size_t fit_lanes = 32;
+
 /// The least-squares fit of a bucket's scale to its codes (`quantize`'s `fit`): adds each
-/// element's q x v and q^2 (q = code - s, the signed level) to `dot` and `square`, element k
-/// to lane k mod `bucket_sum_lanes` (`n` elements from a lane-0 element of the bucket); each
-/// product rounded once, then the sum (q x v is exact for float v, q^2 for every q).
+/// element's q x v and q^2 (q = code - s, the signed level) of one block of the host loop
+/// (`quantize_block` elements from a multiple of it in the bucket, or fewer at its end) to
+/// `dot` and `square`, element k to lane k mod `fit_lanes`. A lane's products are summed in T
+/// over the block's rows first (float: each product and sum rounded to float; q^2 in 32-bit
+/// integers, exact), then added to its double sums. The CUDA twin (`fit_scales_kernel`) sums
+/// in this order.
 template <quantize_scheme Q, class T>
 SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void fit_block(const T* SQUALL_RESTRICT in,
                                                           const std::uint8_t* SQUALL_RESTRICT codes,
                                                           std::size_t n,
                                                           double* SQUALL_RESTRICT dot,
                                                           double* SQUALL_RESTRICT square) {
-  constexpr std::size_t lanes = bucket_sum_lanes;
-  for (std::size_t row = 0; row < n; row += lanes) {
-    const std::size_t m = n - row < lanes ? n - row : lanes;
+  alignas(64) T part[fit_lanes] = {};
+  alignas(64) std::int32_t part_square[fit_lanes] = {};
+  for (std::size_t row = 0; row < n; row += fit_lanes) {
+    const std::size_t m = n - row < fit_lanes ? n - row : fit_lanes;
     for (std::size_t j = 0; j < m; ++j) {
-      const double q = static_cast<double>(static_cast<std::int32_t>(codes[row + j]) -
-                                           static_cast<std::int32_t>(Q.levels));
-      dot[j] += q * static_cast<double>(in[row + j]);
-      square[j] += q * q;
+      const std::int32_t q =
+          static_cast<std::int32_t>(codes[row + j]) - static_cast<std::int32_t>(Q.levels);
+      part[j] += static_cast<T>(q) * in[row + j];
+      part_square[j] += q * q;
     }
+  }
+  for (std::size_t j = 0; j < fit_lanes; ++j) {
+    dot[j] += static_cast<double>(part[j]);
+    square[j] += static_cast<double>(part_square[j]);
   }
 }
 
-/// The lanes' sums of `fit_block` added pairwise (lane t taking lane t + h, h = 128 ... 1, as
-/// `bucket_stats_of`), then the fitted scale s x dot / square: the scale whose decoded values
-/// (q x scale / s) are nearest the bucket's values in L2 for these codes. `sent` is kept where
-/// it is not a finite positive scale, where every code is the zero level, or where the fit is
-/// not finite in T. The CUDA twin (`fit_scales_kernel`) sums in the same order.
+/// The lanes' sums of `fit_block` added pairwise (lane t taking lane t + h, h = 16 ... 1, a
+/// warp's shuffles in the CUDA twin), then the fitted scale s x dot / square: the scale whose
+/// decoded values (q x scale / s) are nearest the bucket's values in L2 for these codes.
+/// `sent` is kept where it is not a finite positive scale, where every code is the zero level,
+/// or where the fit is not finite in T.
 template <quantize_scheme Q, class T>
 T fitted_scale(double* dot, double* square, T sent) {
-  for (std::size_t half = bucket_sum_lanes / 2; half > 0; half /= 2) {
+  for (std::size_t half = fit_lanes / 2; half > 0; half /= 2) {
     for (std::size_t t = 0; t < half; ++t) {
       dot[t] += dot[t + half];
       square[t] += square[t + half];
@@ -387,12 +399,12 @@ template <quantize_scheme Q, class T>
 std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t count,
                      std::size_t bucket, T* scales, std::uint8_t* codes, std::uint64_t seed,
                      random_stream stream, bool /*find_non_finite*/ = true, bool fit = false) {
-  static_assert(detail::quantize_block % detail::bucket_sum_lanes == 0);
+  static_assert(detail::quantize_block % detail::fit_lanes == 0);
   std::size_t first_bad = count;
   std::uint8_t block_codes[detail::quantize_block];
   alignas(64) std::uint32_t words[detail::quantize_block];
-  alignas(64) double dot[detail::bucket_sum_lanes];
-  alignas(64) double square[detail::bucket_sum_lanes];
+  alignas(64) double dot[detail::fit_lanes];
+  alignas(64) double square[detail::fit_lanes];
   // Small buckets alternate a read of the bucket from memory (its scale) with a pass in L1
   // (its codes), during which the hardware prefetcher has no misses to follow; asking for the
   // bucket after next at each bucket keeps memory busy through the second pass (1.4x the
@@ -421,8 +433,8 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
     }
     const bool fitting = Q.float8 == 0 && !Q.sign_only && fit && usable;
     if (fitting) {
-      std::fill_n(dot, detail::bucket_sum_lanes, 0.0);
-      std::fill_n(square, detail::bucket_sum_lanes, 0.0);
+      std::fill_n(dot, detail::fit_lanes, 0.0);
+      std::fill_n(square, detail::fit_lanes, 0.0);
     }
     for (std::size_t off = 0; off < n; off += detail::quantize_block) {
       const std::size_t m = n - off < detail::quantize_block ? n - off : detail::quantize_block;
