@@ -38,10 +38,11 @@ struct settings {
   std::size_t batch = 32;  // per rank
   float lr = default_lr;
   float momentum = default_momentum;
-  bool cosine = true;       // --schedule cosine|constant
-  double warmup = 0;        // --warmup EPOCHS
-  bool masking = true;      // --masking on|off
-  int sparsity_warmup = 0;  // --sparsity-warmup EPOCHS (DGC)
+  bool cosine = true;            // --schedule cosine|constant
+  double warmup = 0;             // --warmup EPOCHS
+  bool masking = true;           // --masking on|off
+  bool flush_denormals = false;  // --flush-denormals on|off (x86: MXCSR's FTZ and DAZ)
+  int sparsity_warmup = 0;       // --sparsity-warmup EPOCHS (DGC)
   std::size_t hidden = 256;
   std::vector<squall::compressor_choice> compressors;
   std::size_t train_subset = 0;  // 0: all 60,000
