@@ -42,8 +42,8 @@
 // --flush-denormals on sets the SSE control register's flush-to-zero and denormals-are-zero
 // bits in every rank (as torch.set_flush_denormal(True) does): with qsgd:4 the epochs grew
 // from 1.1 to 2.2 s over five epochs, subnormal floats costing the CPU a microcode assist per
-// operation (where they arise was not traced: a momentum decaying through the quantizers' many
-// zeros is the likely place), and stay at 1.05 s with it; off (the default) keeps IEEE
+// operation (the velocity of coordinates whose decoded gradient stays 0, multiplied by the
+// momentum step after step), and stay at 1.05 s with it; off (the default) keeps IEEE
 // arithmetic, and with it the figures docs/performance.md measured.
 // The training loop is fashion_mnist/train.hpp, instantiated for every compressor in
 // train_shm.cpp and train_mpi.cpp (one translation unit per transport); this file parses the
