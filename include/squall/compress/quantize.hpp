@@ -105,6 +105,10 @@ struct quantize_compressor {
                                                       std::to_string(payload.count()) +
                                                       " bytes for " + std::to_string(size));
     }
+    if (fit_scale && (scheme.float8 != 0 || scheme.sign_only)) {
+      throw invalid_argument({.operation = name},
+                             "fit_scale takes integer levels (int8, int4, terngrad, qsgd)");
+    }
     // header and prefix built on the host, stored into the payload (host or device memory)
     std::byte head[body_offset] = {};
     write_payload_header({.kind = kind, .type = dtype_of<T>, .count = count}, head);
@@ -113,10 +117,6 @@ struct quantize_compressor {
     std::memcpy(head + payload_header::bytes, &b, 8);
     std::memcpy(head + payload_header::bytes + 8, prefix, 8);
     store_bytes(backend, payload.data(), head, body_offset);
-    if (fit_scale && (scheme.float8 != 0 || scheme.sign_only)) {
-      throw invalid_argument({.operation = name},
-                             "fit_scale takes integer levels (int8, int4, terngrad, qsgd)");
-    }
     std::byte* p = payload.data();
     T* scales = reinterpret_cast<T*>(p + body_offset);
     auto* codes =
