@@ -249,8 +249,8 @@ TEST_SUITE("quantize") {
 
   TEST_CASE(
       "stochastic rounding draws Random123's Philox4x32-10 keyed by (seed, step, rank, element)") {
-    // qsgd<1> on one bucket: element i rounds up iff its 32-bit word, taken from Random123
-    // directly here, is below p x 2^32 (24 bits for float: (word >> 8) < p x 2^24).
+    // qsgd<1> on one bucket: a double element i rounds up iff its 32-bit word, taken from
+    // Random123 directly here, is below p x 2^32.
     const std::size_t n = 40;
     const auto g = squall::test::normal_values<double>(n, 3);
     squall::qsgd_compressor<1> c;
@@ -268,6 +268,30 @@ TEST_SUITE("quantize") {
       const bool up = static_cast<double>(word) < p * 4294967296.0;
       REQUIRE(std::fabs(out[i]) == doctest::Approx(up ? norm : 0.0));
     }
+    // float draws 16 bits: element i's is half i % 2 (low first) of word i / 2, so block
+    // i / 8; up iff that half is below p x 2^16 (elements within one unit of it are skipped:
+    // p here is in double, the kernel's in float)
+    const std::size_t m = 200;
+    const auto gf = squall::test::normal_values<float>(m, 4);
+    const auto outf = decode<squall::qsgd_compressor<1>, float>(c, encode(c, gf, stream), m);
+    double normf = 0;
+    for (float v : gf) normf += static_cast<double>(v) * v;
+    normf = std::sqrt(normf);
+    std::size_t decided = 0;
+    for (std::size_t i = 0; i < m; ++i) {
+      const r123::Philox4x32::ctr_type ctr = {{static_cast<std::uint32_t>(i / 8), 0, 77, 3}};
+      const r123::Philox4x32::key_type key = {{0x90abcdefu, 0x12345678u}};
+      const std::uint32_t word = r123::Philox4x32{}(ctr, key).v[(i / 2) % 4];
+      const double half = static_cast<double>((word >> (16 * (i % 2))) & 0xffffu);
+      const double threshold = std::fabs(gf[i]) / normf * 65536.0;
+      if (std::fabs(half - threshold) <= 1) continue;
+      ++decided;
+      CAPTURE(i);
+      REQUIRE(std::fabs(outf[i]) == doctest::Approx(half < threshold ? normf : 0.0).epsilon(1e-6));
+      REQUIRE(squall::stochastic_draw<float>(c.seed, stream, i) ==
+              (i % 2 == 0 ? word << 16 : word & 0xffff0000u));
+    }
+    CHECK(decided > m * 9 / 10);
     // the same key gives the same payload; another step or rank another one
     CHECK(encode(c, g, stream) == encode(c, g, stream));
     CHECK(encode(c, g, stream) != encode(c, g, {78, 3}));

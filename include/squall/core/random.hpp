@@ -287,6 +287,40 @@ SQUALL_HOST_DEVICE inline std::uint32_t random_word(std::uint64_t seed, random_s
   return philox(seed, stream, element / 4).word[element % 4];
 }
 
+/// Element `element`'s draw for a stochastic rounding of values of type `T`, as a 32-bit word
+/// read from its top bits: for float 16 random bits, half `element % 2` (the low one first) of
+/// word `element / 2`, so that one Philox block serves 8 elements, placed in the word's top half
+/// (the bottom half zero; a rounding up with probability p then happens with probability
+/// ceil(p x 2^16) / 2^16); for double the whole `random_word`.
+template <class T>
+SQUALL_HOST_DEVICE inline std::uint32_t stochastic_draw(std::uint64_t seed, random_stream stream,
+                                                        std::uint64_t element) {
+  if constexpr (sizeof(T) == 4) {
+    const std::uint32_t word = philox(seed, stream, element / 8).word[(element / 2) % 4];
+    return element % 2 == 0 ? word << 16 : word & 0xffff0000u;
+  } else {
+    return random_word(seed, stream, element);
+  }
+}
+
+/// `stochastic_draw<T>` of elements 4 `quad` ... 4 `quad` + 3 into `words`, from one Philox
+/// block (a CUDA thread's four elements).
+template <class T>
+SQUALL_HOST_DEVICE inline void stochastic_draws4(std::uint64_t seed, random_stream stream,
+                                                 std::uint64_t quad, std::uint32_t (&words)[4]) {
+  if constexpr (sizeof(T) == 4) {
+    const philox_block block = philox(seed, stream, quad / 2);
+    const auto at = static_cast<unsigned>(2 * (quad % 2));
+    words[0] = block.word[at] << 16;
+    words[1] = block.word[at] & 0xffff0000u;
+    words[2] = block.word[at + 1] << 16;
+    words[3] = block.word[at + 1] & 0xffff0000u;
+  } else {
+    const philox_block block = philox(seed, stream, quad);
+    for (unsigned t = 0; t < 4; ++t) words[t] = block.word[t];
+  }
+}
+
 /// A word as a uniform double in [0, 1): word / 2^32, exact.
 SQUALL_HOST_DEVICE inline double unit_interval(std::uint32_t word) {
   return static_cast<double>(word) * (1.0 / 4294967296.0);

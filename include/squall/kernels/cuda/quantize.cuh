@@ -182,11 +182,7 @@ __global__ void __launch_bounds__(quantize_threads)
     for (std::size_t first = static_cast<std::size_t>(lane) * group; first < n;
          first += warp_lanes * group) {
       std::uint32_t words[4] = {};
-      if constexpr (Stochastic) {
-        const philox_block block = philox(seed, stream, (begin + first) / 4);
-#pragma unroll
-        for (unsigned w = 0; w < 4; ++w) words[w] = block.word[w];
-      }
+      if constexpr (Stochastic) stochastic_draws4<T>(seed, stream, (begin + first) / 4, words);
       unsigned long long packed = 0;
 #pragma unroll
       for (unsigned t = 0; t < group; ++t) {
@@ -326,11 +322,7 @@ __device__ SQUALL_FORCEINLINE void code_resident(const resident_values<T>& x, st
     const std::size_t first = m * warp_lanes * 4 + lane * 4;
     std::uint32_t words[4] = {};
     if constexpr (Stochastic) {
-      if (inside(first)) {
-        const philox_block block = philox(seed, stream, (begin + first) / 4);
-#pragma unroll
-        for (unsigned w = 0; w < 4; ++w) words[w] = block.word[w];
-      }
+      if (inside(first)) stochastic_draws4<T>(seed, stream, (begin + first) / 4, words);
     }
     std::uint32_t packed = 0;
 #pragma unroll

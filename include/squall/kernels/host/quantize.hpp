@@ -134,6 +134,32 @@ namespace detail {
 /// Elements per inner block of the host loops (codes and random words stay in L1).
 inline constexpr std::size_t quantize_block = 1024;
 
+/// words[2 j] and words[2 j + 1] from the low and the high half of halves[j], each in the top
+/// half of its word, for j < `pairs`.
+SQUALL_HOST_CLONES inline void spread_halves(const std::uint32_t* SQUALL_RESTRICT halves,
+                                             std::size_t pairs,
+                                             std::uint32_t* SQUALL_RESTRICT words) {
+  for (std::size_t j = 0; j < pairs; ++j) {
+    words[2 * j] = halves[j] << 16;
+    words[2 * j + 1] = halves[j] & 0xffff0000u;
+  }
+}
+
+/// `stochastic_draw<T>` of elements `first` ... `first + m - 1` into `words` (m at most
+/// `quantize_block`, `first` a multiple of 8): for float one Philox block per 8 elements, half
+/// the work of a word each.
+template <class T>
+void stochastic_words(std::uint64_t seed, random_stream stream, std::size_t first, std::size_t m,
+                      std::uint32_t* words) {
+  if constexpr (sizeof(T) == 4) {
+    alignas(64) std::uint32_t halves[quantize_block / 2];
+    philox_fill(seed, stream, first / 8, (m + 7) / 8, halves);
+    spread_halves(halves, (m + 1) / 2, words);
+  } else {
+    philox_fill(seed, stream, first / 4, (m + 3) / 4, words);
+  }
+}
+
 /// Buckets up to this size have their successors prefetched (`quantize`).
 inline constexpr std::size_t prefetch_bucket_bytes = std::size_t{16} << 10;
 
@@ -388,7 +414,7 @@ SQUALL_HOST_CLONES void unpack_codes(const std::uint8_t* SQUALL_RESTRICT in, std
 /// Encodes `count` elements in buckets of `bucket` (a multiple of 8, except a single bucket
 /// covering all): `scales[b]` gets bucket b's scale (NaN if the bucket holds a NaN or Inf,
 /// whose codes are then the zero level) and `codes` the packed codes,
-/// ceil(count x width / 8) bytes. Stochastic draws are `random_word(seed, stream, element)`.
+/// ceil(count x width / 8) bytes. Stochastic draws are `stochastic_draw<T>(seed, stream, element)`.
 /// Returns the index of the first non-finite element, or `count` if all are finite (the host
 /// finds it whatever `find_non_finite`, which spares the device twin its wait when false).
 /// With `fit` (integer levels only), each usable bucket's scale is then refitted to its codes
@@ -442,9 +468,7 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
       if (!usable) {
         std::memset(block_codes, zero_code(Q), m);
       } else {
-        if constexpr (Q.stochastic) {
-          philox_fill(seed, stream, first / 4, (m + 3) / 4, words);
-        }
+        if constexpr (Q.stochastic) detail::stochastic_words<T>(seed, stream, first, m, words);
         if (std::isfinite(inverse)) {
           detail::quantize_block_loop<Q>(in + first, m, inverse, words, block_codes);
         } else {
