@@ -292,6 +292,19 @@ TEST_SUITE("quantize") {
               (i % 2 == 0 ? word << 16 : word & 0xffff0000u));
     }
     CHECK(decided > m * 9 / 10);
+    // the CUDA twin's four draws a thread (`stochastic_draws4`) are the same numbers, float
+    // and double, across a block boundary and a counter past 2^32 blocks
+    for (const std::uint64_t quad :
+         {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{7}, (std::uint64_t{1} << 33) + 3}) {
+      std::uint32_t four[4], four_double[4];
+      squall::stochastic_draws4<float>(c.seed, stream, quad, four);
+      squall::stochastic_draws4<double>(c.seed, stream, quad, four_double);
+      for (std::uint64_t t = 0; t < 4; ++t) {
+        REQUIRE(four[t] == squall::stochastic_draw<float>(c.seed, stream, 4 * quad + t));
+        REQUIRE(four_double[t] == squall::stochastic_draw<double>(c.seed, stream, 4 * quad + t));
+        REQUIRE(four_double[t] == squall::random_word(c.seed, stream, 4 * quad + t));
+      }
+    }
     // the same key gives the same payload; another step or rank another one
     CHECK(encode(c, g, stream) == encode(c, g, stream));
     CHECK(encode(c, g, stream) != encode(c, g, {78, 3}));
