@@ -364,7 +364,7 @@ TEST_SUITE("homomorphic") {
       float, double) {
     // inverse steps that are powers of two keep y / step exact, so a fused multiply-add in one
     // path and not the other cannot move a code
-    using draw = squall::kernels::hq_draw<T>;
+    using draw = squall::stochastic_draw_unit<T>;
     std::uint64_t x = 99;
     const auto next = [&x] {
       x = x * 6364136223846793005ull + 1442695040888963407ull;

@@ -17,6 +17,7 @@
 #include <Random123/philox.h>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>  // conditional_t, is_same_v
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
 #include <immintrin.h>  // the AVX2 Philox of philox_fill
@@ -287,17 +288,36 @@ SQUALL_HOST_DEVICE inline std::uint32_t random_word(std::uint64_t seed, random_s
   return philox(seed, stream, element / 4).word[element % 4];
 }
 
-/// Element `element`'s draw for a stochastic rounding of values of type `T`, as a 32-bit word
-/// read from its top bits: for float 16 random bits, half `element % 2` (the low one first) of
-/// word `element / 2`, so that one Philox block serves 8 elements, placed in the word's top half
-/// (the bottom half zero; a rounding up with probability p then happens with probability
-/// ceil(p x 2^16) / 2^16); for double the whole `random_word`.
+/// Random bits a stochastic rounding of a value of type `T` draws: 16 for float (two elements a
+/// Philox word: the rounding's bias is at most 2^-16 of a step, far below what float's 24-bit
+/// fraction carries of it), 32 for double. Element e's draw is unit e of
+/// `stochastic_draw_unit<T>` in the bytes of the stream's Philox words (on the little-endian
+/// hosts the kernels target, the low half of word e / 2 first for float), the layout hq and the
+/// quantizers read in place.
+template <class T>
+inline constexpr unsigned stochastic_draw_bits = std::is_same_v<T, float> ? 16 : 32;
+/// A draw's type (`stochastic_draw_bits`).
+template <class T>
+using stochastic_draw_unit =
+    std::conditional_t<stochastic_draw_bits<T> == 16, std::uint16_t, std::uint32_t>;
+
+/// A quantizer's draw as the 32-bit word its rounding reads from the top bits: a 16-bit draw
+/// in the top half (the bottom half zero, so a rounding up with probability p happens with
+/// probability ceil(p x 2^16) / 2^16), a 32-bit one as it is.
+template <class T>
+SQUALL_HOST_DEVICE constexpr std::uint32_t draw_as_word(std::uint32_t draw) {
+  return stochastic_draw_bits<T> == 16 ? draw << 16 : draw;
+}
+
+/// Element `element`'s draw for a quantizer's stochastic rounding of values of type `T`, as
+/// `draw_as_word` gives it: for float half `element % 2` of word `element / 2`, so that one
+/// Philox block serves 8 elements; for double the whole `random_word`.
 template <class T>
 SQUALL_HOST_DEVICE inline std::uint32_t stochastic_draw(std::uint64_t seed, random_stream stream,
                                                         std::uint64_t element) {
-  if constexpr (sizeof(T) == 4) {
+  if constexpr (stochastic_draw_bits<T> == 16) {
     const std::uint32_t word = philox(seed, stream, element / 8).word[(element / 2) % 4];
-    return element % 2 == 0 ? word << 16 : word & 0xffff0000u;
+    return draw_as_word<T>((word >> (16 * (element % 2))) & 0xffffu);
   } else {
     return random_word(seed, stream, element);
   }
@@ -308,7 +328,7 @@ SQUALL_HOST_DEVICE inline std::uint32_t stochastic_draw(std::uint64_t seed, rand
 template <class T>
 SQUALL_HOST_DEVICE inline void stochastic_draws4(std::uint64_t seed, random_stream stream,
                                                  std::uint64_t quad, std::uint32_t (&words)[4]) {
-  if constexpr (sizeof(T) == 4) {
+  if constexpr (stochastic_draw_bits<T> == 16) {
     const philox_block block = philox(seed, stream, quad / 2);
     const auto at = static_cast<unsigned>(2 * (quad % 2));
     words[0] = block.word[at] << 16;

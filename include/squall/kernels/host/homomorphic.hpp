@@ -69,19 +69,10 @@ SQUALL_HOST_DEVICE constexpr std::size_t hq_words_for(std::size_t n, unsigned pe
   return n / group * hq_group_words + (rest < hq_group_words ? rest : hq_group_words);
 }
 
-/// Random bits a code draws: 16 for float (two codes a Philox word: the rounding's bias is at
-/// most 2^-16 of a level, far below what float's 24-bit fraction carries of it), 32 for double.
-template <class A>
-inline constexpr unsigned hq_draw_bits = std::is_same_v<A, float> ? 16 : 32;
-/// A draw's type: element j's draw is unit j of this type in the bytes of the Philox words (on
-/// the little-endian hosts the kernels target, the low half of word j / 2 first for float).
-template <class A>
-using hq_draw = std::conditional_t<hq_draw_bits<A> == 16, std::uint16_t, std::uint32_t>;
-
 /// The stochastic code of `scaled` (a rotated value divided by the step s / L): shifted to
 /// [0, 2L], clamped there (a NaN becomes 0), and rounded down or up with the probability that
-/// keeps the mean, from `draw`, uniform in [0, 2^hq_draw_bits<A>). Branch-free selects, so the
-/// host loop vectorizes.
+/// keeps the mean, from `draw`, uniform in [0, 2^stochastic_draw_bits<A>). Branch-free selects, so
+/// the host loop vectorizes.
 template <class A>
 SQUALL_HOST_DEVICE SQUALL_FORCEINLINE std::uint8_t hq_code(A scaled, std::uint32_t levels,
                                                            std::uint32_t draw) {
@@ -582,7 +573,7 @@ template <class T, unsigned W>
 SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
     const T* SQUALL_RESTRICT y, const unsigned char* SQUALL_RESTRICT draws, std::size_t groups,
     T inverse_step, std::uint32_t levels, std::uint64_t* SQUALL_RESTRICT words) {
-  using D = hq_draw<T>;
+  using D = stochastic_draw_unit<T>;
   typedef T reals __attribute__((vector_size(sizeof(T) * hq_group_words)));
   typedef D draw_lanes __attribute__((vector_size(sizeof(D) * hq_group_words)));
   typedef std::int32_t ints __attribute__((vector_size(4 * hq_group_words)));
@@ -591,7 +582,7 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
   typedef std::uint64_t quad __attribute__((vector_size(32)));  // one AVX2 register
   static_assert(hq_group_words == 8);
   constexpr unsigned per_word = 64 / W;
-  constexpr T draw_range = static_cast<T>(std::uint64_t{1} << hq_draw_bits<T>);
+  constexpr T draw_range = static_cast<T>(std::uint64_t{1} << stochastic_draw_bits<T>);
   const reals zero = {};
   const reals shift = zero + static_cast<T>(levels);
   const reals top = zero + static_cast<T>(2 * levels);
@@ -666,15 +657,15 @@ inline std::uint64_t hq_unpack(const std::uint64_t* words, std::size_t first, st
 }
 
 /// The codes of the `n` rotated values `y` of elements first, first + 1, ... against
-/// 1 / step (`hq_code`; element j's draw is unit j of `hq_draw<T>` in the bytes of the Philox
-/// words `random`, read in place; `random` starts at element first's draw, so first x
-/// sizeof(hq_draw<T>) is a multiple of 4), ORed into their fields of `words` (the layout of
-/// `hq_place_of`): whole groups in vectors (`detail::hq_code_groups`), the elements outside
-/// them one at a time.
+/// 1 / step (`hq_code`; element j's draw is unit j of `stochastic_draw_unit<T>` in the bytes of the
+/// Philox words `random`, read in place; `random` starts at element first's draw, so first x
+/// sizeof(stochastic_draw_unit<T>) is a multiple of 4), ORed into their fields of `words` (the
+/// layout of `hq_place_of`): whole groups in vectors (`detail::hq_code_groups`), the elements
+/// outside them one at a time.
 template <class T>
 void hq_code_pack(const T* y, const std::uint32_t* random, std::size_t first, std::size_t n,
                   T inverse_step, std::uint32_t levels, unsigned field, std::uint64_t* words) {
-  using D = hq_draw<T>;
+  using D = stochastic_draw_unit<T>;
   const auto* draws = reinterpret_cast<const unsigned char*>(random);
   detail::with_field_width(field, [&](auto width) {
     constexpr unsigned W = width();
@@ -743,8 +734,9 @@ void hq_range(const host_backend& /*b*/, const hq_shape& s, const T* in, bool bo
 
 /// Writes the codes of the rotation of `in` against `scale` (the agreed range) into `words`
 /// (s.words() of them, the layout of `hq_place_of`), element i's code drawn from Philox
-/// (seed, stream): unit i of `hq_draw<T>` in its words (16 bits for float, 32 for double). With
-/// `find_bad`, returns the first element whose value was not finite; else, or with none, `count`.
+/// (seed, stream): unit i of `stochastic_draw_unit<T>` in its words (16 bits for float, 32 for
+/// double). With `find_bad`, returns the first element whose value was not finite; else, or with
+/// none, `count`.
 template <class T>
 std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in, double scale,
                       std::uint64_t seed, random_stream stream, bool find_bad,
@@ -753,10 +745,11 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
   const T inverse_step = scale > 0 ? static_cast<T>(levels / scale) : T{0};
   std::fill(words, words + s.words(), std::uint64_t{0});
   alignas(64) T buf[hq_max_block];  // one block, on the stack: no allocation per call
-  // element j's draw: unit j of hq_draw<T> in the stream's words (`hq_code_pack`), the words
-  // those of Philox block j / 8 (float) or j / 4 (double); first is a multiple of 1024
-  constexpr std::size_t per_block = 16 / sizeof(hq_draw<T>);  // draws of one Philox block
-  alignas(64) std::uint32_t random[hq_max_block * sizeof(hq_draw<T>) / 4];
+  // element j's draw: unit j of stochastic_draw_unit<T> in the stream's words (`hq_code_pack`), the
+  // words those of Philox block j / 8 (float) or j / 4 (double); first is a multiple of 1024
+  constexpr std::size_t per_block =
+      16 / sizeof(stochastic_draw_unit<T>);  // draws of one Philox block
+  alignas(64) std::uint32_t random[hq_max_block * sizeof(stochastic_draw_unit<T>) / 4];
   std::size_t bad = s.count;
   for (std::size_t k = 0; k < s.blocks(); ++k) {
     const std::size_t first = k * hq_max_block;

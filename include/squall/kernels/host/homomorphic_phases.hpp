@@ -36,7 +36,7 @@ SQUALL_HOST_DEVICE constexpr std::size_t block_length(std::size_t count, std::si
 /// Philox words of a block: the signs' (one bit an element) and the draws' (16 or 32 bits).
 inline constexpr std::size_t sign_words = hq_max_block / 32;
 template <class T>
-inline constexpr std::size_t draw_words = hq_max_block* hq_draw_bits<T> / 32;
+inline constexpr std::size_t draw_words = hq_max_block* stochastic_draw_bits<T> / 32;
 
 /// Philox blocks `first`, ..., `first` + `blocks` - 1 of (seed, stream) into `words` (4 words
 /// each, as `philox_fill` writes them), split over the threads.
@@ -64,15 +64,16 @@ template <class T>
 SQUALL_HOST_DEVICE inline void draws(unsigned t, unsigned threads, std::uint64_t seed,
                                      random_stream stream, std::size_t first, std::size_t length,
                                      std::uint32_t* words) {
-  constexpr std::size_t per_block = 16 / sizeof(hq_draw<T>);  // draws of one Philox block
+  constexpr std::size_t per_block =
+      16 / sizeof(stochastic_draw_unit<T>);  // draws of one Philox block
   philox_words(t, threads, seed, stream, first / per_block, (length + per_block - 1) / per_block,
                words);
 }
 
-/// Element j's draw: unit j of `hq_draw<T>` in `words` (the low half of a word first).
+/// Element j's draw: unit j of `stochastic_draw_unit<T>` in `words` (the low half of a word first).
 template <class T>
 SQUALL_HOST_DEVICE inline std::uint32_t draw_of(const std::uint32_t* words, unsigned j) {
-  if constexpr (hq_draw_bits<T> == 16) {
+  if constexpr (stochastic_draw_bits<T> == 16) {
     return (words[j / 2] >> (16 * (j % 2))) & 0xffffu;
   } else {
     return words[j];

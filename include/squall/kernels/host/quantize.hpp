@@ -134,30 +134,13 @@ namespace detail {
 /// Elements per inner block of the host loops (codes and random words stay in L1).
 inline constexpr std::size_t quantize_block = 1024;
 
-/// words[2 j] and words[2 j + 1] from the low and the high half of halves[j], each in the top
-/// half of its word, for j < `pairs`.
-SQUALL_HOST_CLONES inline void spread_halves(const std::uint32_t* SQUALL_RESTRICT halves,
-                                             std::size_t pairs,
-                                             std::uint32_t* SQUALL_RESTRICT words) {
-  for (std::size_t j = 0; j < pairs; ++j) {
-    words[2 * j] = halves[j] << 16;
-    words[2 * j + 1] = halves[j] & 0xffff0000u;
-  }
-}
-
-/// `stochastic_draw<T>` of elements `first` ... `first + m - 1` into `words` (m at most
-/// `quantize_block`, `first` a multiple of 8): for float one Philox block per 8 elements, half
-/// the work of a word each.
+/// Element k's draw, unit k of `stochastic_draw_unit<T>` in the bytes of the Philox words
+/// `draws` (read in place, as hq does), as the word the rounding reads (`draw_as_word`).
 template <class T>
-void stochastic_words(std::uint64_t seed, random_stream stream, std::size_t first, std::size_t m,
-                      std::uint32_t* words) {
-  if constexpr (sizeof(T) == 4) {
-    alignas(64) std::uint32_t halves[quantize_block / 2];
-    philox_fill(seed, stream, first / 8, (m + 7) / 8, halves);
-    spread_halves(halves, (m + 1) / 2, words);
-  } else {
-    philox_fill(seed, stream, first / 4, (m + 3) / 4, words);
-  }
+SQUALL_FORCEINLINE std::uint32_t draw_at(const unsigned char* draws, std::size_t k) {
+  stochastic_draw_unit<T> unit;
+  std::memcpy(&unit, draws + k * sizeof unit, sizeof unit);
+  return draw_as_word<T>(unit);
 }
 
 /// Buckets up to this size have their successors prefetched (`quantize`).
@@ -251,21 +234,21 @@ bucket_stats_of(const T* SQUALL_RESTRICT v, std::size_t n) {
 template <quantize_scheme Q, class T>
 SQUALL_HOST_CLONES_AVX512 void quantize_float8_loop(const T* SQUALL_RESTRICT in, std::size_t n,
                                                     T inverse,
-                                                    const std::uint32_t* SQUALL_RESTRICT words,
+                                                    const unsigned char* SQUALL_RESTRICT draws,
                                                     std::uint8_t* SQUALL_RESTRICT codes) {
   for (std::size_t k = 0; k < n; ++k)
-    codes[k] = quantize_code(Q, in[k], inverse, Q.stochastic ? words[k] : 0u);
+    codes[k] = quantize_code(Q, in[k], inverse, Q.stochastic ? draw_at<T>(draws, k) : 0u);
 }
 
 template <quantize_scheme Q, class T>
 SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES_AVX512 void quantize_block_loop(
     const T* SQUALL_RESTRICT in, std::size_t n, T inverse,
-    const std::uint32_t* SQUALL_RESTRICT words, std::uint8_t* SQUALL_RESTRICT codes) {
+    const unsigned char* SQUALL_RESTRICT draws, std::uint8_t* SQUALL_RESTRICT codes) {
   if constexpr (Q.float8 != 0) {
-    quantize_float8_loop<Q>(in, n, inverse, words, codes);
+    quantize_float8_loop<Q>(in, n, inverse, draws, codes);
   } else {
     for (std::size_t k = 0; k < n; ++k)
-      codes[k] = quantize_code(Q, in[k], inverse, Q.stochastic ? words[k] : 0u);
+      codes[k] = quantize_code(Q, in[k], inverse, Q.stochastic ? draw_at<T>(draws, k) : 0u);
   }
 }
 
@@ -324,13 +307,13 @@ T fitted_scale(double* dot, double* square, T sent) {
 /// The same for a bucket whose levels / scale overflows T (a subnormal scale): values and
 /// scale go through double multiplied by 2^600 (exact), where levels / scale is finite.
 template <quantize_scheme Q, class T>
-void quantize_block_wide(const T* in, std::size_t n, double scale, const std::uint32_t* words,
+void quantize_block_wide(const T* in, std::size_t n, double scale, const unsigned char* draws,
                          std::uint8_t* codes) {
   constexpr double up = 0x1p600;
   const double inverse = static_cast<double>(Q.levels) / (scale * up);
   for (std::size_t k = 0; k < n; ++k) {
-    codes[k] =
-        quantize_code(Q, static_cast<double>(in[k]) * up, inverse, Q.stochastic ? words[k] : 0u);
+    codes[k] = quantize_code(Q, static_cast<double>(in[k]) * up, inverse,
+                             Q.stochastic ? draw_at<T>(draws, k) : 0u);
   }
 }
 
@@ -428,7 +411,10 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
   static_assert(detail::quantize_block % detail::fit_lanes == 0);
   std::size_t first_bad = count;
   std::uint8_t block_codes[detail::quantize_block];
-  alignas(64) std::uint32_t words[detail::quantize_block];
+  // a block's Philox words, element k's draw unit k of their bytes (`detail::draw_at`)
+  constexpr std::size_t per_block = 16 / sizeof(stochastic_draw_unit<T>);  // draws a Philox block
+  alignas(64) std::uint32_t random[detail::quantize_block * sizeof(stochastic_draw_unit<T>) / 4];
+  const auto* draws = reinterpret_cast<const unsigned char*>(random);
   alignas(64) double dot[detail::fit_lanes];
   alignas(64) double square[detail::fit_lanes];
   // Small buckets alternate a read of the bucket from memory (its scale) with a pass in L1
@@ -468,11 +454,13 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
       if (!usable) {
         std::memset(block_codes, zero_code(Q), m);
       } else {
-        if constexpr (Q.stochastic) detail::stochastic_words<T>(seed, stream, first, m, words);
+        if constexpr (Q.stochastic) {
+          philox_fill(seed, stream, first / per_block, (m + per_block - 1) / per_block, random);
+        }
         if (std::isfinite(inverse)) {
-          detail::quantize_block_loop<Q>(in + first, m, inverse, words, block_codes);
+          detail::quantize_block_loop<Q>(in + first, m, inverse, draws, block_codes);
         } else {
-          detail::quantize_block_wide<Q>(in + first, m, stats.scale, words, block_codes);
+          detail::quantize_block_wide<Q>(in + first, m, stats.scale, draws, block_codes);
         }
       }
       detail::pack_codes<Q.width>(block_codes, m, codes + first * Q.width / 8);
