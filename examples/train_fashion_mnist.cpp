@@ -54,7 +54,8 @@
 #include <exception>
 #include <string>
 #if defined(__SSE__)
-#include <xmmintrin.h>  // _mm_setcsr
+#include <pmmintrin.h>  // _MM_SET_DENORMALS_ZERO_MODE
+#include <xmmintrin.h>  // _MM_SET_FLUSH_ZERO_MODE
 #endif
 
 #if SQUALL_EXAMPLE_WITH_MPI
@@ -212,7 +213,8 @@ int main(int argc, char** argv) {
   const settings s = parse(argc, argv);
   if (s.flush_denormals) {  // before the ranks start: forked ranks and threads inherit it
 #if defined(__SSE__)
-    _mm_setcsr(_mm_getcsr() | _MM_FLUSH_ZERO_ON | 0x0040);  // FTZ, and DAZ (bit 6)
+    _MM_SET_FLUSH_ZERO_MODE(_MM_FLUSH_ZERO_ON);
+    _MM_SET_DENORMALS_ZERO_MODE(_MM_DENORMALS_ZERO_ON);
 #else
     usage("--flush-denormals needs an x86 CPU with SSE");
 #endif
