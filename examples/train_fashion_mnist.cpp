@@ -8,26 +8,29 @@
 //                       [--hidden H] [--compressor SPEC[,SPEC...]] [--train-subset N]
 //                       [--test-subset N] [--data DIR] [--csv FILE] [--seed S]
 //                       [--transport shm|mpi] [--require-accuracy FRACTION]
-//                       [--overlap PIECES]
+//                       [--overlap PIECES] [--registered on|off]
 //
 // SPEC is squall's compressor name (squall/compress/by_name.hpp): none, cast:bf16, int8,
 // qsgd:4, terngrad, sign+ef, topk:0.01+ef, topk:0.001+ef@gtopk, randomk:0.01,
 // count_sketch:16384, count_sketch:4096+ef@two_round, fetchsgd:16384, powersgd:4+ef, ... Each
-// SPEC trains the same network from the same initial weights on P ranks (ring topology): -n P
-// forked processes joined by the shared-memory transport, or with --transport mpi the ranks
-// mpiexec started (the same code,
-// squall::mpi_transport in place of squall::shm_transport). Rank r trains on its B images of each
-// global batch of P x B; the gradients of the two weight matrices go through the compressed
-// allreduce (each with its own state: residual, PowerSGD's Q viewed as the layer's matrix), the 266
-// biases through a dense one, and so does a matrix whose fixed-size payload would not be smaller
-// than its values (a wide count sketch of W2). With error feedback the momentum is applied before
-// the allreduce (DGC's momentum correction), without it after; FetchSGD (fetchsgd:COLS) keeps
-// the momentum (--momentum) and the error in its sketches, so its result is the step itself.
-// With --overlap K the allreduces are non-blocking and overlap backward: W2's starts as soon
-// as backward has computed it, W1's gradient is computed in K blocks of rows, each block's
-// allreduce (with a compression state of its own) started as soon as it is done, then the
+// SPEC trains the same network from the same initial weights on P ranks: -n P forked processes
+// joined by the shared-memory transport, or with --transport mpi the ranks mpiexec started (the
+// same code, squall::mpi_transport in place of squall::shm_transport). Rank r trains on its B
+// images of each global batch of P x B; the gradients of the two weight matrices go through the
+// compressed allreduce on the ring topology (each with its own state: residual, PowerSGD's Q
+// viewed as the layer's matrix), the 266 biases through a dense one on the automatic topology,
+// and so does a matrix whose fixed-size payload would not be smaller than its values (a wide
+// count sketch of W2), and with `none` every tensor. On the shared-memory transport the
+// gradients lie in registered memory (--registered on, the default there; off: on the heap),
+// so that a dense allreduce reads the peers' gradients where they are, with plain loads (direct's
+// one-shot, which the automatic topology picks on one host). With error feedback the momentum is
+// applied before the allreduce (DGC's momentum correction), without it after; FetchSGD
+// (fetchsgd:COLS) keeps the momentum (--momentum) and the error in its sketches, so its result is
+// the step itself. With --overlap K the allreduces are non-blocking and overlap backward: W2's
+// starts as soon as backward has computed it, W1's gradient is computed in K blocks of rows, each
+// block's allreduce (with a compression state of its own) started as soon as it is done, then the
 // biases'; the step waits for them all before the update (DDP's and Horovod's overlap; over
-// MPI it needs MPI_THREAD_MULTIPLE, the two communicators' progress threads calling at once).
+// MPI it needs MPI_THREAD_MULTIPLE, the communicators' progress threads calling at once).
 // Without it (0, the default) the same parts are reduced blocking, W1 whole.
 // A learning rate or momentum other than the defaults (0.05, 0.9) is part of the name each run
 // prints and writes ("sign:0+ef@gather lr 0.02", "randomk:0.1+ef lr 0.1 momentum 0.5"), so that
@@ -83,7 +86,8 @@ using fashion_mnist::settings;
       "[--hidden H] "
       "[--compressor SPEC[,SPEC...]] "
       "[--train-subset N] [--test-subset N] [--data DIR] [--csv FILE] [--seed S] "
-      "[--transport shm|mpi] [--require-accuracy FRACTION] [--overlap PIECES]\n"
+      "[--transport shm|mpi] [--require-accuracy FRACTION] [--overlap PIECES] "
+      "[--registered on|off]\n"
       "SPEC: %s\n",
       why.c_str(), squall::compressor_usage().c_str());
   std::exit(2);
@@ -150,7 +154,10 @@ settings parse(int argc, char** argv) {
       s.require_accuracy = number(a, v);
     else if (a == "--overlap")
       s.overlap = static_cast<std::size_t>(number(a, v));
-    else
+    else if (a == "--registered") {
+      if (v != "on" && v != "off") usage("--registered takes on or off");
+      s.registered = v == "on";
+    } else
       usage("unknown option " + a);
   }
   if (s.ranks < 1 || s.ranks > 64) usage("-n must be 1..64");
@@ -159,6 +166,8 @@ settings parse(int argc, char** argv) {
   if (s.hidden < 1) usage("--hidden must be at least 1");
   if (s.momentum >= 1) usage("--momentum must be below 1");
   if (s.overlap > 784) usage("--overlap: at most 784 pieces (W1's rows)");
+  if (s.registered == true && s.transport != "shm")
+    usage("--registered on: registered memory is the shm transport's (--transport shm)");
   for (std::size_t at = 0; at <= compressors.size();) {
     const std::size_t comma = std::min(compressors.find(',', at), compressors.size());
     try {
@@ -177,8 +186,8 @@ settings parse(int argc, char** argv) {
 /// MPI_Init and MPI_Finalize around main's body, when --transport mpi.
 struct mpi_session {
   bool on = false;
-  // with `threads`, MPI_THREAD_MULTIPLE: the two communicators' progress threads call MPI at
-  // the same time (--overlap)
+  // with `threads`, MPI_THREAD_MULTIPLE: the communicators' progress threads call MPI at the
+  // same time (--overlap)
   mpi_session(int& argc, char**& argv, bool wanted, bool threads) : on(wanted) {
     if (!on) return;
     if (!threads) {

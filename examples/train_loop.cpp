@@ -20,13 +20,15 @@ int train_loop(int rank, int size, exchange& ex, const exchange::facts& f, const
   const std::size_t pieces = f.w1.size();
   const std::string label =
       f.label + (warms ? " warm-up " + std::to_string(s.sparsity_warmup) : std::string()) + rate +
-      (s.overlap > 0 ? " overlap " + std::to_string(s.overlap) : std::string());
+      (s.overlap > 0 ? " overlap " + std::to_string(s.overlap) : std::string()) +
+      (s.registered == false ? " registered off" : "");
   if (rank == 0) {
-    std::printf("# %s: W1 (%zu values%s) %s, W2 (%zu) %s, biases (%zu) dense\n", label.c_str(),
-                model.w1_count(),
+    std::printf("# %s: W1 (%zu values%s) %s, W2 (%zu) %s, biases (%zu) dense; gradients in %s\n",
+                label.c_str(), model.w1_count(),
                 s.overlap > 0 ? (", " + std::to_string(pieces) + " pieces").c_str() : "",
                 f.w1.front().compress ? "compressed" : "dense", model.w2_count(),
-                f.compress_w2 ? "compressed" : "dense", model.bias_count());
+                f.compress_w2 ? "compressed" : "dense", model.bias_count(),
+                f.registered ? "registered memory" : "heap memory");
   }
   // Momentum: with error feedback each rank keeps its own velocity and compresses that, the
   // residual holding what it has not sent yet (DGC's momentum correction, Lin et al., ICLR
@@ -47,7 +49,8 @@ int train_loop(int rank, int size, exchange& ex, const exchange::facts& f, const
     return static_cast<float>(0.5 * s.lr * (1 + std::cos(3.141592653589793 * t)));
   };
   std::vector<float> params = model.initial_parameters(s.seed);
-  std::vector<float> grads(params.size()), velocity(params.size(), 0.0f);
+  const std::span<float> grads = f.gradients;  // registered memory, or the heap
+  std::vector<float> velocity(params.size(), 0.0f);
   fashion_mnist::workspace ws;
   const std::size_t per_step = s.batch * static_cast<std::size_t>(size);
   const std::size_t steps = train_count / per_step;

@@ -125,7 +125,7 @@ inline std::size_t w1_row(const mlp& m, std::size_t k, std::size_t pieces) {
 /// computed: the overlap of backward and communication that DDP and Horovod do.
 template <class Ready>
 void backward(const mlp& m, const std::vector<float>& p, const float* x, const std::uint8_t* labels,
-              std::size_t batch, workspace& ws, std::vector<float>& g, std::size_t pieces,
+              std::size_t batch, workspace& ws, std::span<float> g, std::size_t pieces,
               Ready&& ready) {
   const int b = static_cast<int>(batch), n = static_cast<int>(m.inputs),
             h = static_cast<int>(m.hidden), c = static_cast<int>(m.classes);

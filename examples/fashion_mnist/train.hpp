@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>  // memcmp
 #include <numeric>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -53,6 +54,9 @@ struct settings {
   std::string transport = "shm";  // shm: fork -n ranks; mpi: the ranks mpiexec started
   double require_accuracy = 0;    // exit 4 if a run ends below it (tests)
   std::size_t overlap = 0;        // --overlap K: W1 in K pieces, non-blocking (0: blocking)
+  // --registered on|off: the gradients in registered memory; unset, where the transport has
+  // it (shm)
+  std::optional<bool> registered;
 };
 
 /// Trains once per --compressor on -n forked ranks joined by shm_transport (train_shm.cpp);
@@ -94,17 +98,17 @@ inline double warmup_density(double target, int epoch, int epochs) {
   return 0.25 * std::pow(target / 0.25, static_cast<double>(epoch - 1) / epochs);
 }
 
-/// Who this rank is, and how it makes a transport for each of its two communicators.
+/// Who this rank is, and how it makes a transport for each of its communicators.
 template <class Transport, class Make>
 struct rank_of_job {
   int rank = 0;
   int size = 1;
-  Make make;  // Transport make(std::string_view part): "w1" or "w2"
+  Make make;  // Transport make(std::string_view part): "dense", "w1" or "w2"
 };
 
-/// What the training loop needs of one rank's two communicators (W1's and W2's), whatever the
-/// transport and the compressor: the loop is compiled once, this is implemented by `train` for
-/// each of them.
+/// What the training loop needs of one rank's communicators (the dense one, W1's and W2's),
+/// whatever the transport and the compressor: the loop is compiled once, this is implemented by
+/// `train` for each of them.
 class exchange {
  public:
   /// One block of W1's rows in the flat gradient, reduced on its own (with --overlap K, K of
@@ -123,6 +127,8 @@ class exchange {
     double target_ratio = 0;       ///< that ratio
     std::vector<piece> w1;         ///< W1's pieces
     bool compress_w2 = false;
+    std::span<float> gradients;  ///< the flat gradient the loop computes into (`exchange` owns it)
+    bool registered = false;     ///< `gradients` lies in registered memory
   };
 
   virtual ~exchange() = default;
@@ -148,18 +154,27 @@ class exchange {
 int train_loop(int rank, int size, exchange& ex, const exchange::facts& f, const settings& s,
                const dataset& data, std::size_t train_count, std::size_t test_count);
 
-/// One rank's training with compressor C: its two communicators behind `exchange`, then
-/// `train_loop`.
+/// One rank's training with compressor C: its communicators behind `exchange`, then
+/// `train_loop`. The tensors C compresses go through a ring communicator of C per weight
+/// matrix; every tensor sent dense (all of them for `none`, the biases, a matrix C would not
+/// make smaller) through one dense communicator on the automatic topology, which on one host
+/// picks direct's one-shot: with the gradients in its registered memory (shm, --registered on)
+/// each rank reads the peers' gradients with plain loads, no system call and no copy between.
 template <class Transport, class Make, class C>
 int train(const rank_of_job<Transport, Make>& me, C compressor,
           const squall::compressor_choice& choice, const settings& s,
           const fashion_mnist::dataset& data, std::size_t train_count, std::size_t test_count) {
   using comm_type = squall::communicator<Transport, squall::ring_topology, C>;
+  using dense_type = squall::communicator<Transport, squall::automatic_topology>;
   using state_type = typename comm_type::template state_type<float>;
   constexpr bool dense = std::is_same_v<C, squall::identity_compressor>;
   const fashion_mnist::mlp model{.hidden = s.hidden};
-  const squall::collective_tuning tuning = choice.tuned({});
-  // one communicator per weight matrix, so that PowerSGD sees each as its layer's matrix
+  // a NaN or infinity in a gradient stops every rank at once, naming it, before it can enter
+  // a payload, the sum or an error-feedback residual
+  const squall::options opts{.check_finite = true};
+  dense_type dense_comm(me.make("dense"), {}, opts);
+  // one compressing communicator per weight matrix, so that PowerSGD sees each as its layer's
+  // matrix (none for `none`)
   C c1 = compressor, c2 = compressor;
   set_columns(c1, model.hidden);
   set_columns(c2, model.classes);
@@ -167,28 +182,29 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
   // tensors it compresses take its result as the step (no velocity of their own)
   constexpr bool sketch_momentum = requires { c1.momentum = 0.9; };
   if constexpr (sketch_momentum) c1.momentum = c2.momentum = static_cast<double>(s.momentum);
-  // a NaN or infinity in a gradient stops every rank at once, naming it, before it can enter
-  // a payload, the sum or an error-feedback residual
-  const squall::options opts{.check_finite = true};
-  comm_type comm1(me.make("w1"), {}, c1, opts, tuning);
-  comm_type comm2(me.make("w2"), {}, c2, opts, tuning);
+  std::optional<comm_type> comm1, comm2;
+  if constexpr (!dense) {
+    const squall::collective_tuning tuning = choice.tuned({});
+    comm1.emplace(me.make("w1"), squall::ring_topology{}, c1, opts, tuning);
+    comm2.emplace(me.make("w2"), squall::ring_topology{}, c2, opts, tuning);
+  }
   // A tensor whose fixed-size payload is not smaller than its dense bytes goes dense: a
   // 3 x 4096 count sketch of W2's 2,560 values would send 4.8 times their bytes.
-  const auto worth = [&](const comm_type& comm, std::size_t count) {
+  const auto worth = [&](const std::optional<comm_type>& comm, std::size_t count) {
     if constexpr (dense)
       return false;
     else if constexpr (!squall::compression_traits<squall::inner_compressor_t<C>>::fixed_size)
       return true;
     else if constexpr (requires {
-                         squall::inner_of(comm.compressor())
+                         squall::inner_of(comm->compressor())
                              .max_payload_bytes(squall::dtype::float32, count, 1u);
                        })  // hq: its size on these ranks, not its bound for any number
-      return squall::inner_of(comm.compressor())
+      return squall::inner_of(comm->compressor())
                  .max_payload_bytes(squall::dtype::float32, count,
-                                    static_cast<std::uint32_t>(comm.size())) <
+                                    static_cast<std::uint32_t>(comm->size())) <
              count * sizeof(float);
     else
-      return comm.compressor().max_payload_bytes(squall::dtype::float32, count) <
+      return comm->compressor().max_payload_bytes(squall::dtype::float32, count) <
              count * sizeof(float);
   };
   // Momentum: with error feedback each rank keeps its own velocity and compresses that (the
@@ -213,84 +229,103 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
     const std::size_t count = fashion_mnist::w1_row(model, k + 1, pieces) * model.hidden - from;
     const bool compress = worth(comm1, count);
     f.w1.push_back({from, count, compress});
-    w1_states.push_back(comm1.template make_state<float>(compress ? count : 0));
+    if constexpr (!dense)
+      w1_states.push_back(comm1->template make_state<float>(compress ? count : 0));
   }
   f.compress_w2 = worth(comm2, model.w2_count());
-  state_type state2 = comm2.template make_state<float>(f.compress_w2 ? model.w2_count() : 0);
+  std::optional<state_type> state2;
+  if constexpr (!dense)
+    state2.emplace(comm2->template make_state<float>(f.compress_w2 ? model.w2_count() : 0));
   C ratio_of = compressor;
   if (const double* ratio = topk_ratio(ratio_of)) {
     f.has_ratio = true;
     f.target_ratio = *ratio;
   }
+  // The flat gradient: in the dense communicator's registered memory where the transport has
+  // it (collective: every rank allocates it, the same size, here), else on the heap.
+  std::vector<float> heap_gradients;
+  std::optional<squall::registered_buffer<float>> registered_gradients;
+  if constexpr (squall::registered_memory_transport<Transport>) {
+    if (s.registered.value_or(true))
+      registered_gradients =
+          dense_comm.transport().template allocate<float>(model.parameter_count());
+  }
+  if (registered_gradients) {
+    f.gradients = std::span(registered_gradients->data(), registered_gradients->size());
+    f.registered = true;
+  } else {
+    heap_gradients.resize(model.parameter_count());
+    f.gradients = heap_gradients;
+  }
 
   class of_communicators final : public exchange {
    public:
-    of_communicators(comm_type& comm1, comm_type& comm2, std::vector<state_type>& w1_states,
-                     state_type& state2, const facts& f)
-        : comm1_(comm1), comm2_(comm2), w1_states_(w1_states), state2_(state2), f_(f) {}
+    of_communicators(dense_type& dense_comm, std::optional<comm_type>& comm1,
+                     std::optional<comm_type>& comm2, std::vector<state_type>& w1_states,
+                     std::optional<state_type>& state2, const facts& f)
+        : dense_(dense_comm),
+          comm1_(comm1),
+          comm2_(comm2),
+          w1_states_(w1_states),
+          state2_(state2),
+          f_(f) {}
 
     void reduce(part which, std::size_t k, std::span<float> g, bool start) override {
-      switch (which) {
-        case part::w2:
-          return reduce(comm2_, g, state2_, f_.compress_w2, start);
-        case part::w1_rows:
-          return reduce(comm1_, g, w1_states_[k], f_.w1[k].compress, start);
-        case part::biases:
-          return reduce(comm1_, g, state2_, false, start);
+      const squall::host_view<float> view(g.data(), g.size());
+      if constexpr (!dense) {
+        const bool w1 = which == part::w1_rows && f_.w1[k].compress;
+        if (w1 || (which == part::w2 && f_.compress_w2)) {
+          comm_type& comm = w1 ? *comm1_ : *comm2_;
+          state_type& state = w1 ? w1_states_[k] : *state2_;
+          if (start)
+            pending_.push_back(comm.iallreduce(view, state, squall::avg_op{}));
+          else
+            comm.allreduce(view, state, squall::avg_op{});
+          return;
+        }
       }
+      if (start)
+        pending_.push_back(dense_.iallreduce(view, squall::avg_op{}));
+      else
+        dense_.allreduce(view, squall::avg_op{});
     }
     void finish() override {
       for (squall::request& r : pending_) r.wait();
       pending_.clear();
     }
     std::uint64_t bytes_sent() const override {
-      return comm1_.bytes_sent_total() + comm2_.bytes_sent_total();
+      std::uint64_t sent = dense_.bytes_sent_total();
+      if constexpr (!dense) sent += comm1_->bytes_sent_total() + comm2_->bytes_sent_total();
+      return sent;
     }
     double across(double v, bool sum) override {
       if (sum)
-        comm1_.allreduce(squall::host_view<double>(&v, 1), squall::sum_op{});
+        dense_.allreduce(squall::host_view<double>(&v, 1), squall::sum_op{});
       else
-        comm1_.allreduce(squall::host_view<double>(&v, 1), squall::max_op{});
+        dense_.allreduce(squall::host_view<double>(&v, 1), squall::max_op{});
       return v;
     }
     void max_over_ranks(std::vector<float>& v) override {
-      comm1_.allreduce(squall::host_view<float>(v), squall::max_op{});
+      dense_.allreduce(squall::host_view<float>(v), squall::max_op{});
     }
     void set_ratio(double ratio) override {
-      for (comm_type* comm : {&comm1_, &comm2_}) {
-        C c = comm->compressor();
-        if (double* r = topk_ratio(c)) *r = ratio;
-        comm->set_compressor(c);
+      if constexpr (!dense) {
+        for (comm_type* comm : {&*comm1_, &*comm2_}) {
+          C c = comm->compressor();
+          if (double* r = topk_ratio(c)) *r = ratio;
+          comm->set_compressor(c);
+        }
       }
     }
     void mask_sent(float* velocity) override {
       if constexpr (masks) {
         for (std::size_t k = 0; k < f_.w1.size(); ++k)
           mask(w1_states_[k], velocity + f_.w1[k].from, f_.w1[k].compress);
-        mask(state2_, velocity + f_.w1.back().from + f_.w1.back().count, f_.compress_w2);
+        mask(*state2_, velocity + f_.w1.back().from + f_.w1.back().count, f_.compress_w2);
       }
     }
 
    private:
-    void reduce(comm_type& comm, std::span<float> g, state_type& state, bool compress, bool start) {
-      const squall::host_view<float> view(g.data(), g.size());
-      if (start) {
-        if constexpr (!dense) {
-          if (compress) {
-            pending_.push_back(comm.iallreduce(view, state, squall::avg_op{}));
-            return;
-          }
-        }
-        pending_.push_back(comm.iallreduce(view, squall::avg_op{}));
-        return;
-      }
-      if constexpr (dense)
-        comm.allreduce(view, squall::avg_op{});
-      else if (compress)
-        comm.allreduce(view, state, squall::avg_op{});
-      else
-        comm.allreduce(view, squall::avg_op{});
-    }
     // Where this rank sent its value (the residual is exactly 0 there after a top-k encode or
     // count sketch's second round; threshold sends +-tau and leaves a remainder, so it is not
     // masked), its velocity starts again from 0, so that stale momentum is not sent twice.
@@ -304,13 +339,14 @@ int train(const rank_of_job<Transport, Make>& me, C compressor,
       }
     }
 
-    comm_type& comm1_;
-    comm_type& comm2_;
+    dense_type& dense_;
+    std::optional<comm_type>& comm1_;
+    std::optional<comm_type>& comm2_;
     std::vector<state_type>& w1_states_;
-    state_type& state2_;
+    std::optional<state_type>& state2_;
     const facts& f_;
     std::vector<squall::request> pending_;  // with --overlap: this step's allreduces in flight
-  } ex(comm1, comm2, w1_states, state2, f);
+  } ex(dense_comm, comm1, comm2, w1_states, state2, f);
   return train_loop(me.rank, me.size, ex, f, s, data, train_count, test_count);
 }
 
