@@ -24,10 +24,11 @@
 // with the kernel's huge-page setting for shared memory (transparent_hugepage/shmem_enabled)
 // and how many MiB of the two buffers it backed with huge pages (the fewest of any rank).
 // --fresh (dense): before every call, warm-up and timed, squall's and MPI's alike, every rank
-// copies its input afresh from a private copy (the same values), so each call finds the input
-// just written, in the writer's cache, as a training step's new gradients are; without it a
-// call re-reads the input the last call read, which a peer may still hold in its own cache.
-// The copy's time is in both columns.
+// copies its input afresh from a private copy (values that change every call, three sets in
+// turn, the last call's those the result check expects), so each call finds new values just
+// written, in the writer's cache, as a training step's new gradients are; without it a call
+// re-reads the input the last call read, which a peer may still hold in its own cache. The copy's
+// time is in both columns.
 //
 // Every dense row also gives the machine's limit for it: `traffic`, the bytes a rank must
 // read and write at least (allreduce 2n: its block of every input, its reduced block into
@@ -77,6 +78,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -314,20 +316,32 @@ double as_double(T v) {
   return static_cast<double>(static_cast<float>(v));
 }
 
-// --fresh: rewrites `count` elements at `data` with what they held at construction, each call
-// (nothing when off).
+// --fresh: rewrites the `count` elements at `data` before each of `calls` calls (nothing when
+// off), with new values every call, as a training step's gradients are: in turn what they held
+// at construction and two sets of neighbouring values (each element's first byte XOR 1 and
+// XOR 2: its lowest mantissa bits, or an integer's lowest, finite where the first was). Three
+// sets, so that no call finds the values of the call before or of the one before that (the
+// windows' two halves alternate); the last call's are the construction's, which the result
+// check expects.
 template <class T>
 class refresher {
  public:
-  refresher(bool on, T* data, std::size_t count)
-      : data_(data), pristine_(on ? std::vector<T>(data, data + count) : std::vector<T>{}) {}
-  void operator()() const {
-    squall::kernels::copy_bytes(data_, pristine_.data(), pristine_.size() * sizeof(T));
+  refresher(bool on, T* data, std::size_t count, long calls) : data_(data), left_(calls) {
+    if (!on) return;
+    for (unsigned char flip = 0; flip < 3; ++flip) {
+      sets_[flip].assign(data, data + count);
+      for (T& v : sets_[flip]) reinterpret_cast<unsigned char*>(&v)[0] ^= flip;
+    }
+  }
+  void operator()() {
+    const std::vector<T>& from = sets_[static_cast<std::size_t>(--left_ % 3)];
+    squall::kernels::copy_bytes(data_, from.data(), from.size() * sizeof(T));
   }
 
  private:
   T* data_;
-  std::vector<T> pristine_;
+  std::array<std::vector<T>, 3> sets_;
+  long left_;  // calls still to come, this one included
 };
 
 #if SQUALL_BENCH_WITH_MPI
@@ -511,7 +525,7 @@ class bench {
       else
         MPI_Bcast(in.data(), n, type, 0, MPI_COMM_WORLD);
     };
-    const refresher<T> fresh(s_.fresh, in.data(), count);
+    refresher<T> fresh(s_.fresh, in.data(), count, static_cast<long>(s_.warmup) + iters);
     for (int w = 0; w < s_.warmup; ++w) {
       fresh();
       once();
@@ -737,8 +751,9 @@ row bench<Transport>::measure(runner_base<T>& run, const compressor_spec& spec, 
     T* const fill = run.own_input() != nullptr ? run.own_input() : in.data();
     for (std::size_t i = 0; i < count; ++i) fill[i] = input_value<T>(j_.rank, i);
   }
-  const refresher<T> fresh(s_.fresh && !s_.compressed(),
-                           run.own_input() != nullptr ? run.own_input() : in.data(), count);
+  refresher<T> fresh(s_.fresh && !s_.compressed(),
+                     run.own_input() != nullptr ? run.own_input() : in.data(), count,
+                     static_cast<long>(s_.warmup) + iters);
   for (int w = 0; w < s_.warmup; ++w) {
     fresh();
     run.call(in, out, count);

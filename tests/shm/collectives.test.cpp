@@ -158,6 +158,63 @@ TEST_SUITE("shm_collectives") {
 }
 
 TEST_SUITE("shm_collectives") {
+  TEST_CASE("the windows' collectives on the same input again, then changed between its ends") {
+    // A rank publishing into a window half stores only the 64-byte pieces that differ when its
+    // input has the size and the first and last 64 bytes of the last one published there
+    // (kernels::publish_copy). Steps of every collective through the windows (allreduce,
+    // allgather, reduce-scatter, broadcast from a root that moves) on 12,004-byte inputs:
+    // three steps of the same input, then one element between the ends changed on rank 0
+    // only, then on every rank, then the first element too, then the first input again; each
+    // call against the serial reference of that step's inputs.
+    constexpr std::size_t count = 3001;
+    const auto bump = [](int step, int rank, std::size_t i) {
+      if (step >= 3 && step <= 4 && rank == 0 && i == 1500) return 1.0f;
+      if (step >= 5 && step <= 7 && i == 1500) return 2.0f;
+      if (step == 7 && i == 0) return 3.0f;
+      return 0.0f;
+    };
+    const auto value = [&](int step, int rank, std::size_t i) {
+      return test::exact_value<float>(rank, i) + bump(step, rank, i);
+    };
+    for (int ranks = 1; ranks <= max_ranks; ++ranks) {
+      CAPTURE(ranks);
+      test::expect_ranks_succeed(ranks, [&](const shm_job& me) {
+        squall::communicator<shm_transport, squall::direct_topology> comm(
+            shm_transport(me, squall::options{.deadline = 60s}));
+        const int p = comm.size();
+        const auto up = static_cast<std::size_t>(p);
+        test::findings found;
+        std::vector<float> in(count), out(count), all(count * up), block(comm.block_count(count));
+        for (int step = 0; step <= 8; ++step) {
+          const std::string at = " (step " + std::to_string(step) + ")";
+          for (std::size_t i = 0; i < count; ++i) in[i] = value(step, me.rank, i);
+          const auto sum = [&](std::size_t i) {
+            float s = 0;
+            for (int r = 0; r < p; ++r) s += value(step, r, i);
+            return s;
+          };
+          comm.allreduce(squall::host_view<const float>(in), squall::host_view<float>(out));
+          test::compare(found, "allreduce" + at, out.data(), count, 0, sum);
+          comm.allgather(squall::host_view<const float>(in), squall::host_view<float>(all));
+          test::compare(found, "allgather" + at, all.data(), all.size(), 0, [&](std::size_t j) {
+            return value(step, static_cast<int>(j / count), j % count);
+          });
+          comm.reduce_scatter(squall::host_view<const float>(in), squall::host_view<float>(block));
+          test::compare(found, "reduce_scatter" + at, block.data(), block.size(),
+                        comm.block_offset(count), sum);
+          const int root = step % p;
+          out = in;
+          comm.broadcast(squall::host_view<float>(out), root);
+          test::compare(found, "broadcast" + at, out.data(), count, 0,
+                        [&](std::size_t i) { return value(step, root, i); });
+        }
+        if (found.ok()) return 0;
+        std::fprintf(stderr, "rank %d of %d: %s\n", me.rank, me.size, found.text().c_str());
+        return 1;
+      });
+    }
+  }
+
   TEST_CASE(
       "calibrate_windows measures the allreduce's two paths from 3 processes on; every "
       "rank agrees; either path gives the same bits") {

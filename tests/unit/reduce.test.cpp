@@ -5,6 +5,7 @@
 #include <squall/kernels/host/reduce.hpp>
 
 #include <doctest/doctest.h>
+#include <sys/mman.h>  // mmap, mprotect: read-only destinations for publish_copy
 
 #include <algorithm>  // equal, fill
 #include <cmath>
@@ -268,6 +269,61 @@ TEST_SUITE("kernels") {
     kernels::copy(host_backend{}, host_view<float>(a).subview(4, 4000),
                   host_view<const float>(a).subview(0, 4000));
     for (std::size_t i = 0; i < 4000; ++i) REQUIRE(a[4 + i] == static_cast<float>(i));
+  }
+
+  TEST_CASE("publish_copy stores only the pieces of an unchanged buffer that differ") {
+    // Two pages of destination, mapped apart so that each can be made read-only: a publish
+    // of what is already there must store nothing (no fault on read-only pages), one changed
+    // between the first and last 64 bytes must store only into the page holding the change,
+    // one with a new head or size copies everything; the destination equals the source after
+    // every publish, and the bytes after it stay untouched.
+    constexpr std::size_t page = 4096;
+    void* mapped =
+        mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(mapped != MAP_FAILED);
+    auto* dst = static_cast<std::byte*>(mapped);
+    const auto protect = [&](std::size_t which, bool writable) {
+      REQUIRE(mprotect(dst + which * page, page, writable ? PROT_READ | PROT_WRITE : PROT_READ) ==
+              0);
+    };
+    for (const std::size_t offset : {std::size_t{0}, std::size_t{16}, std::size_t{300}}) {
+      CAPTURE(offset);
+      for (const std::size_t bytes : {2 * page, 2 * page - 36, page + 200}) {
+        CAPTURE(bytes);
+        std::vector<std::byte> storage(bytes + offset + page);
+        std::byte* src = test::page_aligned(storage, page) + offset;
+        for (std::size_t i = 0; i < bytes; ++i) src[i] = static_cast<std::byte>((i * 7 + 3) & 0xff);
+        std::fill(dst, dst + 3 * page, std::byte{0x5a});
+        kernels::published_lines last;
+        kernels::publish_copy(dst, src, bytes, last);  // first: a copy
+        REQUIRE(std::equal(src, src + bytes, dst));
+        CHECK(dst[bytes] == std::byte{0x5a});
+#if defined(__SSE2__)
+        const bool aliased = kernels::aliased_copy::applies(dst, src, bytes);
+        if (!aliased) {
+          protect(0, false);
+          protect(1, false);
+          kernels::publish_copy(dst, src, bytes, last);  // unchanged: no store (or a fault)
+          const std::size_t changed = page + 8;          // in the second page, before the tail
+          REQUIRE(changed + 64 < bytes);
+          src[changed] = static_cast<std::byte>(~static_cast<unsigned char>(src[changed]));
+          protect(1, true);
+          kernels::publish_copy(dst, src, bytes, last);  // only the second page written
+          protect(0, true);
+          REQUIRE(std::equal(src, src + bytes, dst));
+        }
+#endif
+        src[0] = static_cast<std::byte>(~static_cast<unsigned char>(src[0]));  // a new head
+        kernels::publish_copy(dst, src, bytes, last);
+        REQUIRE(std::equal(src, src + bytes, dst));
+        src[bytes / 2] = std::byte{0x11};  // same head and tail, but one byte fewer
+        kernels::publish_copy(dst, src, bytes - 1, last);
+        REQUIRE(std::equal(src, src + bytes - 1, dst));
+        CHECK(last.bytes == bytes - 1);
+        for (std::size_t i = bytes; i < 3 * page; ++i) REQUIRE(dst[i] == std::byte{0x5a});
+      }
+    }
+    munmap(mapped, 3 * page);
   }
 }
 

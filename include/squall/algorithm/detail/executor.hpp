@@ -12,6 +12,7 @@
 #include <squall/concepts.hpp>
 #include <squall/core/error.hpp>
 #include <squall/detail/math.hpp>
+#include <squall/kernels/host/copy.hpp>  // published_lines
 #include <squall/topology/schedule.hpp>
 #include <squall/tuning/tuning.hpp>
 
@@ -42,6 +43,11 @@ struct reducer {
   void (*copy_bytes)(const void* backend, std::byte* dst, const std::byte* src,
                      std::size_t bytes) = nullptr;
   void (*synchronize)(const void* backend) = nullptr;
+  /// A copy into a window the peers read next, `last` what the last one into it left
+  /// there: on the host the pieces of an unchanged buffer are not stored again
+  /// (`kernels::publish_copy`), the backend's copy elsewhere.
+  void (*publish_bytes)(const void* backend, std::byte* dst, const std::byte* src,
+                        std::size_t bytes, kernels::published_lines& last) = nullptr;
   /// A copy whose destination nothing reads soon: non-temporal stores on the host
   /// (`kernels::stream_copy`), the backend's copy elsewhere.
   void (*stream_bytes)(const void* backend, std::byte* dst, const std::byte* src,
@@ -143,6 +149,19 @@ reducer make_reducer(const Backend& backend) {
                                   buffer_view<const std::byte, M>(src, bytes));
               },
           .synchronize = [](const void* b) { static_cast<const Backend*>(b)->synchronize(); },
+          .publish_bytes =
+              [](const void* b, std::byte* dst, const std::byte* src, std::size_t bytes,
+                 kernels::published_lines& last) {
+                if constexpr (std::is_same_v<Backend, host_backend>) {
+                  (void)b;
+                  kernels::publish_copy(dst, src, bytes, last);
+                } else {
+                  (void)last;
+                  dispatch::copy_on(*static_cast<const Backend*>(b),
+                                    buffer_view<std::byte, M>(dst, bytes),
+                                    buffer_view<const std::byte, M>(src, bytes));
+                }
+              },
           .stream_bytes =
               [](const void* b, std::byte* dst, const std::byte* src, std::size_t bytes) {
                 if constexpr (std::is_same_v<Backend, host_backend>) {
@@ -188,6 +207,9 @@ struct executor_buffers {
   std::vector<completion_of<Transport>> pending;  ///< a step's receives, or an exchange
   std::deque<completion_of<Transport>> sends;     ///< sends in flight
   traffic moved;  ///< bytes moved since the communicator's last reset (every collective)
+  /// What the last publish into each half of this rank's window left there
+  /// (`kernels::publish_copy`)
+  std::array<kernels::published_lines, 2> published;
 };
 
 /// Runs schedules for one communicator, over its transport and `executor_buffers`. Built per
@@ -208,6 +230,7 @@ class executor {
         inputs_(buffers.inputs),
         pending_(buffers.pending),
         sends_(buffers.sends),
+        published_(buffers.published),
         tuning_(tuning) {}
   executor(const executor&) = delete;
   executor& operator=(const executor&) = delete;
@@ -624,7 +647,8 @@ class executor {
                       Check&& after_barrier) requires direct_transport<Transport> {
     const std::size_t at = (round % 2) * (window_data_bytes(transport_) / 2);
     if (mine) {
-      r.copy(window_of(transport_.rank(), at), from, bytes);
+      r.publish_bytes(r.backend, window_of(transport_.rank(), at), from, bytes,
+                      published_[round % 2]);
       r.settle();
     }
     wire_.barrier();
@@ -819,6 +843,7 @@ class executor {
   std::array<std::size_t, 2> extent_ = {0, 0};  // the bytes at each shared address
   std::vector<completion_type>& pending_;
   std::deque<completion_type>& sends_;
+  std::array<kernels::published_lines, 2>& published_;
   collective_tuning tuning_;
 };
 

@@ -73,6 +73,55 @@ inline void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   if (bytes != 0) std::memcpy(dst, src, bytes);
 }
 
+/// What `publish_copy` remembers of the last buffer it published into one destination: its
+/// size and its first and last 64 bytes, kept in the publisher's own memory.
+struct published_lines {
+  std::size_t bytes = 0;
+  std::byte head[64] = {};
+  std::byte tail[64] = {};
+};
+
+/// `copy_bytes` into a buffer that other cores read after it (a window the peers copy out of).
+/// Where `src` has the size and the first and last 64 bytes of the last buffer published into
+/// `dst` (`last`), it compares every 64-byte piece and stores only those that differ: a buffer
+/// published again unchanged (a benchmark's loop, weights broadcast again) then leaves the
+/// destination's lines as they were, in the readers' caches, where a copy would take each line
+/// back from them and hand it to them again. A buffer with new values (a new gradient) is
+/// copied at once, after the 128 bytes compared with `last`, which is the publisher's and in
+/// its cache (reading the destination first would wait for lines the readers took). Either
+/// way `dst` ends with `src`'s bytes.
+inline void publish_copy(void* dst, const void* src, std::size_t bytes, published_lines& last) {
+  const auto* s = static_cast<const std::byte*>(src);
+#if defined(__SSE2__) && !defined(__CUDACC__)
+  auto* d = static_cast<std::byte*>(dst);
+  if (bytes >= 64 && bytes == last.bytes && std::memcmp(s, last.head, 64) == 0 &&
+      std::memcmp(s + bytes - 64, last.tail, 64) == 0 && !aliased_copy::applies(dst, src, bytes)) {
+    const auto same = [&](std::size_t i) {  // whether the 64 bytes at i are equal
+      __m128i eq = _mm_set1_epi8(-1);
+      for (std::size_t k = 0; k < 64; k += 16) {
+        const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + k));
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(d + i + k));
+        eq = _mm_and_si128(eq, _mm_cmpeq_epi8(a, b));
+      }
+      return _mm_movemask_epi8(eq) == 0xFFFF;
+    };
+    std::size_t i = 0;
+    for (; i + 64 <= bytes; i += 64) {
+      if (!same(i)) std::memcpy(d + i, s + i, 64);
+    }
+    if (i < bytes && std::memcmp(d + i, s + i, bytes - i) != 0)
+      std::memcpy(d + i, s + i, bytes - i);
+    return;
+  }
+#endif
+  copy_bytes(dst, src, bytes);
+  last.bytes = bytes;
+  if (bytes >= 64) {
+    std::memcpy(last.head, s, 64);
+    std::memcpy(last.tail, s + bytes - 64, 64);
+  }
+}
+
 /// From this many bytes of output the host decoders (hq's, the quantizers') write it with
 /// non-temporal stores, each block made in a stack buffer then streamed out (`stream_copy`):
 /// an output larger than the last-level cache goes to memory anyway, and its lines are then
