@@ -322,7 +322,7 @@ double as_double(T v) {
 // XOR 2: its lowest mantissa bits, or an integer's lowest, finite where the first was). Three
 // sets, so that no call finds the values of the call before or of the one before that (the
 // windows' two halves alternate); the last call's are the construction's, which the result
-// check expects.
+// check expects. The three sets are three copies of the input per rank, held beside it.
 template <class T>
 class refresher {
  public:
