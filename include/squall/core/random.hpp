@@ -301,6 +301,20 @@ template <class T>
 using stochastic_draw_unit =
     std::conditional_t<stochastic_draw_bits<T> == 16, std::uint16_t, std::uint32_t>;
 
+/// Elements whose draws one Philox block (four words) holds: 8 for float, 4 for double.
+template <class T>
+inline constexpr std::size_t stochastic_draws_per_block = 16 / sizeof(stochastic_draw_unit<T>);
+
+/// The Philox words holding the draws of elements `first`, ..., `first` + `count` - 1 (`first`
+/// a multiple of `stochastic_draws_per_block<T>`) into `words`, element `first` + k's draw unit
+/// k of their bytes. Host only (`philox_fill`).
+template <class T>
+inline void stochastic_draws_fill(std::uint64_t seed, random_stream stream, std::uint64_t first,
+                                  std::size_t count, std::uint32_t* words) {
+  constexpr std::size_t per_block = stochastic_draws_per_block<T>;
+  philox_fill(seed, stream, first / per_block, (count + per_block - 1) / per_block, words);
+}
+
 /// A quantizer's draw as the 32-bit word its rounding reads from the top bits: a 16-bit draw
 /// in the top half (the bottom half zero, so a rounding up with probability p happens with
 /// probability ceil(p x 2^16) / 2^16), a 32-bit one as it is.
@@ -316,7 +330,8 @@ template <class T>
 SQUALL_HOST_DEVICE inline std::uint32_t stochastic_draw(std::uint64_t seed, random_stream stream,
                                                         std::uint64_t element) {
   if constexpr (stochastic_draw_bits<T> == 16) {
-    const std::uint32_t word = philox(seed, stream, element / 8).word[(element / 2) % 4];
+    const std::uint32_t word =
+        philox(seed, stream, element / stochastic_draws_per_block<T>).word[(element / 2) % 4];
     return draw_as_word<T>((word >> (16 * (element % 2))) & 0xffffu);
   } else {
     return random_word(seed, stream, element);

@@ -45,9 +45,9 @@ struct reducer {
   void (*synchronize)(const void* backend) = nullptr;
   /// A copy into a window the peers read next, `last` what the last one into it left
   /// there: on the host the pieces of an unchanged buffer are not stored again
-  /// (`kernels::publish_copy`), the backend's copy elsewhere.
-  void (*publish_bytes)(const void* backend, std::byte* dst, const std::byte* src,
-                        std::size_t bytes, kernels::published_lines& last) = nullptr;
+  /// (`kernels::publish_copy`); null elsewhere (`publish` then copies).
+  void (*publish_bytes)(void* dst, const void* src, std::size_t bytes,
+                        kernels::published_lines& last) = nullptr;
   /// A copy whose destination nothing reads soon: non-temporal stores on the host
   /// (`kernels::stream_copy`), the backend's copy elsewhere.
   void (*stream_bytes)(const void* backend, std::byte* dst, const std::byte* src,
@@ -92,6 +92,14 @@ struct reducer {
   /// dst = src, `bytes` bytes
   void copy(std::byte* dst, const std::byte* src, std::size_t bytes) const {
     copy_bytes(backend, dst, src, bytes);
+  }
+  /// dst = src into a window the peers read next (`publish_bytes`, or `copy`)
+  void publish(std::byte* dst, const std::byte* src, std::size_t bytes,
+               kernels::published_lines& last) const {
+    if (publish_bytes != nullptr)
+      publish_bytes(dst, src, bytes, last);
+    else
+      copy(dst, src, bytes);
   }
   /// dst = src, `bytes` bytes not overlapping, bypassing the caches where the backend can
   void stream(std::byte* dst, const std::byte* src, std::size_t bytes) const {
@@ -149,19 +157,7 @@ reducer make_reducer(const Backend& backend) {
                                   buffer_view<const std::byte, M>(src, bytes));
               },
           .synchronize = [](const void* b) { static_cast<const Backend*>(b)->synchronize(); },
-          .publish_bytes =
-              [](const void* b, std::byte* dst, const std::byte* src, std::size_t bytes,
-                 kernels::published_lines& last) {
-                if constexpr (std::is_same_v<Backend, host_backend>) {
-                  (void)b;
-                  kernels::publish_copy(dst, src, bytes, last);
-                } else {
-                  (void)last;
-                  dispatch::copy_on(*static_cast<const Backend*>(b),
-                                    buffer_view<std::byte, M>(dst, bytes),
-                                    buffer_view<const std::byte, M>(src, bytes));
-                }
-              },
+          .publish_bytes = std::is_same_v<Backend, host_backend> ? &kernels::publish_copy : nullptr,
           .stream_bytes =
               [](const void* b, std::byte* dst, const std::byte* src, std::size_t bytes) {
                 if constexpr (std::is_same_v<Backend, host_backend>) {
@@ -647,8 +643,7 @@ class executor {
                       Check&& after_barrier) requires direct_transport<Transport> {
     const std::size_t at = (round % 2) * (window_data_bytes(transport_) / 2);
     if (mine) {
-      r.publish_bytes(r.backend, window_of(transport_.rank(), at), from, bytes,
-                      published_[round % 2]);
+      r.publish(window_of(transport_.rank(), at), from, bytes, published_[round % 2]);
       r.settle();
     }
     wire_.barrier();

@@ -745,16 +745,14 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
   const T inverse_step = scale > 0 ? static_cast<T>(levels / scale) : T{0};
   std::fill(words, words + s.words(), std::uint64_t{0});
   alignas(64) T buf[hq_max_block];  // one block, on the stack: no allocation per call
-  // element j's draw: unit j of stochastic_draw_unit<T> in the stream's words (`hq_code_pack`), the
-  // words those of Philox block j / 8 (float) or j / 4 (double); first is a multiple of 1024
-  constexpr std::size_t per_block =
-      16 / sizeof(stochastic_draw_unit<T>);  // draws of one Philox block
+  // element j's draw: unit j of stochastic_draw_unit<T> in the stream's words (`hq_code_pack`,
+  // `stochastic_draws_fill`); first is a multiple of 1024
   alignas(64) std::uint32_t random[hq_max_block * sizeof(stochastic_draw_unit<T>) / 4];
   std::size_t bad = s.count;
   for (std::size_t k = 0; k < s.blocks(); ++k) {
     const std::size_t first = k * hq_max_block;
     const std::size_t length = detail::hq_rotated_block(s, in, k, buf);
-    philox_fill(seed, stream, first / per_block, (length + per_block - 1) / per_block, random);
+    stochastic_draws_fill<T>(seed, stream, first, length, random);
     if (find_bad && bad == s.count) {
       const std::size_t n = std::min(length, s.count - first);
       for (std::size_t j = 0; j < n; ++j) {

@@ -64,8 +64,7 @@ template <class T>
 SQUALL_HOST_DEVICE inline void draws(unsigned t, unsigned threads, std::uint64_t seed,
                                      random_stream stream, std::size_t first, std::size_t length,
                                      std::uint32_t* words) {
-  constexpr std::size_t per_block =
-      16 / sizeof(stochastic_draw_unit<T>);  // draws of one Philox block
+  constexpr std::size_t per_block = stochastic_draws_per_block<T>;
   philox_words(t, threads, seed, stream, first / per_block, (length + per_block - 1) / per_block,
                words);
 }

@@ -412,7 +412,6 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
   std::size_t first_bad = count;
   std::uint8_t block_codes[detail::quantize_block];
   // a block's Philox words, element k's draw unit k of their bytes (`detail::draw_at`)
-  constexpr std::size_t per_block = 16 / sizeof(stochastic_draw_unit<T>);  // draws a Philox block
   alignas(64) std::uint32_t random[detail::quantize_block * sizeof(stochastic_draw_unit<T>) / 4];
   const auto* draws = reinterpret_cast<const unsigned char*>(random);
   alignas(64) double dot[detail::fit_lanes];
@@ -455,7 +454,7 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
         std::memset(block_codes, zero_code(Q), m);
       } else {
         if constexpr (Q.stochastic) {
-          philox_fill(seed, stream, first / per_block, (m + per_block - 1) / per_block, random);
+          stochastic_draws_fill<T>(seed, stream, first, m, random);
         }
         if (std::isfinite(inverse)) {
           detail::quantize_block_loop<Q>(in + first, m, inverse, draws, block_codes);
