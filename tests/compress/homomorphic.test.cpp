@@ -278,12 +278,17 @@ TEST_SUITE("homomorphic") {
             const std::size_t host_bad = squall::kernels::hq_decode(
                 squall::host_backend{}, s, sum.data(), ranks, decode_scale, host.data());
             REQUIRE(host_bad == n);
-            // the same values written with non-temporal stores, one element off the alignment
-            std::vector<T> streamed(n + 1);
-            CHECK(squall::kernels::hq_decode(squall::host_backend{}, s, sum.data(), ranks,
-                                             decode_scale, streamed.data() + 1, 0) == n);
-            for (std::size_t i = 0; i < n; ++i) {
-              REQUIRE(squall::test::bits_of(streamed[i + 1]) == squall::test::bits_of(host[i]));
+            // the same values written with non-temporal stores: on 16 bytes (floats: each
+            // rotated block's signs and stores between the next block's passes) and one
+            // element off (the signs in the block, then the block streamed)
+            for (const std::size_t off : {std::size_t{0}, std::size_t{1}}) {
+              CAPTURE(off);
+              std::vector<T> streamed(n + 1);
+              CHECK(squall::kernels::hq_decode(squall::host_backend{}, s, sum.data(), ranks,
+                                               decode_scale, streamed.data() + off, 0) == n);
+              for (std::size_t i = 0; i < n; ++i) {
+                REQUIRE(squall::test::bits_of(streamed[i + off]) == squall::test::bits_of(host[i]));
+              }
             }
             std::size_t got_bad = 0;
             const auto got = phases_decode<T>(s, sum.data(), ranks, decode_scale, 256, got_bad);

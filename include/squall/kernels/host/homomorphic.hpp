@@ -224,6 +224,19 @@ __attribute__((target("avx2"))) void hq_hadamard64_avx2(float* dst, const void* 
   }
 }
 
+/// Elements `from` to `to` (multiples of 8) of `hq_apply_signs(dst, src, n, signs)` with
+/// non-temporal stores, for `dst` on 16 bytes: the same products (x (1 - 2 bit),
+/// `hq_signs8_avx2`), streamed out as they are made.
+__attribute__((target("avx2"))) inline void hq_stream_signs_avx2(float* dst, const float* src,
+                                                                 std::size_t from, std::size_t to,
+                                                                 const std::uint32_t* signs) {
+  for (std::size_t j = from; j < to; j += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(src + j), hq_signs8_avx2(signs, j));
+    _mm_stream_ps(dst + j, _mm256_castps256_ps128(v));
+    _mm_stream_ps(dst + j + 4, _mm256_extractf128_ps(v, 1));
+  }
+}
+
 #endif
 
 /// The stages at distances h, 2h, ... up to n / 2, two a pass (radix 4: the same sums in the
@@ -289,6 +302,44 @@ bool hq_rotate_fused(A* dst, const void* src, std::size_t n, const std::uint32_t
   (void)dst, (void)src, (void)n, (void)signs, (void)offset, (void)step;
   return false;
 }
+
+/// A rotated block of a streamed decode whose signs and stores are still to come: its values
+/// before the signs (`src`, a block buffer), its place in the output and its sign words. It
+/// leaves in parts between the next block's passes (`drain`), so that the non-temporal stores
+/// drain to memory while the core computes, where a block streamed at once waited on them
+/// and memory idled through the next block's passes.
+template <class A>
+struct hq_pending_block {
+  A* dst = nullptr;
+  const A* src = nullptr;
+  const std::uint32_t* signs = nullptr;
+  std::size_t n = 0;
+  std::size_t done = 0;
+
+  /// Whether a block of `n` values into `to` can wait (floats, a CPU with AVX2, `to` on 16
+  /// bytes, `n` a multiple of 8).
+  static bool can_wait(const A* to, std::size_t n) {
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+    if constexpr (std::is_same_v<A, float>) {
+      return n % 8 == 0 && reinterpret_cast<std::uintptr_t>(to) % 16 == 0 &&
+             squall::detail::cpu_has_avx2();
+    }
+#endif
+    (void)to, (void)n;
+    return false;
+  }
+
+  /// Streams the block's values up to `parts` quarters of it (all of it at 4).
+  void drain(unsigned parts) {
+    const std::size_t to = parts >= 4 ? n : (n * parts / 4) / 8 * 8;
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+    if constexpr (std::is_same_v<A, float>) {
+      if (to > done) hq_stream_signs_avx2(dst, src, done, to, signs);
+    }
+#endif
+    done = to > done ? to : done;
+  }
+};
 
 }  // namespace detail
 
@@ -541,24 +592,45 @@ decltype(auto) with_field_width(unsigned field, F&& f) {
   (std::make_integer_sequence<unsigned, 27>{});
 }
 
-/// Whole groups: the fields of `groups` x 8F elements into `sums`; returns the largest.
-template <unsigned W>
-SQUALL_HOST_CLONES std::uint32_t hq_unpack_groups(const std::uint64_t* SQUALL_RESTRICT words,
-                                                  std::size_t groups,
-                                                  std::uint32_t* SQUALL_RESTRICT sums) {
-  typedef std::uint64_t lanes __attribute__((vector_size(8 * hq_group_words)));
+/// Whole groups: the fields of `groups` x 8F elements, `width` bits each (F = 64 / width), into
+/// `sums`; returns the largest. The group's 8 words are split once into their low and high
+/// 32-bit halves, and each field position is then a shift and a mask of 32-bit lanes (two
+/// shifts for the one across the middle), as `hq_code_groups` packs them; one function for
+/// every width.
+SQUALL_HOST_CLONES inline std::uint32_t hq_unpack_groups(const std::uint64_t* SQUALL_RESTRICT words,
+                                                         std::size_t groups, unsigned width,
+                                                         std::uint32_t* SQUALL_RESTRICT sums) {
   typedef std::uint32_t values __attribute__((vector_size(4 * hq_group_words)));
-  constexpr unsigned per_word = 64 / W;
-  constexpr std::uint64_t mask = (std::uint64_t{1} << W) - 1;
+  const unsigned per_word = 64 / width;
+  const unsigned low_fields = 32 / width;
+  const unsigned high_from = low_fields + (32 % width != 0 ? 1 : 0);
+  const values mask = values{} + ((std::uint32_t{1} << width) - 1);
   values top = {};
+  const auto put = [&](std::uint32_t * out, const values& f) __attribute__((always_inline)) {
+    top = f > top ? f : top;
+    std::memcpy(out, &f, sizeof f);
+  };
   for (std::size_t g = 0; g < groups; ++g) {
-    lanes v;
-    std::memcpy(&v, words + g * hq_group_words, sizeof v);
+    values a;
+    values b;
+    std::memcpy(&a, words + g * hq_group_words, sizeof a);
+    std::memcpy(&b, words + g * hq_group_words + 4, sizeof b);
+    const values low_half = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
+    const values high_half = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
     std::uint32_t* out = sums + g * per_word * hq_group_words;
-    for (unsigned t = 0; t < per_word; ++t) {
-      const values f = __builtin_convertvector((v >> (t * W)) & mask, values);
-      top = f > top ? f : top;
-      std::memcpy(out + t * hq_group_words, &f, sizeof f);
+#pragma GCC unroll 16
+    for (unsigned at = 0; at < low_fields * width; at += width, out += hq_group_words) {
+      put(out, (low_half >> at) & mask);
+    }
+    if (high_from != low_fields) {  // across the middle
+      const unsigned at = low_fields * width;
+      put(out, ((low_half >> at) | (high_half << (32 - at))) & mask);
+      out += hq_group_words;
+    }
+#pragma GCC unroll 16
+    for (unsigned at = high_from * width - 32; at + width <= 32;
+         at += width, out += hq_group_words) {
+      put(out, (high_half >> at) & mask);
     }
   }
   std::uint32_t largest = 0;
@@ -697,8 +769,8 @@ inline std::uint64_t hq_unpack(const std::uint64_t* words, std::size_t first, st
           largest = v > largest ? v : largest;
         },
         [&](std::size_t j, std::size_t groups) {
-          const std::uint64_t v = detail::hq_unpack_groups<W>(
-              words + hq_place_of(first + j, 64 / W).word, groups, sums + j);
+          const std::uint64_t v = detail::hq_unpack_groups(
+              words + hq_place_of(first + j, 64 / W).word, groups, W, sums + j);
           largest = v > largest ? v : largest;
         });
     return largest;
@@ -842,7 +914,8 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
 /// elements): (field - n L) x scale / L, rotated back. Returns the first element whose field
 /// is above n x 2L (no encoder writes it: a corrupt payload), or `count`. Outputs of
 /// `stream_from` bytes or more are written with non-temporal stores (`stream_output_bytes`;
-/// the same values).
+/// the same values); there a rotated block of floats is signed and stored a block late, a
+/// quarter between each of the next block's passes (`detail::hq_pending_block`).
 template <class T>
 std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::uint64_t* words,
                       std::uint64_t contributions, double scale, T* out,
@@ -852,36 +925,50 @@ std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::u
   const T step = static_cast<T>(scale / levels);
   // (sum - n L) x step: n L is exact in T (at most 2^20 x 127)
   const auto offset = static_cast<T>(static_cast<double>(contributions * levels));
-  alignas(64) T buf[hq_max_block];  // one block, on the stack: no allocation per call
+  // two blocks on the stack (no allocation per call): the one made, the one leaving
+  alignas(64) T bufs[2][hq_max_block];
   std::uint32_t sums[hq_max_block];
+  std::uint32_t sign_words[2][hq_max_block / 32 + 4] = {};
   const bool streamed = s.count * sizeof(T) >= stream_from;
+  detail::hq_pending_block<T> pending;  // the block before, streamed between this one's passes
   for (std::size_t k = 0; k < s.blocks(); ++k) {
     const std::size_t first = k * hq_max_block;
     const std::size_t length = s.block_length(k);
+    T* const buf = bufs[k % 2];
+    std::uint32_t* const signs = sign_words[k % 2];
+    pending.drain(1);
     if (hq_unpack(words, first, length, s.field, sums) > top) {
       for (std::size_t j = 0; j < length; ++j) {
         if (sums[j] > top) return first + j < s.count ? first + j : s.count - 1;
       }
     }
+    pending.drain(2);
     const std::size_t n = std::min(length, s.count - first);
     T* const to = streamed ? buf : out + first;
     if (s.rotate) {
-      std::uint32_t signs[hq_max_block / 32 + 4] = {};  // (all written; g++ cannot tell)
       detail::hq_sign_words(s, k, length, signs);
+      pending.drain(3);
       if (!detail::hq_rotate_fused<detail::hq_source::sums>(buf, sums, length, nullptr, offset,
                                                             step)) {
         hq_values(sums, length, offset, step, buf);
         hq_hadamard(buf, length);
       }
+      pending.drain(4);
+      if (streamed && pending.can_wait(out + first, n)) {
+        pending = {.dst = out + first, .src = buf, .signs = signs, .n = n};
+        continue;
+      }
       detail::hq_apply_signs(to, buf, n, signs);  // the signs and the copy out
     } else {
       hq_values(sums, n, offset, step, to);
     }
+    pending.drain(4);
     if (streamed) {
       stream_copy(reinterpret_cast<std::byte*>(out + first),
                   reinterpret_cast<const std::byte*>(buf), n * sizeof(T), false);
     }
   }
+  pending.drain(4);
   if (streamed) stream_fence();
   return s.count;
 }
