@@ -117,13 +117,27 @@ enum class hq_source { values, signed_values, sums };
 /// The first three stages on the 8 floats of one AVX register: each stage swaps the partners
 /// within the register and blends x + partner (lower lane of the pair) with partner - x (upper
 /// lane), the same operations on the same operands as `hq_hadamard8`, so the same bits.
+/// With `Flip`, partner + x with the upper lane's x negated (a sign flip, then one add where
+/// the blend of a sum and a difference took three operations): the same bits, but for the sign
+/// of a NaN, which an encode's codes do not see (a NaN codes to 0).
+template <bool Flip = false>
 __attribute__((target("avx2"), always_inline)) inline __m256 hq_stages8_avx2(__m256 x) {
-  __m256 p = _mm256_permute_ps(x, 0xb1);  // distance 1
-  x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xaa);
-  p = _mm256_permute_ps(x, 0x4e);  // distance 2
-  x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xcc);
-  p = _mm256_permute2f128_ps(x, x, 1);  // distance 4
-  return _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xf0);
+  if constexpr (Flip) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 p = _mm256_permute_ps(x, 0xb1);  // distance 1
+    x = _mm256_add_ps(p, _mm256_xor_ps(x, _mm256_blend_ps(_mm256_setzero_ps(), sign, 0xaa)));
+    p = _mm256_permute_ps(x, 0x4e);  // distance 2
+    x = _mm256_add_ps(p, _mm256_xor_ps(x, _mm256_blend_ps(_mm256_setzero_ps(), sign, 0xcc)));
+    p = _mm256_permute2f128_ps(x, x, 1);  // distance 4
+    return _mm256_add_ps(p, _mm256_xor_ps(x, _mm256_blend_ps(_mm256_setzero_ps(), sign, 0xf0)));
+  } else {
+    __m256 p = _mm256_permute_ps(x, 0xb1);  // distance 1
+    x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xaa);
+    p = _mm256_permute_ps(x, 0x4e);  // distance 2
+    x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xcc);
+    p = _mm256_permute2f128_ps(x, x, 1);  // distance 4
+    return _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xf0);
+  }
 }
 
 /// The same three stages in AVX registers (g++ keeps the scalar form scalar).
@@ -159,9 +173,10 @@ __attribute__((target("avx2"), always_inline)) inline __m256 hq_signs8_avx2(
   return _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(-1.0f), negate);
 }
 
-/// Floats j to j + 7 of a rotation's source (`hq_source`): as they are; times +1 or -1 by
-/// sign bits j to j + 7 of `signs` (`hq_apply_signs`' x (1 - 2 bit)); or (float(sum) - n L) x
-/// step of the sums (`hq_values`; every sum is below 2^31).
+/// Floats j to j + 7 of a rotation's source (`hq_source`): as they are; with their signs
+/// flipped by sign bits j to j + 7 of `signs` (`hq_apply_signs`' x (1 - 2 bit), but for a
+/// NaN's sign: the encode's source); or (float(sum) - n L) x step of the sums (`hq_values`;
+/// every sum is below 2^31).
 template <hq_source From>
 __attribute__((target("avx2"), always_inline)) inline __m256 hq_load8_avx2(
     const void* src, std::size_t j, const std::uint32_t* signs, __m256 offsets, __m256 steps) {
@@ -174,7 +189,12 @@ __attribute__((target("avx2"), always_inline)) inline __m256 hq_load8_avx2(
     if constexpr (From == hq_source::values) {
       return x;
     } else {
-      return _mm256_mul_ps(x, hq_signs8_avx2(signs, j));
+      // sign bit j + l of `signs` moved to bit 31 of lane l, flipping x's sign: x (1 - 2 bit)
+      // but for a NaN's sign (an encode's, which its codes do not see)
+      const __m256i word = _mm256_set1_epi32(static_cast<int>(signs[j / 32] >> (j % 32)));
+      const __m256i up = _mm256_sllv_epi32(word, _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24));
+      return _mm256_xor_ps(x,
+                           _mm256_castsi256_ps(_mm256_and_si256(up, _mm256_set1_epi32(INT32_MIN))));
     }
   }
 }
@@ -198,15 +218,16 @@ __attribute__((target("avx2"))) void hq_hadamard64_avx2(float* dst, const void* 
                                                         float offset = 0, float step = 0) {
   const __m256 offsets = _mm256_set1_ps(offset);
   const __m256 steps = _mm256_set1_ps(step);
+  constexpr bool flip = From == hq_source::signed_values;  // an encode's: NaN signs unseen
   for (std::size_t i = 0; i < n; i += 64) {
-    __m256 r0 = hq_stages8_avx2(hq_load8_avx2<From>(src, i, signs, offsets, steps));
-    __m256 r1 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 8, signs, offsets, steps));
-    __m256 r2 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 16, signs, offsets, steps));
-    __m256 r3 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 24, signs, offsets, steps));
-    __m256 r4 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 32, signs, offsets, steps));
-    __m256 r5 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 40, signs, offsets, steps));
-    __m256 r6 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 48, signs, offsets, steps));
-    __m256 r7 = hq_stages8_avx2(hq_load8_avx2<From>(src, i + 56, signs, offsets, steps));
+    __m256 r0 = hq_stages8_avx2<flip>(hq_load8_avx2<From>(src, i, signs, offsets, steps));
+    __m256 r1 = hq_stages8_avx2<flip>(hq_load8_avx2<From>(src, i + 8, signs, offsets, steps));
+    __m256 r2 = hq_stages8_avx2<flip>(hq_load8_avx2<From>(src, i + 16, signs, offsets, steps));
+    __m256 r3 = hq_stages8_avx2<flip>(hq_load8_avx2<From>(src, i + 24, signs, offsets, steps));
+    __m256 r4 = hq_stages8_avx2<flip>(hq_load8_avx2<From>(src, i + 32, signs, offsets, steps));
+    __m256 r5 = hq_stages8_avx2<flip>(hq_load8_avx2<From>(src, i + 40, signs, offsets, steps));
+    __m256 r6 = hq_stages8_avx2<flip>(hq_load8_avx2<From>(src, i + 48, signs, offsets, steps));
+    __m256 r7 = hq_stages8_avx2<flip>(hq_load8_avx2<From>(src, i + 56, signs, offsets, steps));
     hq_butterfly_avx2(r0, r1), hq_butterfly_avx2(r2, r3), hq_butterfly_avx2(r4, r5),
         hq_butterfly_avx2(r6, r7);  // distance 8
     hq_butterfly_avx2(r0, r2), hq_butterfly_avx2(r1, r3), hq_butterfly_avx2(r4, r6),
