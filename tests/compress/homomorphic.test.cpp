@@ -230,6 +230,51 @@ TEST_SUITE("homomorphic") {
     }
   }
 
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+  TEST_CASE("the rotation's first pass in AVX-512 registers gives the AVX2 pass's bits") {
+    // the fused first six stages from each source: values, signed values (an encode's) and a
+    // payload's sums (a decode's), NaNs included where the sign of a NaN matters (not for the
+    // signed values, whose NaNs code to 0 whatever their sign)
+    namespace d = squall::kernels::detail;
+    if (!squall::detail::cpu_has_avx512f() || !squall::detail::cpu_has_avx2()) {
+      MESSAGE("this CPU has no AVX-512: the AVX-512 first pass is not run here");
+      return;
+    }
+    for (const std::size_t n : {64, 256, 1024}) {
+      CAPTURE(n);
+      auto x = squall::test::normal_values<float>(n, 77 + n);
+      std::vector<std::uint32_t> signs(n / 32);
+      std::vector<std::uint32_t> sums(n);
+      std::uint32_t r = 12345;
+      for (auto& w : signs) w = r = r * 1664525u + 1013904223u;
+      for (auto& v : sums) v = (r = r * 1664525u + 1013904223u) >> 12;
+      std::vector<float> with_nan = x;
+      with_nan[n / 3] = std::numeric_limits<float>::quiet_NaN();
+      const auto same = [n](const std::vector<float>& a, const std::vector<float>& b) {
+        for (std::size_t i = 0; i < n; ++i) {
+          REQUIRE(squall::test::bits_of(a[i]) == squall::test::bits_of(b[i]));
+        }
+      };
+      std::vector<float> avx2(n);
+      std::vector<float> avx512(n);
+      d::hq_hadamard64_avx2<d::hq_source::values>(avx2.data(), with_nan.data(), n);
+      d::hq_hadamard64_avx512<d::hq_source::values>(avx512.data(), with_nan.data(), n);
+      same(avx2, avx512);
+      d::hq_hadamard64_avx2<d::hq_source::signed_values>(avx2.data(), x.data(), n, signs.data());
+      d::hq_hadamard64_avx512<d::hq_source::signed_values>(avx512.data(), x.data(), n,
+                                                           signs.data());
+      same(avx2, avx512);
+      for (const float step : {0.01f, std::numeric_limits<float>::quiet_NaN()}) {
+        d::hq_hadamard64_avx2<d::hq_source::sums>(avx2.data(), sums.data(), n, nullptr, 1000.0f,
+                                                  step);
+        d::hq_hadamard64_avx512<d::hq_source::sums>(avx512.data(), sums.data(), n, nullptr, 1000.0f,
+                                                    step);
+        same(avx2, avx512);
+      }
+    }
+  }
+#endif
+
   TEST_CASE_TEMPLATE(
       "the CUDA kernels' phases, thread by thread, write the host kernels' words and values", T,
       float, double) {
@@ -377,7 +422,7 @@ TEST_SUITE("homomorphic") {
       x = x * 6364136223846793005ull + 1442695040888963407ull;
       return static_cast<std::uint32_t>(x >> 32);
     };
-    for (const unsigned bits : {2u, 4u, 8u}) {
+    for (const unsigned bits : {2u, 3u, 4u, 8u}) {  // 3: a field across the middle, 30-32
       for (const unsigned extra : {0u, 1u, 3u}) {
         for (const std::size_t count : {1, 9, 200, 1024, 2500}) {
           for (const std::size_t piece : {std::size_t{1024}, std::size_t{334}}) {
@@ -416,13 +461,18 @@ TEST_SUITE("homomorphic") {
               const std::size_t word = 8 * (i / (8 * per_word)) + i % 8;
               expected[word] |= code << ((i % (8 * per_word)) / 8 * w);
             }
-            std::vector<std::uint64_t> packed(expected.size(), 0);
-            for (std::size_t at = 0; at < count; at += piece) {
-              const std::size_t n = std::min(piece, count - at);
-              squall::kernels::hq_code_pack(y.data() + at, random.data() + at * sizeof(draw) / 4,
-                                            at, n, inverse_step, levels, w, packed.data());
+            // (floats: AVX-512 registers where the CPU has them, and the other path)
+            for (const bool avx512 : {true, false}) {
+              CAPTURE(avx512);
+              std::vector<std::uint64_t> packed(expected.size(), 0);
+              for (std::size_t at = 0; at < count; at += piece) {
+                const std::size_t n = std::min(piece, count - at);
+                squall::kernels::hq_code_pack(y.data() + at, random.data() + at * sizeof(draw) / 4,
+                                              at, n, inverse_step, levels, w, packed.data(),
+                                              static_cast<const T*>(nullptr), avx512);
+              }
+              REQUIRE(packed == expected);
             }
-            REQUIRE(packed == expected);
           }
         }
       }

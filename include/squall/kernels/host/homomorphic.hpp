@@ -245,6 +245,82 @@ __attribute__((target("avx2"))) void hq_hadamard64_avx2(float* dst, const void* 
   }
 }
 
+// The AVX-512 forms below take their zero-masked forms with every lane selected where g++ 12's
+// unmasked ones start from `_mm512_undefined_*()` (flagged by -Wuninitialized once inlined; as
+// core/random.hpp's).
+#define SQUALL_HQ_AVX512 __attribute__((target("avx512f"), always_inline)) inline
+
+/// One stage of the first four on the 16 floats of an AVX-512 register: `p` is x with the
+/// partners swapped; lanes of `upper` get p - x, the others x + p (`hq_stages8_avx2`'s
+/// operations on the same operands, so the same bits, NaNs included).
+SQUALL_HQ_AVX512 __m512 hq_stage16_avx512(__m512 x, __m512 p, __mmask16 upper) {
+  return _mm512_mask_sub_ps(_mm512_add_ps(x, p), upper, p, x);
+}
+
+/// The first four stages (distances 1, 2, 4 and 8) on the 16 floats of one AVX-512 register:
+/// `hq_stages8_avx2`'s three, then the butterfly between two of its registers at distance 8
+/// (a + b in the lower half, a - b in the upper), the same bits.
+SQUALL_HQ_AVX512 __m512 hq_stages16_avx512(__m512 x) {
+  x = hq_stage16_avx512(x, _mm512_maskz_permute_ps(0xffff, x, 0xb1), 0xaaaa);        // distance 1
+  x = hq_stage16_avx512(x, _mm512_maskz_permute_ps(0xffff, x, 0x4e), 0xcccc);        // 2
+  x = hq_stage16_avx512(x, _mm512_maskz_shuffle_f32x4(0xffff, x, x, 0xb1), 0xf0f0);  // 4
+  return hq_stage16_avx512(x, _mm512_maskz_shuffle_f32x4(0xffff, x, x, 0x4e), 0xff00);  // 8
+}
+
+/// Floats j to j + 15 of a rotation's source, as `hq_load8_avx2`: as they are; with their
+/// signs flipped by sign bits j to j + 15 of `signs` (a masked xor: the bits of AVX2's flip);
+/// or (float(sum) - n L) x step.
+template <hq_source From>
+SQUALL_HQ_AVX512 __m512 hq_load16_avx512(const void* src, std::size_t j, const std::uint32_t* signs,
+                                         __m512 offsets, __m512 steps) {
+  if constexpr (From == hq_source::sums) {
+    const __m512i s = _mm512_loadu_si512(static_cast<const std::uint32_t*>(src) + j);
+    return _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_cvtepi32_ps(0xffff, s), offsets), steps);
+  } else {
+    const __m512 x = _mm512_loadu_ps(static_cast<const float*>(src) + j);
+    if constexpr (From == hq_source::values) {
+      return x;
+    } else {
+      const auto flip = static_cast<__mmask16>(signs[j / 32] >> (j % 32));
+      const __m512i bits = _mm512_castps_si512(x);
+      return _mm512_castsi512_ps(
+          _mm512_mask_xor_epi32(bits, flip, bits, _mm512_set1_epi32(INT32_MIN)));
+    }
+  }
+}
+
+#undef SQUALL_HQ_AVX512
+
+/// `hq_hadamard64_avx2` in AVX-512 registers: 64 values in four, the first four stages within
+/// a register (`hq_stages16_avx512`), distances 16 and 32 between registers; the same
+/// operations on the same operands in the same order, so the same bits (an encode's NaN signs
+/// aside, which AVX2's flips and this pass's subtractions may set apart). About half the
+/// operations a value.
+template <hq_source From>
+__attribute__((target("avx512f"))) void hq_hadamard64_avx512(float* dst, const void* src,
+                                                             std::size_t n,
+                                                             const std::uint32_t* signs = nullptr,
+                                                             float offset = 0, float step = 0) {
+  const __m512 offsets = _mm512_set1_ps(offset);
+  const __m512 steps = _mm512_set1_ps(step);
+  for (std::size_t i = 0; i < n; i += 64) {
+    __m512 r0 = hq_stages16_avx512(hq_load16_avx512<From>(src, i, signs, offsets, steps));
+    __m512 r1 = hq_stages16_avx512(hq_load16_avx512<From>(src, i + 16, signs, offsets, steps));
+    __m512 r2 = hq_stages16_avx512(hq_load16_avx512<From>(src, i + 32, signs, offsets, steps));
+    __m512 r3 = hq_stages16_avx512(hq_load16_avx512<From>(src, i + 48, signs, offsets, steps));
+    __m512 sum = _mm512_add_ps(r0, r1);  // distance 16
+    r1 = _mm512_sub_ps(r0, r1);
+    r0 = sum;
+    sum = _mm512_add_ps(r2, r3);
+    r3 = _mm512_sub_ps(r2, r3);
+    r2 = sum;
+    _mm512_storeu_ps(dst + i, _mm512_add_ps(r0, r2));  // distance 32
+    _mm512_storeu_ps(dst + i + 16, _mm512_add_ps(r1, r3));
+    _mm512_storeu_ps(dst + i + 32, _mm512_sub_ps(r0, r2));
+    _mm512_storeu_ps(dst + i + 48, _mm512_sub_ps(r1, r3));
+  }
+}
+
 /// Elements `from` to `to` (multiples of 8) of `hq_apply_signs(dst, src, n, signs)` with
 /// non-temporal stores, for `dst` on 16 bytes: the same products (x (1 - 2 bit),
 /// `hq_signs8_avx2`), streamed out as they are made.
@@ -264,8 +340,8 @@ __attribute__((target("avx2"))) inline void hq_stream_signs_avx2(float* dst, con
 /// same order as one stage at a time, half the passes over the block), the last pass scaled
 /// by `norm`; scales alone where no stage is left.
 template <class A>
-SQUALL_HOST_CLONES void hq_hadamard_wide(A* SQUALL_RESTRICT v, std::size_t n, std::size_t h,
-                                         A norm) {
+SQUALL_HOST_CLONES_AVX512 void hq_hadamard_wide(A* SQUALL_RESTRICT v, std::size_t n, std::size_t h,
+                                                A norm) {
   const bool scale_alone = h == n;  // no stage left (n = 1, or 8 after the first three)
   for (; 4 * h <= n; h *= 4) {
     const A scale = 4 * h == n ? norm : A(1);  // times 1 is exact
@@ -313,6 +389,11 @@ bool hq_rotate_fused(A* dst, const void* src, std::size_t n, const std::uint32_t
                      A step) {
 #if defined(SQUALL_HAS_AVX2_PHILOX)
   if constexpr (std::is_same_v<A, float>) {
+    if (n >= 64 && n % 64 == 0 && squall::detail::cpu_has_avx512f()) {
+      hq_hadamard64_avx512<From>(dst, src, n, signs, offset, step);
+      hq_hadamard_wide(dst, n, 64, hq_norm<A>(n));
+      return true;
+    }
     if (n >= 64 && n % 64 == 0 && squall::detail::cpu_has_avx2()) {
       hq_hadamard64_avx2<From>(dst, src, n, signs, offset, step);
       hq_hadamard_wide(dst, n, 64, hq_norm<A>(n));
@@ -759,6 +840,88 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
   }
 }
 
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+/// `hq_code_groups` for floats in AVX-512 registers: two field positions a register (their 16
+/// elements are consecutive), each lane's field moved into the low or high half of its word by
+/// variable shifts (a count of 32 or more gives 0, so one loop serves the fields of either
+/// half and the one across the middle; an odd last position fills the lower 8 lanes), the
+/// halves folded and interleaved into words once a group. `hq_code8`'s operations on the same
+/// operands, so the same codes; about 0.6 of the operations a value. With `ahead`, each pair
+/// of positions asks for the cache line of its elements' place in `ahead`.
+__attribute__((target("avx512f"))) SQUALL_NO_TRAPPING_MATH inline void hq_code_groups_avx512(
+    const float* SQUALL_RESTRICT y, const std::uint16_t* SQUALL_RESTRICT draws, std::size_t groups,
+    unsigned width, float inverse_step, std::uint32_t levels, std::uint64_t* SQUALL_RESTRICT words,
+    const float* ahead) {
+  const unsigned per_word = 64 / width;
+  const unsigned pairs = (per_word + 1) / 2;
+  // each pair's shift counts: into the low half, into the high half, down into the high half
+  __m512i to_low[16];
+  __m512i to_high[16];
+  __m512i down_high[16];
+  alignas(64) std::uint32_t counts[3][16];
+  for (unsigned q = 0; q < pairs; ++q) {
+    for (unsigned l = 0; l < 16; ++l) {
+      const unsigned t = 2 * q + l / 8;
+      const unsigned at = t * width;
+      const bool used = t < per_word;
+      counts[0][l] = used && at < 32 ? at : 32;
+      counts[1][l] = used && at >= 32 ? at - 32 : 32;
+      counts[2][l] = used && at < 32 && at + width > 32 ? 32 - at : 32;
+    }
+    to_low[q] = _mm512_load_si512(counts[0]);
+    to_high[q] = _mm512_load_si512(counts[1]);
+    down_high[q] = _mm512_load_si512(counts[2]);
+  }
+  const __m512 scale = _mm512_set1_ps(inverse_step);
+  const __m512 shift = _mm512_set1_ps(static_cast<float>(levels));
+  const __m512 top = _mm512_set1_ps(static_cast<float>(2 * levels));
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 range = _mm512_set1_ps(static_cast<float>(1u << stochastic_draw_bits<float>));
+  const __m512i one = _mm512_set1_epi32(1);
+  // word w of the group from lane w of the low half (entries 0-7) and of the high (16-23)
+  const __m512i interleave =
+      _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const std::size_t group = std::size_t{per_word} * hq_group_words;
+  for (std::size_t g = 0; g < groups; ++g) {
+    const std::size_t base = g * group;
+    __m512i low = _mm512_setzero_si512();
+    __m512i high = _mm512_setzero_si512();
+    for (unsigned q = 0; q < pairs; ++q) {
+      const std::size_t e = base + 16 * q;
+      if (ahead != nullptr) __builtin_prefetch(ahead + e, 0, 2);
+      // (the last position alone fills the lower 8 lanes; the upper lanes' counts make them
+      // vanish)
+      const __mmask16 lanes = 2 * q + 1 < per_word ? 0xffff : 0x00ff;
+      const __m512 v = _mm512_maskz_loadu_ps(lanes, y + e);
+      const __m128i d_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(draws + e));
+      const __m128i d_hi = lanes == 0xffff
+                               ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(draws + e + 8))
+                               : _mm_setzero_si128();
+      const __m512i d = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_set_m128i(d_hi, d_lo));
+      __m512 x = _mm512_add_ps(_mm512_mul_ps(v, scale), shift);
+      x = _mm512_maskz_max_ps(0xffff, x, zero);  // x > 0 ? x : 0 (a NaN -> 0)
+      x = _mm512_maskz_min_ps(0xffff, x, top);   // x < top ? x : top
+      const __m512i floor = _mm512_maskz_cvttps_epi32(0xffff, x);
+      const __m512 fraction = _mm512_sub_ps(x, _mm512_maskz_cvtepi32_ps(0xffff, floor));
+      const __mmask16 up = _mm512_cmp_ps_mask(_mm512_maskz_cvtepi32_ps(0xffff, d),
+                                              _mm512_mul_ps(fraction, range), _CMP_LT_OQ);
+      const __m512i code = _mm512_mask_add_epi32(floor, up, floor, one);
+      low = _mm512_or_si512(low, _mm512_maskz_sllv_epi32(0xffff, code, to_low[q]));
+      high = _mm512_ternarylogic_epi32(high, _mm512_maskz_sllv_epi32(0xffff, code, to_high[q]),
+                                       _mm512_maskz_srlv_epi32(0xffff, code, down_high[q]),
+                                       0xfe);  // a | b | c
+    }
+    // the two positions' lanes of each word folded, then low and high halves interleaved
+    const __m512i low8 = _mm512_or_si512(low, _mm512_maskz_shuffle_i32x4(0xffff, low, low, 0x4e));
+    const __m512i high8 =
+        _mm512_or_si512(high, _mm512_maskz_shuffle_i32x4(0xffff, high, high, 0x4e));
+    const __m512i packed = _mm512_maskz_permutex2var_epi32(0xffff, low8, interleave, high8);
+    std::uint64_t* const w = words + g * hq_group_words;
+    _mm512_storeu_si512(w, _mm512_or_si512(_mm512_loadu_si512(w), packed));
+  }
+}
+#endif
+
 /// Calls `one(j)` for the elements of first .. first + n - 1 outside whole groups, and
 /// `whole(j, groups)` once for the whole groups from element first + j.
 template <unsigned W, class One, class Whole>
@@ -804,11 +967,12 @@ inline std::uint64_t hq_unpack(const std::uint64_t* words, std::size_t first, st
 /// sizeof(stochastic_draw_unit<T>) is a multiple of 4), ORed into their fields of `words` (the
 /// layout of `hq_place_of`): whole groups in vectors (`detail::hq_code_groups`), the elements
 /// outside them one at a time. With `ahead` (n elements), the whole groups prefetch it as they
-/// go (`detail::hq_code_groups`).
+/// go (`detail::hq_code_groups`). Floats take AVX-512 registers where the CPU has them
+/// (`detail::hq_code_groups_avx512`) unless `avx512` is false (the tests run both paths).
 template <class T>
 void hq_code_pack(const T* y, const std::uint32_t* random, std::size_t first, std::size_t n,
                   T inverse_step, std::uint32_t levels, unsigned field, std::uint64_t* words,
-                  const T* ahead = nullptr) {
+                  const T* ahead = nullptr, bool avx512 = true) {
   using D = stochastic_draw_unit<T>;
   const auto* draws = reinterpret_cast<const unsigned char*>(random);
   detail::with_field_width(field, [&](auto width) {
@@ -823,6 +987,17 @@ void hq_code_pack(const T* y, const std::uint32_t* random, std::size_t first, st
                            << (p.field * W);
         },
         [&](std::size_t j, std::size_t groups) {
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+          if constexpr (std::is_same_v<T, float>) {
+            if (avx512 && squall::detail::cpu_has_avx512f()) {
+              detail::hq_code_groups_avx512(
+                  y + j, reinterpret_cast<const std::uint16_t*>(draws) + j, groups, W, inverse_step,
+                  levels, words + hq_place_of(first + j, 64 / W).word,
+                  ahead == nullptr ? nullptr : ahead + j);
+              return;
+            }
+          }
+#endif
           detail::hq_code_groups<T>(y + j, draws + j * sizeof(D), groups, W, inverse_step, levels,
                                     words + hq_place_of(first + j, 64 / W).word,
                                     ahead == nullptr ? nullptr : ahead + j);
