@@ -846,31 +846,34 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
 /// variable shifts (a count of 32 or more gives 0, so one loop serves the fields of either
 /// half and the one across the middle; an odd last position fills the lower 8 lanes), the
 /// halves folded and interleaved into words once a group. `hq_code8`'s operations on the same
-/// operands, so the same codes; about 0.6 of the operations a value. With `ahead`, each pair
-/// of positions asks for the cache line of its elements' place in `ahead`.
+/// operands, so the same codes, for two positions at once. With `ahead`, each pair of
+/// positions asks for the cache line of its elements' place in `ahead`.
 __attribute__((target("avx512f"))) SQUALL_NO_TRAPPING_MATH inline void hq_code_groups_avx512(
     const float* SQUALL_RESTRICT y, const std::uint16_t* SQUALL_RESTRICT draws, std::size_t groups,
     unsigned width, float inverse_step, std::uint32_t levels, std::uint64_t* SQUALL_RESTRICT words,
     const float* ahead) {
   const unsigned per_word = 64 / width;
   const unsigned pairs = (per_word + 1) / 2;
-  // each pair's shift counts: into the low half, into the high half, down into the high half
+  // each pair's shift counts (32 where a lane's field is not in that half, or past the
+  // word's last field): into the low half, into the high half, down into the high half
   __m512i to_low[16];
   __m512i to_high[16];
   __m512i down_high[16];
-  alignas(64) std::uint32_t counts[3][16];
-  for (unsigned q = 0; q < pairs; ++q) {
-    for (unsigned l = 0; l < 16; ++l) {
-      const unsigned t = 2 * q + l / 8;
-      const unsigned at = t * width;
-      const bool used = t < per_word;
-      counts[0][l] = used && at < 32 ? at : 32;
-      counts[1][l] = used && at >= 32 ? at - 32 : 32;
-      counts[2][l] = used && at < 32 && at + width > 32 ? 32 - at : 32;
+  {
+    const __m512i w = _mm512_set1_epi32(static_cast<int>(width));
+    const __m512i half = _mm512_set1_epi32(32);
+    const __m512i end = _mm512_set1_epi32(static_cast<int>(per_word * width));
+    __m512i at = _mm512_maskz_mov_epi32(0xff00, w);  // lanes 8-15: the pair's second position
+    for (unsigned q = 0; q < pairs; ++q) {
+      const __mmask16 used = _mm512_cmplt_epu32_mask(at, end);
+      const __mmask16 low = _mm512_mask_cmplt_epu32_mask(used, at, half);
+      const __mmask16 high = static_cast<__mmask16>(used & ~low);
+      const __mmask16 across = _mm512_mask_cmpgt_epu32_mask(low, _mm512_add_epi32(at, w), half);
+      to_low[q] = _mm512_mask_mov_epi32(half, low, at);
+      to_high[q] = _mm512_mask_sub_epi32(half, high, at, half);
+      down_high[q] = _mm512_mask_sub_epi32(half, across, half, at);
+      at = _mm512_add_epi32(at, _mm512_add_epi32(w, w));
     }
-    to_low[q] = _mm512_load_si512(counts[0]);
-    to_high[q] = _mm512_load_si512(counts[1]);
-    down_high[q] = _mm512_load_si512(counts[2]);
   }
   const __m512 scale = _mm512_set1_ps(inverse_step);
   const __m512 shift = _mm512_set1_ps(static_cast<float>(levels));
@@ -1083,12 +1086,18 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
   std::size_t bad = s.count;
   for (std::size_t k = 0; k < s.blocks(); ++k) {
     const std::size_t first = k * hq_max_block;
-    const T* y = in + first;
+    const T* y = in + first;  // unrotated: coded where it lies
     std::size_t length = s.block_length(k);
-    if (s.rotate) length = detail::hq_rotated_block(s, in, k, buf), y = buf;
+    if (s.rotate) {
+      length = detail::hq_rotated_block(s, in, k, buf);
+      y = buf;
+    }
     const std::size_t reach =
         std::min((first + length + group - 1) / group * hq_group_words, total_words);
-    if (reach > zeroed) std::fill(words + zeroed, words + reach, std::uint64_t{0}), zeroed = reach;
+    if (reach > zeroed) {
+      std::fill(words + zeroed, words + reach, std::uint64_t{0});
+      zeroed = reach;
+    }
     stochastic_draws_fill<T>(seed, stream, first, length, random);
     if (find_bad && bad == s.count) {
       const std::size_t n = std::min(length, s.count - first);
