@@ -27,6 +27,16 @@
 #define SQUALL_RESTRICT
 #endif
 
+#if defined(__CUDACC__)
+/// Unrolls the next loop of a host loop up to 16 times (`#pragma GCC unroll 16`, which clang
+/// reads too). Empty where nvcc parses the host code: its front end rejects the GCC pragma.
+#define SQUALL_UNROLL_16
+#elif defined(__GNUC__) || defined(__clang__)
+#define SQUALL_UNROLL_16 _Pragma("GCC unroll 16")
+#else
+#define SQUALL_UNROLL_16
+#endif
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && \
     !defined(SQUALL_NO_CLONES)
 /// Function multiversioning for hot host loops: a baseline x86-64 clone and an x86-64-v3

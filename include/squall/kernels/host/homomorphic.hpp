@@ -720,7 +720,7 @@ SQUALL_HOST_CLONES inline std::uint32_t hq_unpack_groups(const std::uint64_t* SQ
     const values low_half = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
     const values high_half = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
     std::uint32_t* out = sums + g * per_word * hq_group_words;
-#pragma GCC unroll 16
+    SQUALL_UNROLL_16
     for (unsigned at = 0; at < low_fields * width; at += width, out += hq_group_words) {
       put(out, (low_half >> at) & mask);
     }
@@ -729,7 +729,7 @@ SQUALL_HOST_CLONES inline std::uint32_t hq_unpack_groups(const std::uint64_t* SQ
       put(out, ((low_half >> at) | (high_half << (32 - at))) & mask);
       out += hq_group_words;
     }
-#pragma GCC unroll 16
+    SQUALL_UNROLL_16
     for (unsigned at = high_from * width - 32; at + width <= 32;
          at += width, out += hq_group_words) {
       put(out, (high_half >> at) & mask);
@@ -803,7 +803,7 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
     hq_lanes high_half = {};
     hq_lanes code;
     std::size_t e = base;
-#pragma GCC unroll 16
+    SQUALL_UNROLL_16
     for (unsigned at = 0; at < low_fields * width; at += width, e += hq_group_words) {
       if (ahead != nullptr) __builtin_prefetch(ahead + e, 0, 2);
       hq_code8(y + e, draws + e * sizeof(D), inverse_step, shift_by, top_at, code);
@@ -817,7 +817,7 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
       high_half |= code >> (32 - at);
       e += hq_group_words;
     }
-#pragma GCC unroll 16
+    SQUALL_UNROLL_16
     for (unsigned at = high_from * width - 32; at + width <= 32; at += width, e += hq_group_words) {
       if (ahead != nullptr) __builtin_prefetch(ahead + e, 0, 2);
       hq_code8(y + e, draws + e * sizeof(D), inverse_step, shift_by, top_at, code);
@@ -977,6 +977,7 @@ void hq_code_pack(const T* y, const std::uint32_t* random, std::size_t first, st
                   T inverse_step, std::uint32_t levels, unsigned field, std::uint64_t* words,
                   const T* ahead = nullptr, bool avx512 = true) {
   using D = stochastic_draw_unit<T>;
+  (void)avx512;  // (read where the AVX-512 path is compiled)
   const auto* draws = reinterpret_cast<const unsigned char*>(random);
   detail::with_field_width(field, [&](auto width) {
     constexpr unsigned W = width();
