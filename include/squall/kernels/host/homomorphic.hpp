@@ -780,9 +780,10 @@ SQUALL_NO_TRAPPING_MATH SQUALL_FORCEINLINE void hq_code8(const T* SQUALL_RESTRIC
 /// (where 64-bit fields took a widening of each half and two shifts), and the halves are
 /// interleaved into words once a group. One function for every width: unrolled at compile
 /// time for each of the 27, the rotated encode was 1.02-1.07x faster (the unrotated one
-/// slower) but every unit that encodes compiled 3 s more. With `ahead`, each field position asks for the cache line of its elements'
-/// place in `ahead` (a line at a time keeps memory busy through the pass without filling the
-/// core's queue of misses, where a block's 64 lines at once stalled the loop on the prefetch).
+/// slower) but every unit that encodes compiled 3 s more. With `ahead`, each field position asks
+/// for the cache line of its elements' place in `ahead` (a line at a time keeps memory busy through
+/// the pass without filling the core's queue of misses, where a block's 64 lines at once stalled
+/// the loop on the prefetch).
 template <class T>
 SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
     const T* SQUALL_RESTRICT y, const unsigned char* SQUALL_RESTRICT draws, std::size_t groups,
