@@ -20,7 +20,6 @@
 #include <cstring>  // memcpy
 #include <limits>
 #include <type_traits>
-#include <utility>  // integer_sequence
 
 namespace squall::kernels {
 
@@ -674,24 +673,15 @@ std::size_t hq_rotated_block(const hq_shape& s, const T* in, std::size_t k, T* o
 
 namespace detail {
 
-/// Calls `f(std::integral_constant<unsigned, W>{})` for the field width `field` (2 to 28: 8
-/// bits and 20 more for up to `homomorphic_compressor::max_ranks`), so that the packing loops
-/// know floor(64 / W) at compile time and unroll a word's fields.
-template <class F>
-decltype(auto) with_field_width(unsigned field, F&& f) {
-  return [&]<unsigned... W>(std::integer_sequence<unsigned, W...>)->decltype(auto) {
-    using result = decltype(f(std::integral_constant<unsigned, 2>{}));
-    if constexpr (std::is_void_v<result>) {
-      (void)((field == W + 2 ? (f(std::integral_constant<unsigned, W + 2>{}), true) : false) ||
-             ...);
-    } else {
-      result r{};
-      (void)((field == W + 2 ? (r = f(std::integral_constant<unsigned, W + 2>{}), true) : false) ||
-             ...);
-      return r;
-    }
-  }
-  (std::make_integer_sequence<unsigned, 27>{});
+/// Where the fields of a width lie in a word's two 32-bit halves: fields 0 to `low_fields` - 1
+/// within bits 0-31, one across bit 32 where 32 is no multiple of the width (then `high_from`
+/// is `low_fields` + 1), and fields `high_from` to 64 / width - 1 within bits 32-63.
+struct hq_halves {
+  unsigned low_fields;
+  unsigned high_from;
+};
+constexpr hq_halves hq_halves_of(unsigned width) {
+  return {32 / width, 32 / width + (32 % width != 0 ? 1 : 0)};
 }
 
 /// Whole groups: the fields of `groups` x 8F elements, `width` bits each (F = 64 / width), into
@@ -704,8 +694,7 @@ SQUALL_HOST_CLONES inline std::uint32_t hq_unpack_groups(const std::uint64_t* SQ
                                                          std::uint32_t* SQUALL_RESTRICT sums) {
   typedef std::uint32_t values __attribute__((vector_size(4 * hq_group_words)));
   const unsigned per_word = 64 / width;
-  const unsigned low_fields = 32 / width;
-  const unsigned high_from = low_fields + (32 % width != 0 ? 1 : 0);
+  const auto [low_fields, high_from] = hq_halves_of(width);
   const values mask = values{} + ((std::uint32_t{1} << width) - 1);
   values top = {};
   const auto put = [&](std::uint32_t * out, const values& f) __attribute__((always_inline)) {
@@ -793,8 +782,7 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
   typedef std::uint64_t quad __attribute__((vector_size(32)));  // one AVX2 register
   static_assert(hq_group_words == 8);
   const unsigned per_word = 64 / width;
-  const unsigned low_fields = 32 / width;                             // within bits 0 to 31
-  const unsigned high_from = low_fields + (32 % width != 0 ? 1 : 0);  // within 32 to 63 from here
+  const auto [low_fields, high_from] = hq_halves_of(width);
   const auto shift_by = static_cast<T>(levels);
   const auto top_at = static_cast<T>(2 * levels);
   const std::size_t group = std::size_t{per_word} * hq_group_words;
@@ -928,9 +916,11 @@ __attribute__((target("avx512f"))) SQUALL_NO_TRAPPING_MATH inline void hq_code_g
 
 /// Calls `one(j)` for the elements of first .. first + n - 1 outside whole groups, and
 /// `whole(j, groups)` once for the whole groups from element first + j.
-template <unsigned W, class One, class Whole>
-SQUALL_FORCEINLINE void hq_walk_groups(std::size_t first, std::size_t n, One&& one, Whole&& whole) {
-  constexpr std::size_t group = (64 / W) * hq_group_words;
+/// (Fields of `width` bits: groups of 8 x floor(64 / width) elements.)
+template <class One, class Whole>
+SQUALL_FORCEINLINE void hq_walk_groups(unsigned width, std::size_t first, std::size_t n, One&& one,
+                                       Whole&& whole) {
+  const std::size_t group = std::size_t{64 / width} * hq_group_words;
   const std::size_t head = std::min(n, (group - first % group) % group);
   std::size_t j = 0;
   for (; j < head; ++j) one(j);
@@ -944,25 +934,22 @@ SQUALL_FORCEINLINE void hq_walk_groups(std::size_t first, std::size_t n, One&& o
 /// The fields of elements first, ..., first + n - 1 into `sums`; returns the largest.
 inline std::uint64_t hq_unpack(const std::uint64_t* words, std::size_t first, std::size_t n,
                                unsigned field, std::uint32_t* sums) {
-  return detail::with_field_width(field, [&](auto width) {
-    constexpr unsigned W = width();
-    constexpr std::uint64_t mask = (std::uint64_t{1} << W) - 1;
-    std::uint64_t largest = 0;
-    detail::hq_walk_groups<W>(
-        first, n,
-        [&](std::size_t j) {
-          const hq_place p = hq_place_of(first + j, 64 / W);
-          const std::uint64_t v = (words[p.word] >> (p.field * W)) & mask;
-          sums[j] = static_cast<std::uint32_t>(v);
-          largest = v > largest ? v : largest;
-        },
-        [&](std::size_t j, std::size_t groups) {
-          const std::uint64_t v = detail::hq_unpack_groups(
-              words + hq_place_of(first + j, 64 / W).word, groups, W, sums + j);
-          largest = v > largest ? v : largest;
-        });
-    return largest;
-  });
+  const std::uint64_t mask = (std::uint64_t{1} << field) - 1;
+  std::uint64_t largest = 0;
+  detail::hq_walk_groups(
+      field, first, n,
+      [&](std::size_t j) {
+        const hq_place p = hq_place_of(first + j, 64 / field);
+        const std::uint64_t v = (words[p.word] >> (p.field * field)) & mask;
+        sums[j] = static_cast<std::uint32_t>(v);
+        largest = v > largest ? v : largest;
+      },
+      [&](std::size_t j, std::size_t groups) {
+        const std::uint64_t v = detail::hq_unpack_groups(
+            words + hq_place_of(first + j, 64 / field).word, groups, field, sums + j);
+        largest = v > largest ? v : largest;
+      });
+  return largest;
 }
 
 /// The codes of the `n` rotated values `y` of elements first, first + 1, ... against
@@ -980,34 +967,30 @@ void hq_code_pack(const T* y, const std::uint32_t* random, std::size_t first, st
   using D = stochastic_draw_unit<T>;
   (void)avx512;  // (read where the AVX-512 path is compiled)
   const auto* draws = reinterpret_cast<const unsigned char*>(random);
-  detail::with_field_width(field, [&](auto width) {
-    constexpr unsigned W = width();
-    detail::hq_walk_groups<W>(
-        first, n,
-        [&](std::size_t j) {
-          D draw;
-          std::memcpy(&draw, draws + j * sizeof(D), sizeof draw);
-          const hq_place p = hq_place_of(first + j, 64 / W);
-          words[p.word] |= std::uint64_t{hq_code<T>(y[j] * inverse_step, levels, draw)}
-                           << (p.field * W);
-        },
-        [&](std::size_t j, std::size_t groups) {
+  detail::hq_walk_groups(
+      field, first, n,
+      [&](std::size_t j) {
+        D draw;
+        std::memcpy(&draw, draws + j * sizeof(D), sizeof draw);
+        const hq_place p = hq_place_of(first + j, 64 / field);
+        words[p.word] |= std::uint64_t{hq_code<T>(y[j] * inverse_step, levels, draw)}
+                         << (p.field * field);
+      },
+      [&](std::size_t j, std::size_t groups) {
+        std::uint64_t* const at = words + hq_place_of(first + j, 64 / field).word;
+        const T* const next = ahead == nullptr ? nullptr : ahead + j;
 #if defined(SQUALL_HAS_AVX2_PHILOX)
-          if constexpr (std::is_same_v<T, float>) {
-            if (avx512 && squall::detail::cpu_has_avx512f()) {
-              detail::hq_code_groups_avx512(
-                  y + j, reinterpret_cast<const std::uint16_t*>(draws) + j, groups, W, inverse_step,
-                  levels, words + hq_place_of(first + j, 64 / W).word,
-                  ahead == nullptr ? nullptr : ahead + j);
-              return;
-            }
+        if constexpr (std::is_same_v<T, float>) {
+          if (avx512 && squall::detail::cpu_has_avx512f()) {
+            detail::hq_code_groups_avx512(y + j, reinterpret_cast<const std::uint16_t*>(draws) + j,
+                                          groups, field, inverse_step, levels, at, next);
+            return;
           }
+        }
 #endif
-          detail::hq_code_groups<T>(y + j, draws + j * sizeof(D), groups, W, inverse_step, levels,
-                                    words + hq_place_of(first + j, 64 / W).word,
-                                    ahead == nullptr ? nullptr : ahead + j);
-        });
-  });
+        detail::hq_code_groups<T>(y + j, draws + j * sizeof(D), groups, field, inverse_step, levels,
+                                  at, next);
+      });
 }
 
 /// rotated value j = (sums[j] - n L) x step, for `n` sums (vectorizes).
