@@ -835,7 +835,8 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
 /// variable shifts (a count of 32 or more gives 0, so one loop serves the fields of either
 /// half and the one across the middle; an odd last position fills the lower 8 lanes), the
 /// halves folded and interleaved into words once a group. `hq_code8`'s operations on the same
-/// operands, so the same codes, for two positions at once. With `ahead`, each pair of
+/// operands, so the same codes, for two positions at once (written in intrinsics: `hq_code8`'s
+/// vector form at 16 lanes measured 0.92-0.96x of them). With `ahead`, each pair of
 /// positions asks for the cache line of its elements' place in `ahead`.
 __attribute__((target("avx512f"))) SQUALL_NO_TRAPPING_MATH inline void hq_code_groups_avx512(
     const float* SQUALL_RESTRICT y, const std::uint16_t* SQUALL_RESTRICT draws, std::size_t groups,
