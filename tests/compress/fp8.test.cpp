@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -128,6 +129,62 @@ TEST_SUITE("fp8") {
       }
     }
   }
+
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+  TEST_CASE("fp8, stochastic: the AVX-512 codes are the generic conversion's, for every float") {
+    // every exponent (subnormal, normal, Inf and NaN patterns), 2^23 / 8191 mantissas each,
+    // both signs, a 16-bit draw each, times 1 and times a bucket's 448 / scale; a count that is
+    // not a multiple of 16, so the tail goes through the scalar form
+    namespace d = squall::kernels::detail;
+    if (!squall::detail::cpu_has_avx512f()) {
+      MESSAGE("this CPU has no AVX-512: the AVX-512 stochastic fp8 codes are not run here");
+      return;
+    }
+    std::vector<float> in;
+    for (std::uint32_t e = 0; e < 256; ++e) {
+      for (std::uint32_t m = 0; m < (1u << 23); m += 8191) {
+        for (const std::uint32_t sign : {0u, 1u}) {
+          const std::uint32_t bits = (sign << 31) | (e << 23) | m;
+          float x;
+          std::memcpy(&x, &bits, sizeof x);
+          in.push_back(x);
+        }
+      }
+    }
+    in.push_back(0.0f);
+    const std::size_t n = in.size() - in.size() % 16 + 5;
+    in.resize(n, 1.5f);
+    std::vector<std::uint16_t> draws(n);
+    std::uint32_t r = 2463534242u;
+    for (auto& w : draws) {
+      r ^= r << 13;
+      r ^= r >> 17;
+      r ^= r << 5;
+      w = static_cast<std::uint16_t>(r >> 7);
+    }
+    draws[0] = 0;
+    draws[1] = 0xffff;
+    const auto* bytes = reinterpret_cast<const unsigned char*>(draws.data());
+    for (const float inverse : {1.0f, 448.0f / 3.7f}) {
+      CAPTURE(inverse);
+      std::vector<std::uint8_t> e4(n), e5(n);
+      d::float8_stochastic_avx512<squall::detail::e4m3_format>(in.data(), n, inverse, bytes,
+                                                               e4.data());
+      d::float8_stochastic_avx512<squall::detail::e5m2_format>(in.data(), n, inverse, bytes,
+                                                               e5.data());
+      std::size_t differ = 0;
+      for (std::size_t k = 0; k < n; ++k) {
+        const std::uint32_t word = squall::draw_as_word<float>(draws[k]);
+        const float x = in[k] * inverse;
+        differ += e4[k] !=
+                  squall::detail::float_to_float8_stochastic<squall::detail::e4m3_format>(x, word);
+        differ += e5[k] !=
+                  squall::detail::float_to_float8_stochastic<squall::detail::e5m2_format>(x, word);
+      }
+      CHECK(differ == 0);
+    }
+  }
+#endif
 
   TEST_CASE("fp8: 8 bits per element and a scale per bucket; zeros decode to zeros") {
     for (const std::size_t n : {0, 1, 7, 8, 511, 512, 513, 1500}) {

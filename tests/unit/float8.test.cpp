@@ -200,8 +200,10 @@ TEST_SUITE("float8") {
   }
 
   TEST_CASE("float8: the branch-free stochastic conversion equals the reference") {
-    // every exponent, 2^23 / 509 mantissas each, both signs, a random word per value (and the
-    // words at the ends: 0 and 2^32 - 1)
+    // every exponent, 2^23 / 509 mantissas each, both signs, a random word per value, the same
+    // word shifted right by 0-31 bits (the small words that decide the values far below the
+    // subnormal step), its top 16 bits (a float's draw, `draw_as_word`), and the words at the
+    // ends: 0 and 2^32 - 1
     int differ = 0;
     std::uint32_t word = 0x9e3779b9u;
     for (std::uint32_t e = 0; e < 256; ++e) {
@@ -215,7 +217,8 @@ TEST_SUITE("float8") {
           word ^= word << 5;
           using squall::detail::e4m3_format;
           using squall::detail::e5m2_format;
-          for (const std::uint32_t r : {word, 0u, 0xffffffffu}) {
+          for (const std::uint32_t r :
+               {word, word >> (word % 32u), word & 0xffff0000u, 0u, 0xffffffffu}) {
             differ += squall::detail::float_to_float8_stochastic<e4m3_format>(x, r) !=
                       squall::detail::float_to_float8_stochastic_reference<e4m3_format>(x, r);
             differ += squall::detail::float_to_float8_stochastic<e5m2_format>(x, r) !=

@@ -240,6 +240,78 @@ SQUALL_HOST_CLONES_AVX512 void quantize_float8_loop(const T* SQUALL_RESTRICT in,
     codes[k] = quantize_code(Q, in[k], inverse, Q.stochastic ? draw_at<T>(draws, k) : 0u);
 }
 
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+/// `quantize_code`'s stochastic 8-bit float codes of floats (16-bit draws, `draw_as_word`), 16
+/// a register in AVX-512: `float_to_float8_stochastic`'s operations on the same operands, so
+/// the same codes for every float (tests/compress), where g++'s vector form of the loop, 64
+/// elements a pass, spilled registers and took 2x the instructions. A normal result is
+/// integers only (the draw against the dropped bits shifted to the word's top); the float
+/// path of a subnormal result runs only for a register holding one (below 2^-6 / 448 of the
+/// bucket's largest for E4M3, 2^-14 / 57344 for E5M2). `n` a multiple of 16 or not.
+template <class Format>
+__attribute__((target("avx512f"))) inline void float8_stochastic_avx512(
+    const float* SQUALL_RESTRICT in, std::size_t n, float inverse,
+    const unsigned char* SQUALL_RESTRICT draws, std::uint8_t* SQUALL_RESTRICT codes) {
+  constexpr int shift = 23 - Format::man_bits;
+  const __m512 scale = _mm512_set1_ps(inverse);
+  const __m512i magnitude_mask = _mm512_set1_epi32(static_cast<int>(0x7fffffffu));
+  const __m512i rebias =
+      _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(127 - Format::bias) << 23));
+  const __m512i smallest_normal =
+      _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(128 - Format::bias) << 23));
+  const __m512i max_finite = _mm512_set1_epi32(static_cast<int>(Format::max_finite));
+  const __m512i quiet_nan = _mm512_set1_epi32(static_cast<int>(Format::quiet_nan));
+  const __m512i infinity = _mm512_set1_epi32(static_cast<int>(0x7f800000u));
+  const __m512i sign_bit = _mm512_set1_epi32(static_cast<int>(0x80u));
+  const __m512i one = _mm512_set1_epi32(static_cast<int>(1u));
+  const __m512 per_step_sub =
+      _mm512_set1_ps(static_cast<float>(1u << (Format::bias - 1 + Format::man_bits)));
+  const __m512 per_word = _mm512_set1_ps(0x1p-32f);
+  // zero-masked forms with every lane selected, as core/random.hpp's (g++ 12's unmasked ones
+  // start from an undefined register, which -Wmaybe-uninitialized flags once inlined)
+  constexpr __mmask16 all = 0xffff;
+  std::size_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    const __m512i bits =
+        _mm512_castps_si512(_mm512_maskz_mul_ps(all, _mm512_loadu_ps(in + k), scale));
+    const __m512i random = _mm512_maskz_slli_epi32(
+        all,
+        _mm512_maskz_cvtepu16_epi32(
+            all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(draws + 2 * k))),
+        16);
+    const __m512i magnitude = _mm512_maskz_and_epi32(all, bits, magnitude_mask);
+    __m512i lower =
+        _mm512_maskz_srli_epi32(all, _mm512_maskz_sub_epi32(all, magnitude, rebias), shift);
+    // the dropped bits over 2^shift against the draw over 2^32
+    __mmask16 up =
+        _mm512_cmplt_epu32_mask(random, _mm512_maskz_slli_epi32(all, magnitude, 32 - shift));
+    const __mmask16 subnormal = _mm512_cmplt_epu32_mask(magnitude, smallest_normal);
+    if (subnormal != 0) {
+      const __m512 scaled = _mm512_maskz_mul_ps(all, _mm512_castsi512_ps(magnitude), per_step_sub);
+      const __m512i sub_code = _mm512_maskz_cvttps_epi32(all, scaled);
+      const __m512 fraction =
+          _mm512_maskz_sub_ps(all, scaled, _mm512_maskz_cvtepi32_ps(all, sub_code));
+      const __m512 threshold =
+          _mm512_maskz_mul_ps(all, _mm512_maskz_cvtepu32_ps(all, random), per_word);
+      const __mmask16 sub_up = _mm512_cmp_ps_mask(threshold, fraction, _CMP_LT_OQ);
+      lower = _mm512_mask_mov_epi32(lower, subnormal, sub_code);
+      up = static_cast<__mmask16>((up & ~subnormal) | (sub_up & subnormal));
+    }
+    // a code at or above the largest finite one (an infinity's too) stays it, never up
+    __m512i out =
+        _mm512_maskz_min_epu32(all, _mm512_mask_add_epi32(lower, up, lower, one), max_finite);
+    out = _mm512_mask_mov_epi32(out, _mm512_cmpgt_epu32_mask(magnitude, infinity), quiet_nan);
+    out = _mm512_maskz_or_epi32(
+        all, out, _mm512_maskz_and_epi32(all, _mm512_maskz_srli_epi32(all, bits, 24), sign_bit));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + k), _mm512_maskz_cvtepi32_epi8(all, out));
+  }
+  for (; k < n; ++k) {
+    codes[k] = squall::detail::float_to_float8_stochastic<Format>(in[k] * inverse,
+                                                                  draw_at<float>(draws, k));
+  }
+}
+#endif
+
 template <quantize_scheme Q, class T>
 SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES_AVX512 void quantize_block_loop(
     const T* SQUALL_RESTRICT in, std::size_t n, T inverse,
@@ -250,6 +322,24 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES_AVX512 void quantize_block_loop(
     for (std::size_t k = 0; k < n; ++k)
       codes[k] = quantize_code(Q, in[k], inverse, Q.stochastic ? draw_at<T>(draws, k) : 0u);
   }
+}
+
+/// A block's codes: `quantize_block_loop`, or, for stochastic 8-bit floats from floats where
+/// `avx512` (the CPU has it), `float8_stochastic_avx512` (the same codes).
+template <quantize_scheme Q, class T>
+void quantize_codes(const T* SQUALL_RESTRICT in, std::size_t n, T inverse,
+                    const unsigned char* SQUALL_RESTRICT draws, std::uint8_t* SQUALL_RESTRICT codes,
+                    [[maybe_unused]] bool avx512) {
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+  if constexpr (Q.float8 != 0 && Q.stochastic && std::is_same_v<T, float>) {
+    if (avx512) {
+      float8_stochastic_avx512<squall::detail::float8_format_of<Q.float8>>(in, n, inverse, draws,
+                                                                           codes);
+      return;
+    }
+  }
+#endif
+  quantize_block_loop<Q>(in, n, inverse, draws, codes);
 }
 
 /// The lanes of the least-squares fit's sums (`fit_block`): element k of a bucket goes to lane
@@ -416,11 +506,19 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
   const auto* draws = reinterpret_cast<const unsigned char*>(random);
   alignas(64) double dot[detail::fit_lanes];
   alignas(64) double square[detail::fit_lanes];
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+  const bool avx512 = squall::detail::cpu_has_avx512f();
+#else
+  const bool avx512 = false;
+#endif
   // Small buckets alternate a read of the bucket from memory (its scale) with a pass in L1
   // (its codes), during which the hardware prefetcher has no misses to follow; asking for the
   // bucket after next at each bucket keeps memory busy through the second pass (1.4x the
   // encode of 512-element buckets on the 2-core Xeon, docs/performance.md).
   const bool prefetch = bucket * sizeof(T) <= detail::prefetch_bucket_bytes;
+  // 8-bit floats are their own packing: written in place (int8's loop measured 0.82-0.85x as
+  // fast writing to the payload as to an L1 buffer copied out)
+  constexpr bool in_place = Q.float8 != 0;
   for (std::size_t begin = 0, b = 0; begin < count; begin += bucket, ++b) {
     const std::size_t n = count - begin < bucket ? count - begin : bucket;
     if (prefetch && count - begin > 2 * bucket) {
@@ -450,20 +548,21 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
     for (std::size_t off = 0; off < n; off += detail::quantize_block) {
       const std::size_t m = n - off < detail::quantize_block ? n - off : detail::quantize_block;
       const std::size_t first = begin + off;  // a multiple of 8 unless it is element 0's bucket
+      std::uint8_t* const target = in_place ? codes + first : block_codes;
       if (!usable) {
-        std::memset(block_codes, zero_code(Q), m);
+        std::memset(target, zero_code(Q), m);
       } else {
         if constexpr (Q.stochastic) {
           stochastic_draws_fill<T>(seed, stream, first, m, random);
         }
         if (std::isfinite(inverse)) {
-          detail::quantize_block_loop<Q>(in + first, m, inverse, draws, block_codes);
+          detail::quantize_codes<Q>(in + first, m, inverse, draws, target, avx512);
         } else {
-          detail::quantize_block_wide<Q>(in + first, m, stats.scale, draws, block_codes);
+          detail::quantize_block_wide<Q>(in + first, m, stats.scale, draws, target);
         }
       }
-      detail::pack_codes<Q.width>(block_codes, m, codes + first * Q.width / 8);
-      if (fitting) detail::fit_block<Q>(in + first, block_codes, m, dot, square);
+      if (!in_place) detail::pack_codes<Q.width>(block_codes, m, codes + first * Q.width / 8);
+      if (fitting) detail::fit_block<Q>(in + first, target, m, dot, square);
     }
     if (fitting) {
       const T fitted = detail::fitted_scale<Q>(dot, square, sent);
@@ -491,14 +590,17 @@ std::size_t dequantize(const host_backend& /*backend*/, const T* scales, const s
     for (std::size_t off = 0; off < n; off += detail::quantize_block) {
       const std::size_t m = n - off < detail::quantize_block ? n - off : detail::quantize_block;
       const std::size_t first = begin + off;
-      detail::unpack_codes<Q.width>(codes + first * Q.width / 8, m, block_codes);
+      // 8-bit codes are read in place
+      const std::uint8_t* const unpacked = Q.width == 8 ? codes + first : block_codes;
+      if constexpr (Q.width != 8) {
+        detail::unpack_codes<Q.width>(codes + first * Q.width / 8, m, block_codes);
+      }
       T scale;
       std::memcpy(&scale, scales + b, sizeof scale);  // payloads need not be aligned
-      if (!detail::dequantize_block_loop<Q>(block_codes, m, scale,
-                                            streamed ? values : out + first) &&
+      if (!detail::dequantize_block_loop<Q>(unpacked, m, scale, streamed ? values : out + first) &&
           first_bad == count) {
         std::size_t k = 0;
-        while (valid_code(Q, block_codes[k])) ++k;
+        while (valid_code(Q, unpacked[k])) ++k;
         first_bad = first + k;
       }
       if (streamed) {
