@@ -131,14 +131,13 @@ TEST_SUITE("fp8") {
   }
 
 #if defined(SQUALL_HAS_AVX2_PHILOX)
-  TEST_CASE("fp8, stochastic: the AVX-512 codes are the generic conversion's, for every float") {
+  TEST_CASE("fp8, stochastic: the AVX-512 and AVX2 codes are the generic conversion's") {
     // every exponent (subnormal, normal, Inf and NaN patterns), 2^23 / 8191 mantissas each,
     // both signs, a 16-bit draw each, times 1 and times a bucket's 448 / scale; a count that is
-    // not a multiple of 16, so the tail goes through the scalar form
+    // not a multiple of 16, so the tail goes through the scalar form; each kernel the CPU has
     namespace d = squall::kernels::detail;
     if (!squall::detail::cpu_has_avx512f()) {
       MESSAGE("this CPU has no AVX-512: the AVX-512 stochastic fp8 codes are not run here");
-      return;
     }
     std::vector<float> in;
     for (std::uint32_t e = 0; e < 256; ++e) {
@@ -165,23 +164,39 @@ TEST_SUITE("fp8") {
     draws[0] = 0;
     draws[1] = 0xffff;
     const auto* bytes = reinterpret_cast<const unsigned char*>(draws.data());
-    for (const float inverse : {1.0f, 448.0f / 3.7f}) {
-      CAPTURE(inverse);
-      std::vector<std::uint8_t> e4(n), e5(n);
-      d::float8_stochastic_avx512<squall::detail::e4m3_format>(in.data(), n, inverse, bytes,
-                                                               e4.data());
-      d::float8_stochastic_avx512<squall::detail::e5m2_format>(in.data(), n, inverse, bytes,
-                                                               e5.data());
-      std::size_t differ = 0;
-      for (std::size_t k = 0; k < n; ++k) {
-        const std::uint32_t word = squall::draw_as_word<float>(draws[k]);
-        const float x = in[k] * inverse;
-        differ += e4[k] !=
-                  squall::detail::float_to_float8_stochastic<squall::detail::e4m3_format>(x, word);
-        differ += e5[k] !=
-                  squall::detail::float_to_float8_stochastic<squall::detail::e5m2_format>(x, word);
+    for (const auto isa : {d::float8_isa::avx512, d::float8_isa::avx2}) {
+      if (isa == d::float8_isa::avx512 ? !squall::detail::cpu_has_avx512f()
+                                       : !squall::detail::cpu_has_avx2()) {
+        continue;
       }
-      CHECK(differ == 0);
+      for (const float inverse : {1.0f, 448.0f / 3.7f}) {
+        CAPTURE(static_cast<int>(isa));
+        CAPTURE(inverse);
+        std::vector<std::uint8_t> e4(n), e5(n);
+        if (isa == d::float8_isa::avx512) {
+          d::float8_stochastic_avx512<squall::detail::e4m3_format>(in.data(), n, inverse, bytes,
+                                                                   e4.data());
+          d::float8_stochastic_avx512<squall::detail::e5m2_format>(in.data(), n, inverse, bytes,
+                                                                   e5.data());
+        } else {
+          d::float8_stochastic_avx2<squall::detail::e4m3_format>(in.data(), n, inverse, bytes,
+                                                                 e4.data());
+          d::float8_stochastic_avx2<squall::detail::e5m2_format>(in.data(), n, inverse, bytes,
+                                                                 e5.data());
+        }
+        std::size_t differ = 0;
+        for (std::size_t k = 0; k < n; ++k) {
+          const std::uint32_t word = squall::draw_as_word<float>(draws[k]);
+          const float x = in[k] * inverse;
+          differ +=
+              e4[k] !=
+              squall::detail::float_to_float8_stochastic<squall::detail::e4m3_format>(x, word);
+          differ +=
+              e5[k] !=
+              squall::detail::float_to_float8_stochastic<squall::detail::e5m2_format>(x, word);
+        }
+        CHECK(differ == 0);
+      }
     }
   }
 #endif

@@ -310,6 +310,62 @@ __attribute__((target("avx512f"))) inline void float8_stochastic_avx512(
                                                                   draw_at<float>(draws, k));
   }
 }
+
+/// `float8_stochastic_avx512` in AVX2 registers, 8 a register, for CPUs without AVX-512:
+/// unsigned comparisons as signed ones of the operands with their top bit flipped, selects
+/// as blends, the draw's float as the 16-bit draw times 2^-16 (the same value), and the codes
+/// narrowed by two saturating packs. The same codes for every float (tests/compress).
+template <class Format>
+__attribute__((target("avx2"))) inline void float8_stochastic_avx2(
+    const float* SQUALL_RESTRICT in, std::size_t n, float inverse,
+    const unsigned char* SQUALL_RESTRICT draws, std::uint8_t* SQUALL_RESTRICT codes) {
+  constexpr int shift = 23 - Format::man_bits;
+  const __m256 scale = _mm256_set1_ps(inverse);
+  const __m256i magnitude_mask = _mm256_set1_epi32(0x7fffffff);
+  const __m256i rebias = _mm256_set1_epi32((127 - Format::bias) << 23);
+  const __m256i smallest_normal = _mm256_set1_epi32((128 - Format::bias) << 23);
+  const __m256i max_finite = _mm256_set1_epi32(Format::max_finite);
+  const __m256i quiet_nan = _mm256_set1_epi32(Format::quiet_nan);
+  const __m256i infinity = _mm256_set1_epi32(0x7f800000);
+  const __m256i sign_bit = _mm256_set1_epi32(0x80);
+  const __m256i flip = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  const __m256 per_step_sub =
+      _mm256_set1_ps(static_cast<float>(1u << (Format::bias - 1 + Format::man_bits)));
+  const __m256 per_draw = _mm256_set1_ps(0x1p-16f);
+  std::size_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256i bits = _mm256_castps_si256(_mm256_mul_ps(_mm256_loadu_ps(in + k), scale));
+    const __m256i draw =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(draws + 2 * k)));
+    const __m256i magnitude = _mm256_and_si256(bits, magnitude_mask);
+    __m256i lower = _mm256_srli_epi32(_mm256_sub_epi32(magnitude, rebias), shift);
+    // all ones where up: the draw at the word's top below the dropped bits there, unsigned
+    __m256i up =
+        _mm256_cmpgt_epi32(_mm256_xor_si256(_mm256_slli_epi32(magnitude, 32 - shift), flip),
+                           _mm256_xor_si256(_mm256_slli_epi32(draw, 16), flip));
+    const __m256i subnormal = _mm256_cmpgt_epi32(smallest_normal, magnitude);  // both < 2^31
+    if (!_mm256_testz_si256(subnormal, subnormal)) {
+      const __m256 scaled = _mm256_mul_ps(_mm256_castsi256_ps(magnitude), per_step_sub);
+      const __m256i sub_code = _mm256_cvttps_epi32(scaled);
+      const __m256 fraction = _mm256_sub_ps(scaled, _mm256_cvtepi32_ps(sub_code));
+      const __m256 threshold = _mm256_mul_ps(_mm256_cvtepi32_ps(draw), per_draw);
+      const __m256i sub_up = _mm256_castps_si256(_mm256_cmp_ps(threshold, fraction, _CMP_LT_OQ));
+      lower = _mm256_blendv_epi8(lower, sub_code, subnormal);
+      up = _mm256_blendv_epi8(up, sub_up, subnormal);
+    }
+    // a code at or above the largest finite one (an infinity's too) stays it, never up
+    __m256i out = _mm256_min_epu32(_mm256_sub_epi32(lower, up), max_finite);
+    out = _mm256_blendv_epi8(out, quiet_nan, _mm256_cmpgt_epi32(magnitude, infinity));
+    out = _mm256_or_si256(out, _mm256_and_si256(_mm256_srli_epi32(bits, 24), sign_bit));
+    const __m128i halves =
+        _mm_packus_epi32(_mm256_castsi256_si128(out), _mm256_extracti128_si256(out, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + k), _mm_packus_epi16(halves, halves));
+  }
+  for (; k < n; ++k) {
+    codes[k] = squall::detail::float_to_float8_stochastic<Format>(in[k] * inverse,
+                                                                  draw_at<float>(draws, k));
+  }
+}
 #endif
 
 template <quantize_scheme Q, class T>
@@ -324,17 +380,31 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES_AVX512 void quantize_block_loop(
   }
 }
 
-/// A block's codes: `quantize_block_loop`, or, for stochastic 8-bit floats from floats where
-/// `avx512` (the CPU has it), `float8_stochastic_avx512` (the same codes).
+/// The widest registers the CPU has for `float8_stochastic_avx512` and `_avx2`.
+enum class float8_isa : std::uint8_t { generic, avx2, avx512 };
+inline float8_isa float8_isa_here() {
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+  if (squall::detail::cpu_has_avx512f()) return float8_isa::avx512;
+  if (squall::detail::cpu_has_avx2()) return float8_isa::avx2;
+#endif
+  return float8_isa::generic;
+}
+
+/// A block's codes: `quantize_block_loop`, or, for stochastic 8-bit floats from floats,
+/// `float8_stochastic_avx512` or `_avx2` as `isa` says (the same codes).
 template <quantize_scheme Q, class T>
 void quantize_codes(const T* SQUALL_RESTRICT in, std::size_t n, T inverse,
                     const unsigned char* SQUALL_RESTRICT draws, std::uint8_t* SQUALL_RESTRICT codes,
-                    [[maybe_unused]] bool avx512) {
+                    [[maybe_unused]] float8_isa isa) {
 #if defined(SQUALL_HAS_AVX2_PHILOX)
   if constexpr (Q.float8 != 0 && Q.stochastic && std::is_same_v<T, float>) {
-    if (avx512) {
-      float8_stochastic_avx512<squall::detail::float8_format_of<Q.float8>>(in, n, inverse, draws,
-                                                                           codes);
+    using format = squall::detail::float8_format_of<Q.float8>;
+    if (isa == float8_isa::avx512) {
+      float8_stochastic_avx512<format>(in, n, inverse, draws, codes);
+      return;
+    }
+    if (isa == float8_isa::avx2) {
+      float8_stochastic_avx2<format>(in, n, inverse, draws, codes);
       return;
     }
   }
@@ -506,19 +576,12 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
   const auto* draws = reinterpret_cast<const unsigned char*>(random);
   alignas(64) double dot[detail::fit_lanes];
   alignas(64) double square[detail::fit_lanes];
-#if defined(SQUALL_HAS_AVX2_PHILOX)
-  const bool avx512 = squall::detail::cpu_has_avx512f();
-#else
-  const bool avx512 = false;
-#endif
+  const detail::float8_isa isa = detail::float8_isa_here();
   // Small buckets alternate a read of the bucket from memory (its scale) with a pass in L1
   // (its codes), during which the hardware prefetcher has no misses to follow; asking for the
   // bucket after next at each bucket keeps memory busy through the second pass (1.4x the
   // encode of 512-element buckets on the 2-core Xeon, docs/performance.md).
   const bool prefetch = bucket * sizeof(T) <= detail::prefetch_bucket_bytes;
-  // 8-bit floats are their own packing: written in place (int8's loop measured 0.82-0.85x as
-  // fast writing to the payload as to an L1 buffer copied out)
-  constexpr bool in_place = Q.float8 != 0;
   for (std::size_t begin = 0, b = 0; begin < count; begin += bucket, ++b) {
     const std::size_t n = count - begin < bucket ? count - begin : bucket;
     if (prefetch && count - begin > 2 * bucket) {
@@ -548,21 +611,22 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
     for (std::size_t off = 0; off < n; off += detail::quantize_block) {
       const std::size_t m = n - off < detail::quantize_block ? n - off : detail::quantize_block;
       const std::size_t first = begin + off;  // a multiple of 8 unless it is element 0's bucket
-      std::uint8_t* const target = in_place ? codes + first : block_codes;
       if (!usable) {
-        std::memset(target, zero_code(Q), m);
+        std::memset(block_codes, zero_code(Q), m);
       } else {
         if constexpr (Q.stochastic) {
           stochastic_draws_fill<T>(seed, stream, first, m, random);
         }
         if (std::isfinite(inverse)) {
-          detail::quantize_codes<Q>(in + first, m, inverse, draws, target, avx512);
+          detail::quantize_codes<Q>(in + first, m, inverse, draws, block_codes, isa);
         } else {
-          detail::quantize_block_wide<Q>(in + first, m, stats.scale, draws, target);
+          detail::quantize_block_wide<Q>(in + first, m, stats.scale, draws, block_codes);
         }
       }
-      if (!in_place) detail::pack_codes<Q.width>(block_codes, m, codes + first * Q.width / 8);
-      if (fitting) detail::fit_block<Q>(in + first, target, m, dot, square);
+      // 8-bit codes too go through the block in L1 and a copy: written in place, int8's
+      // encode ran 0.82-0.85x and E4M3 fp8's 0.84x as fast (docs/performance.md)
+      detail::pack_codes<Q.width>(block_codes, m, codes + first * Q.width / 8);
+      if (fitting) detail::fit_block<Q>(in + first, block_codes, m, dot, square);
     }
     if (fitting) {
       const T fitted = detail::fitted_scale<Q>(dot, square, sent);
