@@ -624,7 +624,7 @@ std::size_t quantize(const host_backend& /*backend*/, const T* in, std::size_t c
         }
       }
       // 8-bit codes too go through the block in L1 and a copy: written in place, int8's
-      // encode ran 0.82-0.85x and E4M3 fp8's 0.84x as fast (docs/performance.md)
+      // encode ran 0.81-0.85x and E4M3 fp8's 0.84x as fast (docs/performance.md)
       detail::pack_codes<Q.width>(block_codes, m, codes + first * Q.width / 8);
       if (fitting) detail::fit_block<Q>(in + first, block_codes, m, dot, square);
     }
