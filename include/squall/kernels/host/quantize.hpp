@@ -244,26 +244,25 @@ SQUALL_HOST_CLONES_AVX512 void quantize_float8_loop(const T* SQUALL_RESTRICT in,
 /// `quantize_code`'s stochastic 8-bit float codes of floats (16-bit draws, `draw_as_word`), 16
 /// a register in AVX-512: `float_to_float8_stochastic`'s operations on the same operands, so
 /// the same codes for every float (tests/compress), where g++'s vector form of the loop, 64
-/// elements a pass, spilled registers and took 2x the instructions. A normal result is
-/// integers only (the draw against the dropped bits shifted to the word's top); the float
-/// path of a subnormal result runs only for a register holding one (below 2^-6 / 448 of the
-/// bucket's largest for E4M3, 2^-14 / 57344 for E5M2). `n` a multiple of 16 or not.
+/// elements a pass, spilled registers to the stack (1.47x the encode, docs/performance.md).
+/// A normal result is integers only (the draw against the dropped bits shifted to the word's
+/// top); the float path of a subnormal result runs only for a register holding one (below
+/// 2^-6 / 448 of the bucket's largest for E4M3, 2^-14 / 57344 for E5M2). `n` a multiple of 16
+/// or not.
 template <class Format>
 __attribute__((target("avx512f"))) inline void float8_stochastic_avx512(
     const float* SQUALL_RESTRICT in, std::size_t n, float inverse,
     const unsigned char* SQUALL_RESTRICT draws, std::uint8_t* SQUALL_RESTRICT codes) {
   constexpr int shift = 23 - Format::man_bits;
   const __m512 scale = _mm512_set1_ps(inverse);
-  const __m512i magnitude_mask = _mm512_set1_epi32(static_cast<int>(0x7fffffffu));
-  const __m512i rebias =
-      _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(127 - Format::bias) << 23));
-  const __m512i smallest_normal =
-      _mm512_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(128 - Format::bias) << 23));
-  const __m512i max_finite = _mm512_set1_epi32(static_cast<int>(Format::max_finite));
-  const __m512i quiet_nan = _mm512_set1_epi32(static_cast<int>(Format::quiet_nan));
-  const __m512i infinity = _mm512_set1_epi32(static_cast<int>(0x7f800000u));
-  const __m512i sign_bit = _mm512_set1_epi32(static_cast<int>(0x80u));
-  const __m512i one = _mm512_set1_epi32(static_cast<int>(1u));
+  const __m512i magnitude_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i rebias = _mm512_set1_epi32((127 - Format::bias) << 23);
+  const __m512i smallest_normal = _mm512_set1_epi32((128 - Format::bias) << 23);
+  const __m512i max_finite = _mm512_set1_epi32(Format::max_finite);
+  const __m512i quiet_nan = _mm512_set1_epi32(Format::quiet_nan);
+  const __m512i infinity = _mm512_set1_epi32(0x7f800000);
+  const __m512i sign_bit = _mm512_set1_epi32(0x80);
+  const __m512i one = _mm512_set1_epi32(1);
   const __m512 per_step_sub =
       _mm512_set1_ps(static_cast<float>(1u << (Format::bias - 1 + Format::man_bits)));
   const __m512 per_word = _mm512_set1_ps(0x1p-32f);
