@@ -131,24 +131,29 @@ TEST_SUITE("fp8") {
   }
 
 #if defined(SQUALL_HAS_AVX2_PHILOX)
-  TEST_CASE("fp8, stochastic: the AVX-512 and AVX2 codes are the generic conversion's") {
-    // every exponent (subnormal, normal, Inf and NaN patterns), 2^23 / 8191 mantissas each,
-    // both signs, a 16-bit draw each, times 1 and times a bucket's 448 / scale; a count that is
-    // not a multiple of 16, so the tail goes through the scalar form; each kernel the CPU has
+  TEST_CASE("fp8: the AVX-512 and AVX2 codes are the generic conversions'") {
+    // every exponent (subnormal, normal, Inf and NaN patterns), 2^23 / 8191 mantissas each
+    // and the ties, both signs, a 16-bit draw each, times 1 and times a bucket's 448 / scale; a
+    // count that is not a multiple of 16, so the tail goes through the scalar form; each stochastic
+    // kernel the CPU has, then the AVX-512 one to nearest
     namespace d = squall::kernels::detail;
     if (!squall::detail::cpu_has_avx512f()) {
-      MESSAGE("this CPU has no AVX-512: the AVX-512 stochastic fp8 codes are not run here");
+      MESSAGE("this CPU has no AVX-512: the AVX-512 fp8 codes are not run here");
     }
     std::vector<float> in;
-    for (std::uint32_t e = 0; e < 256; ++e) {
-      for (std::uint32_t m = 0; m < (1u << 23); m += 8191) {
-        for (const std::uint32_t sign : {0u, 1u}) {
-          const std::uint32_t bits = (sign << 31) | (e << 23) | m;
-          float x;
-          std::memcpy(&x, &bits, sizeof x);
-          in.push_back(x);
-        }
+    const auto add = [&](std::uint32_t e, std::uint32_t m) {
+      for (const std::uint32_t sign : {0u, 1u}) {
+        const std::uint32_t bits = (sign << 31) | (e << 23) | m;
+        float x;
+        std::memcpy(&x, &bits, sizeof x);
+        in.push_back(x);
       }
+    };
+    for (std::uint32_t e = 0; e < 256; ++e) {
+      for (std::uint32_t m = 0; m < (1u << 23); m += 8191) add(e, m);
+      // the ties to nearest of both formats (half a step, either lowest kept bit) and the ends
+      for (const std::uint32_t m : {0x80000u, 0x180000u, 0x100000u, 0x300000u, 0x7fffffu, 1u})
+        add(e, m);
     }
     in.push_back(0.0f);
     const std::size_t n = in.size() - in.size() % 16 + 5;
@@ -194,6 +199,21 @@ TEST_SUITE("fp8") {
           differ +=
               e5[k] !=
               squall::detail::float_to_float8_stochastic<squall::detail::e5m2_format>(x, word);
+        }
+        CHECK(differ == 0);
+      }
+    }
+    if (squall::detail::cpu_has_avx512f()) {  // to nearest, the same patterns
+      for (const float inverse : {1.0f, 448.0f / 3.7f}) {
+        CAPTURE(inverse);
+        std::vector<std::uint8_t> e4(n), e5(n);
+        d::float8_nearest_avx512<squall::detail::e4m3_format>(in.data(), n, inverse, e4.data());
+        d::float8_nearest_avx512<squall::detail::e5m2_format>(in.data(), n, inverse, e5.data());
+        std::size_t differ = 0;
+        for (std::size_t k = 0; k < n; ++k) {
+          const float x = in[k] * inverse;
+          differ += e4[k] != squall::detail::float_to_float8<squall::detail::e4m3_format>(x);
+          differ += e5[k] != squall::detail::float_to_float8<squall::detail::e5m2_format>(x);
         }
         CHECK(differ == 0);
       }
