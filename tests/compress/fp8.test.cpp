@@ -134,8 +134,8 @@ TEST_SUITE("fp8") {
   TEST_CASE("fp8: the AVX-512 and AVX2 codes are the generic conversions'") {
     // every exponent (subnormal, normal, Inf and NaN patterns), 2^23 / 8191 mantissas each
     // and the ties, both signs, a 16-bit draw each, times 1 and times a bucket's 448 / scale; a
-    // count that is not a multiple of 16, so the tail goes through the scalar form; each stochastic
-    // kernel the CPU has, then the AVX-512 one to nearest
+    // count that is not a multiple of 16, so the tail goes through the generic loop; both
+    // formats and roundings, on each instruction set the CPU has
     namespace d = squall::kernels::detail;
     if (!squall::detail::cpu_has_avx512f()) {
       MESSAGE("this CPU has no AVX-512: the AVX-512 fp8 codes are not run here");
@@ -169,53 +169,34 @@ TEST_SUITE("fp8") {
     draws[0] = 0;
     draws[1] = 0xffff;
     const auto* bytes = reinterpret_cast<const unsigned char*>(draws.data());
-    for (const auto isa : {d::float8_isa::avx512, d::float8_isa::avx2}) {
-      if (isa == d::float8_isa::avx512 ? !squall::detail::cpu_has_avx512f()
-                                       : !squall::detail::cpu_has_avx2()) {
+    // the codes of a block through `quantize_codes` on `isa`, against the conversion itself
+    const auto differ = [&]<squall::kernels::quantize_scheme Q>(d::float8_isa isa, float inverse) {
+      using format = squall::detail::float8_format_of<Q.float8>;
+      std::vector<std::uint8_t> codes(n);
+      d::quantize_codes<Q>(in.data(), n, inverse, bytes, codes.data(), isa);
+      std::size_t count = 0;
+      for (std::size_t k = 0; k < n; ++k) {
+        const float x = in[k] * inverse;
+        const std::uint8_t expected = Q.stochastic
+                                          ? squall::detail::float_to_float8_stochastic<format>(
+                                                x, squall::draw_as_word<float>(draws[k]))
+                                          : squall::detail::float_to_float8<format>(x);
+        count += codes[k] != expected;
+      }
+      return count;
+    };
+    for (const auto isa : {d::float8_isa::avx512, d::float8_isa::avx2, d::float8_isa::generic}) {
+      if ((isa == d::float8_isa::avx512 && !squall::detail::cpu_has_avx512f()) ||
+          (isa == d::float8_isa::avx2 && !squall::detail::cpu_has_avx2())) {
         continue;
       }
       for (const float inverse : {1.0f, 448.0f / 3.7f}) {
         CAPTURE(static_cast<int>(isa));
         CAPTURE(inverse);
-        std::vector<std::uint8_t> e4(n), e5(n);
-        if (isa == d::float8_isa::avx512) {
-          d::float8_stochastic_avx512<squall::detail::e4m3_format>(in.data(), n, inverse, bytes,
-                                                                   e4.data());
-          d::float8_stochastic_avx512<squall::detail::e5m2_format>(in.data(), n, inverse, bytes,
-                                                                   e5.data());
-        } else {
-          d::float8_stochastic_avx2<squall::detail::e4m3_format>(in.data(), n, inverse, bytes,
-                                                                 e4.data());
-          d::float8_stochastic_avx2<squall::detail::e5m2_format>(in.data(), n, inverse, bytes,
-                                                                 e5.data());
-        }
-        std::size_t differ = 0;
-        for (std::size_t k = 0; k < n; ++k) {
-          const std::uint32_t word = squall::draw_as_word<float>(draws[k]);
-          const float x = in[k] * inverse;
-          differ +=
-              e4[k] !=
-              squall::detail::float_to_float8_stochastic<squall::detail::e4m3_format>(x, word);
-          differ +=
-              e5[k] !=
-              squall::detail::float_to_float8_stochastic<squall::detail::e5m2_format>(x, word);
-        }
-        CHECK(differ == 0);
-      }
-    }
-    if (squall::detail::cpu_has_avx512f()) {  // to nearest, the same patterns
-      for (const float inverse : {1.0f, 448.0f / 3.7f}) {
-        CAPTURE(inverse);
-        std::vector<std::uint8_t> e4(n), e5(n);
-        d::float8_nearest_avx512<squall::detail::e4m3_format>(in.data(), n, inverse, e4.data());
-        d::float8_nearest_avx512<squall::detail::e5m2_format>(in.data(), n, inverse, e5.data());
-        std::size_t differ = 0;
-        for (std::size_t k = 0; k < n; ++k) {
-          const float x = in[k] * inverse;
-          differ += e4[k] != squall::detail::float_to_float8<squall::detail::e4m3_format>(x);
-          differ += e5[k] != squall::detail::float_to_float8<squall::detail::e5m2_format>(x);
-        }
-        CHECK(differ == 0);
+        CHECK(differ.template operator()<squall::fp8_spec<1, false>::scheme>(isa, inverse) == 0);
+        CHECK(differ.template operator()<squall::fp8_spec<2, false>::scheme>(isa, inverse) == 0);
+        CHECK(differ.template operator()<squall::fp8_spec<1, true>::scheme>(isa, inverse) == 0);
+        CHECK(differ.template operator()<squall::fp8_spec<2, true>::scheme>(isa, inverse) == 0);
       }
     }
   }

@@ -241,16 +241,18 @@ SQUALL_HOST_CLONES_AVX512 void quantize_float8_loop(const T* SQUALL_RESTRICT in,
 }
 
 #if defined(SQUALL_HAS_AVX2_PHILOX)
-/// `quantize_code`'s stochastic 8-bit float codes of floats (16-bit draws, `draw_as_word`), 16
-/// a register in AVX-512: `float_to_float8_stochastic`'s operations on the same operands, so
-/// the same codes for every float (tests/compress), where g++'s vector form of the loop, 64
-/// elements a pass, spilled registers to the stack (1.47x the encode, docs/performance.md).
-/// A normal result is integers only (the draw against the dropped bits shifted to the word's
-/// top); the float path of a subnormal result runs only for a register holding one (below
-/// 2^-6 / 448 of the bucket's largest for E4M3, 2^-14 / 57344 for E5M2). `n` a multiple of 16
-/// or not.
-template <class Format>
-__attribute__((target("avx512f"))) inline void float8_stochastic_avx512(
+/// `quantize_code`'s 8-bit float codes of floats, 16 a register in AVX-512: to nearest
+/// (`float_to_float8`'s operations on the same operands: the normal result rebiased and rounded
+/// in integers, the subnormal one from the float adder, both for every lane and one kept) or
+/// stochastically from 16-bit draws (`float_to_float8_stochastic`'s: a normal result in
+/// integers only, the draw against the dropped bits shifted to the word's top; the float path
+/// of a subnormal result only for a register holding one, below 2^-6 / 448 of the bucket's
+/// largest for E4M3, 2^-14 / 57344 for E5M2). So the same codes for every float
+/// (tests/compress), where g++'s vector form of the loop, 64 elements a pass, spilled registers
+/// to the stack (1.47x the stochastic encode, 1.19-1.25x to nearest, docs/performance.md).
+/// Codes the whole registers of `n` and returns how many elements that is.
+template <class Format, bool Stochastic>
+__attribute__((target("avx512f"))) inline std::size_t float8_codes_avx512(
     const float* SQUALL_RESTRICT in, std::size_t n, float inverse,
     const unsigned char* SQUALL_RESTRICT draws, std::uint8_t* SQUALL_RESTRICT codes) {
   constexpr int shift = 23 - Format::man_bits;
@@ -263,6 +265,11 @@ __attribute__((target("avx512f"))) inline void float8_stochastic_avx512(
   const __m512i infinity = _mm512_set1_epi32(0x7f800000);
   const __m512i sign_bit = _mm512_set1_epi32(0x80);
   const __m512i one = _mm512_set1_epi32(1);
+  // to nearest: half a step less one (the lowest kept bit is added apart), and the float whose
+  // ulp is the subnormal step
+  const __m512i half_less_one = _mm512_set1_epi32((1 << (shift - 1)) - 1);
+  const __m512i adder = _mm512_set1_epi32((127 + 24 - Format::bias - Format::man_bits) << 23);
+  // stochastic: value / subnormal step, and the draw's word over 2^32
   const __m512 per_step_sub =
       _mm512_set1_ps(static_cast<float>(1u << (Format::bias - 1 + Format::man_bits)));
   const __m512 per_word = _mm512_set1_ps(0x1p-32f);
@@ -273,49 +280,65 @@ __attribute__((target("avx512f"))) inline void float8_stochastic_avx512(
   for (; k + 16 <= n; k += 16) {
     const __m512i bits =
         _mm512_castps_si512(_mm512_maskz_mul_ps(all, _mm512_loadu_ps(in + k), scale));
-    const __m512i random = _mm512_maskz_slli_epi32(
-        all,
-        _mm512_maskz_cvtepu16_epi32(
-            all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(draws + 2 * k))),
-        16);
     const __m512i magnitude = _mm512_maskz_and_epi32(all, bits, magnitude_mask);
-    __m512i lower =
-        _mm512_maskz_srli_epi32(all, _mm512_maskz_sub_epi32(all, magnitude, rebias), shift);
-    // the dropped bits over 2^shift against the draw over 2^32
-    __mmask16 up =
-        _mm512_cmplt_epu32_mask(random, _mm512_maskz_slli_epi32(all, magnitude, 32 - shift));
+    const __m512i rebiased = _mm512_maskz_sub_epi32(all, magnitude, rebias);
     const __mmask16 subnormal = _mm512_cmplt_epu32_mask(magnitude, smallest_normal);
-    if (subnormal != 0) {
-      const __m512 scaled = _mm512_maskz_mul_ps(all, _mm512_castsi512_ps(magnitude), per_step_sub);
-      const __m512i sub_code = _mm512_maskz_cvttps_epi32(all, scaled);
-      const __m512 fraction =
-          _mm512_maskz_sub_ps(all, scaled, _mm512_maskz_cvtepi32_ps(all, sub_code));
-      const __m512 threshold =
-          _mm512_maskz_mul_ps(all, _mm512_maskz_cvtepu32_ps(all, random), per_word);
-      const __mmask16 sub_up = _mm512_cmp_ps_mask(threshold, fraction, _CMP_LT_OQ);
-      lower = _mm512_mask_mov_epi32(lower, subnormal, sub_code);
-      up = static_cast<__mmask16>((up & ~subnormal) | (sub_up & subnormal));
+    __m512i out;
+    if constexpr (Stochastic) {
+      const __m512i random = _mm512_maskz_slli_epi32(
+          all,
+          _mm512_maskz_cvtepu16_epi32(
+              all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(draws + 2 * k))),
+          16);
+      __m512i lower = _mm512_maskz_srli_epi32(all, rebiased, shift);
+      // the dropped bits over 2^shift against the draw over 2^32
+      __mmask16 up =
+          _mm512_cmplt_epu32_mask(random, _mm512_maskz_slli_epi32(all, magnitude, 32 - shift));
+      if (subnormal != 0) {
+        const __m512 scaled =
+            _mm512_maskz_mul_ps(all, _mm512_castsi512_ps(magnitude), per_step_sub);
+        const __m512i sub_code = _mm512_maskz_cvttps_epi32(all, scaled);
+        const __m512 fraction =
+            _mm512_maskz_sub_ps(all, scaled, _mm512_maskz_cvtepi32_ps(all, sub_code));
+        const __m512 threshold =
+            _mm512_maskz_mul_ps(all, _mm512_maskz_cvtepu32_ps(all, random), per_word);
+        const __mmask16 sub_up = _mm512_cmp_ps_mask(threshold, fraction, _CMP_LT_OQ);
+        lower = _mm512_mask_mov_epi32(lower, subnormal, sub_code);
+        up = static_cast<__mmask16>((up & ~subnormal) | (sub_up & subnormal));
+      }
+      out = _mm512_mask_add_epi32(lower, up, lower, one);
+    } else {
+      const __m512i lowest =
+          _mm512_maskz_and_epi32(all, _mm512_maskz_srli_epi32(all, magnitude, shift), one);
+      const __m512i normal = _mm512_maskz_srli_epi32(
+          all,
+          _mm512_maskz_add_epi32(all, _mm512_maskz_add_epi32(all, rebiased, half_less_one), lowest),
+          shift);
+      const __m512i sub = _mm512_maskz_sub_epi32(
+          all,
+          _mm512_castps_si512(
+              _mm512_maskz_add_ps(all, _mm512_castsi512_ps(magnitude), _mm512_castsi512_ps(adder))),
+          adder);
+      out = _mm512_mask_mov_epi32(normal, subnormal, sub);
     }
-    // a code at or above the largest finite one (an infinity's too) stays it, never up
-    __m512i out =
-        _mm512_maskz_min_epu32(all, _mm512_mask_add_epi32(lower, up, lower, one), max_finite);
+    // a code at or above the largest finite one (an infinity's too) stays it (never up)
+    out = _mm512_maskz_min_epu32(all, out, max_finite);
     out = _mm512_mask_mov_epi32(out, _mm512_cmpgt_epu32_mask(magnitude, infinity), quiet_nan);
     out = _mm512_maskz_or_epi32(
         all, out, _mm512_maskz_and_epi32(all, _mm512_maskz_srli_epi32(all, bits, 24), sign_bit));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + k), _mm512_maskz_cvtepi32_epi8(all, out));
   }
-  for (; k < n; ++k) {
-    codes[k] = squall::detail::float_to_float8_stochastic<Format>(in[k] * inverse,
-                                                                  draw_at<float>(draws, k));
-  }
+  return k;
 }
 
-/// `float8_stochastic_avx512` in AVX2 registers, 8 a register, for CPUs without AVX-512:
-/// unsigned comparisons as signed ones of the operands with their top bit flipped, selects
-/// as blends, the draw's float as the 16-bit draw times 2^-16 (the same value), and the codes
-/// narrowed by two saturating packs. The same codes for every float (tests/compress).
+/// `float8_codes_avx512`'s stochastic codes in AVX2 registers, 8 a register, for CPUs without
+/// AVX-512: unsigned comparisons as signed ones of the operands with their top bit flipped,
+/// selects as blends, the draw's float as the 16-bit draw times 2^-16 (the same value), and the
+/// codes narrowed by two saturating packs. The same codes for every float (tests/compress).
+/// (To nearest, an AVX2 twin measured 0.98-1.08x of g++'s loop: not kept.) Codes the whole
+/// registers of `n` and returns how many elements that is.
 template <class Format>
-__attribute__((target("avx2"))) inline void float8_stochastic_avx2(
+__attribute__((target("avx2"))) inline std::size_t float8_stochastic_avx2(
     const float* SQUALL_RESTRICT in, std::size_t n, float inverse,
     const unsigned char* SQUALL_RESTRICT draws, std::uint8_t* SQUALL_RESTRICT codes) {
   constexpr int shift = 23 - Format::man_bits;
@@ -360,58 +383,7 @@ __attribute__((target("avx2"))) inline void float8_stochastic_avx2(
         _mm_packus_epi32(_mm256_castsi256_si128(out), _mm256_extracti128_si256(out, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + k), _mm_packus_epi16(halves, halves));
   }
-  for (; k < n; ++k) {
-    codes[k] = squall::detail::float_to_float8_stochastic<Format>(in[k] * inverse,
-                                                                  draw_at<float>(draws, k));
-  }
-}
-
-/// `quantize_code`'s 8-bit float codes to nearest (`float_to_float8`'s operations on the same
-/// operands, so the same codes for every float; tests/compress), 16 floats a register in
-/// AVX-512: a normal result rebiased and rounded in integers, a subnormal one from the float
-/// adder, both computed for every lane and one kept (1.15x the encode, docs/performance.md).
-template <class Format>
-__attribute__((target("avx512f"))) inline void float8_nearest_avx512(
-    const float* SQUALL_RESTRICT in, std::size_t n, float inverse,
-    std::uint8_t* SQUALL_RESTRICT codes) {
-  constexpr int shift = 23 - Format::man_bits;
-  const __m512 scale = _mm512_set1_ps(inverse);
-  const __m512i magnitude_mask = _mm512_set1_epi32(0x7fffffff);
-  // - rebias + half a step less one: the lowest kept bit is added apart
-  const __m512i round = _mm512_set1_epi32(static_cast<int>(
-      (1u << (shift - 1)) - 1u - (static_cast<std::uint32_t>(127 - Format::bias) << 23)));
-  const __m512i smallest_normal = _mm512_set1_epi32((128 - Format::bias) << 23);
-  const __m512i adder = _mm512_set1_epi32((127 + 24 - Format::bias - Format::man_bits) << 23);
-  const __m512i max_finite = _mm512_set1_epi32(Format::max_finite);
-  const __m512i quiet_nan = _mm512_set1_epi32(Format::quiet_nan);
-  const __m512i infinity = _mm512_set1_epi32(0x7f800000);
-  const __m512i sign_bit = _mm512_set1_epi32(0x80);
-  const __m512i one = _mm512_set1_epi32(1);
-  constexpr __mmask16 all = 0xffff;  // zero-masked forms, as `float8_stochastic_avx512`
-  std::size_t k = 0;
-  for (; k + 16 <= n; k += 16) {
-    const __m512i bits =
-        _mm512_castps_si512(_mm512_maskz_mul_ps(all, _mm512_loadu_ps(in + k), scale));
-    const __m512i magnitude = _mm512_maskz_and_epi32(all, bits, magnitude_mask);
-    const __m512i lowest =
-        _mm512_maskz_and_epi32(all, _mm512_maskz_srli_epi32(all, magnitude, shift), one);
-    const __m512i normal = _mm512_maskz_srli_epi32(
-        all, _mm512_maskz_add_epi32(all, _mm512_maskz_add_epi32(all, magnitude, round), lowest),
-        shift);
-    const __m512i subnormal = _mm512_maskz_sub_epi32(
-        all,
-        _mm512_castps_si512(
-            _mm512_maskz_add_ps(all, _mm512_castsi512_ps(magnitude), _mm512_castsi512_ps(adder))),
-        adder);
-    __m512i out = _mm512_mask_mov_epi32(normal, _mm512_cmplt_epu32_mask(magnitude, smallest_normal),
-                                        subnormal);
-    out = _mm512_maskz_min_epu32(all, out, max_finite);
-    out = _mm512_mask_mov_epi32(out, _mm512_cmpgt_epu32_mask(magnitude, infinity), quiet_nan);
-    out = _mm512_maskz_or_epi32(
-        all, out, _mm512_maskz_and_epi32(all, _mm512_maskz_srli_epi32(all, bits, 24), sign_bit));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + k), _mm512_maskz_cvtepi32_epi8(all, out));
-  }
-  for (; k < n; ++k) codes[k] = squall::detail::float_to_float8<Format>(in[k] * inverse);
+  return k;
 }
 #endif
 
@@ -427,8 +399,7 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES_AVX512 void quantize_block_loop(
   }
 }
 
-/// The widest registers the CPU has for `float8_stochastic_avx512`, `_avx2` and
-/// `float8_nearest_avx512`.
+/// The widest registers the CPU has for `float8_codes_avx512` and `float8_stochastic_avx2`.
 enum class float8_isa : std::uint8_t { generic, avx2, avx512 };
 inline float8_isa float8_isa_here() {
 #if defined(SQUALL_HAS_AVX2_PHILOX)
@@ -438,34 +409,29 @@ inline float8_isa float8_isa_here() {
   return float8_isa::generic;
 }
 
-/// A block's codes: `quantize_block_loop`, or, for 8-bit floats from floats,
-/// `float8_nearest_avx512`, `float8_stochastic_avx512` or `_avx2` as `isa` says (the same
-/// codes).
+/// A block's codes: for 8-bit floats from floats the whole registers in
+/// `float8_codes_avx512` or (stochastic) `float8_stochastic_avx2` as `isa` says, the rest, and
+/// every other scheme, in `quantize_block_loop` (the same codes).
 template <quantize_scheme Q, class T>
 void quantize_codes(const T* SQUALL_RESTRICT in, std::size_t n, T inverse,
                     const unsigned char* SQUALL_RESTRICT draws, std::uint8_t* SQUALL_RESTRICT codes,
                     [[maybe_unused]] float8_isa isa) {
+  std::size_t done = 0;
 #if defined(SQUALL_HAS_AVX2_PHILOX)
-  if constexpr (Q.float8 != 0 && !Q.stochastic && std::is_same_v<T, float>) {
-    using format = squall::detail::float8_format_of<Q.float8>;
-    if (isa == float8_isa::avx512) {  // (an AVX2 twin measured 0.98-1.08x: not kept)
-      float8_nearest_avx512<format>(in, n, inverse, codes);
-      return;
-    }
-  }
-  if constexpr (Q.float8 != 0 && Q.stochastic && std::is_same_v<T, float>) {
+  if constexpr (Q.float8 != 0 && std::is_same_v<T, float>) {
     using format = squall::detail::float8_format_of<Q.float8>;
     if (isa == float8_isa::avx512) {
-      float8_stochastic_avx512<format>(in, n, inverse, draws, codes);
-      return;
-    }
-    if (isa == float8_isa::avx2) {
-      float8_stochastic_avx2<format>(in, n, inverse, draws, codes);
-      return;
+      done = float8_codes_avx512<format, Q.stochastic>(in, n, inverse, draws, codes);
+    } else if (isa == float8_isa::avx2) {
+      if constexpr (Q.stochastic)
+        done = float8_stochastic_avx2<format>(in, n, inverse, draws, codes);
     }
   }
 #endif
-  quantize_block_loop<Q>(in, n, inverse, draws, codes);
+  if (done < n) {
+    quantize_block_loop<Q>(in + done, n - done, inverse,
+                           draws + done * sizeof(stochastic_draw_unit<T>), codes + done);
+  }
 }
 
 /// The lanes of the least-squares fit's sums (`fit_block`): element k of a bucket goes to lane
