@@ -16,8 +16,13 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
+
+#if defined(__SSE__)
+#include <xmmintrin.h>  // the floating-point modes
+#endif
 
 #include "../support/data.hpp"
 #include "../support/host_codec.hpp"
@@ -199,6 +204,78 @@ TEST_SUITE("fp8") {
         CHECK(differ.template operator()<squall::fp8_spec<2, true>::scheme>(isa, inverse) == 0);
       }
     }
+  }
+
+  TEST_CASE("fp8: the AVX-512 and AVX2 decodes are the OFP8 values times the scale") {
+    // every code of both formats in a shuffled order, 1,300 of them (the tail of 4 through the
+    // generic loop), against each code's value by the specification (in double, exact in
+    // float) times the scale then 1 / m in float, the decode's order; with the default
+    // floating-point modes and with denormals-are-zero and flush-to-zero set (the decode reads
+    // no subnormal float, so its values change only where a product is subnormal, as the
+    // reference's do); on each instruction set the CPU has
+    namespace d = squall::kernels::detail;
+    std::vector<std::uint8_t> codes(1300);
+    for (std::size_t k = 0; k < codes.size(); ++k) codes[k] = static_cast<std::uint8_t>(k);
+    std::shuffle(codes.begin(), codes.end(), std::mt19937(17));
+    const auto differ = [&]<squall::kernels::quantize_scheme Q>(d::float8_isa isa, float scale,
+                                                                std::size_t n) {
+      using format = squall::detail::float8_format_of<Q.float8>;
+      constexpr int m = format::man_bits;
+      std::vector<float> out(n);
+      const bool valid = d::dequantize_codes<Q>(codes.data(), n, scale, out.data(), isa);
+      bool any_invalid = false;
+      std::size_t count = 0;
+      for (std::size_t k = 0; k < n; ++k) {
+        const int c = codes[k];
+        const int exponent = (c & 0x7f) >> m;
+        const int fraction = c & ((1 << m) - 1);
+        const double sign = (c & 0x80) != 0 ? -1.0 : 1.0;
+        double value;
+        if ((c & 0x7f) > format::max_finite) {
+          any_invalid = true;
+          value = format::exp_bits == 5 && fraction == 0
+                      ? sign * std::numeric_limits<double>::infinity()
+                      : std::numeric_limits<double>::quiet_NaN();
+        } else if (exponent == 0) {
+          value = sign * std::ldexp(fraction, 1 - format::bias - m);
+        } else {
+          value = sign * std::ldexp(1.0 + std::ldexp(fraction, -m), exponent - format::bias);
+        }
+        const float expected =
+            static_cast<float>(value) * scale * (1.0f / static_cast<float>(Q.levels));
+        if (std::isnan(expected)) {
+          count += !std::isnan(out[k]);
+        } else {
+          count += std::memcmp(&expected, &out[k], sizeof expected) != 0;
+        }
+      }
+      count += valid == any_invalid;  // the validity the decode reports
+      return count;
+    };
+    const auto run = [&] {
+      for (const auto isa : {d::float8_isa::avx512, d::float8_isa::avx2, d::float8_isa::generic}) {
+        if ((isa == d::float8_isa::avx512 && !squall::detail::cpu_has_avx512f()) ||
+            (isa == d::float8_isa::avx2 && !squall::detail::cpu_has_avx2())) {
+          continue;
+        }
+        for (const float scale : {1.0f, 3.7f, 1e-35f, 6e37f}) {
+          for (const std::size_t n : {codes.size(), std::size_t{16}, std::size_t{0}}) {
+            CAPTURE(static_cast<int>(isa));
+            CAPTURE(scale);
+            CAPTURE(n);
+            CHECK(differ.template operator()<squall::fp8_spec<1, false>::scheme>(isa, scale, n) ==
+                  0);
+            CHECK(differ.template operator()<squall::fp8_spec<2, false>::scheme>(isa, scale, n) ==
+                  0);
+          }
+        }
+      }
+    };
+    run();
+    const unsigned mode = _mm_getcsr();
+    _mm_setcsr(mode | 0x8040u);  // flush-to-zero (bit 15) and denormals-are-zero (bit 6)
+    run();
+    _mm_setcsr(mode);
   }
 #endif
 

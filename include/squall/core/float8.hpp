@@ -92,26 +92,27 @@ SQUALL_HOST_DEVICE SQUALL_FORCEINLINE constexpr std::uint8_t float_to_float8(flo
 }
 
 /// 8 bits of `Format` -> float, exactly: NaN for the format's NaNs, infinity for e5m2's.
+/// Without branches (selects only, so g++ vectorizes loops over it): a normal code's exponent
+/// and fraction moved to float's places and the exponent rebiased; a subnormal code's fraction
+/// times the subnormal step 2^(1 - bias - m). Both are exact and neither reads or makes a float
+/// subnormal, so the flush-to-zero and denormals-are-zero modes do not change the result.
 template <class Format>
-SQUALL_HOST_DEVICE constexpr float float8_to_float(std::uint8_t code) noexcept {
+SQUALL_HOST_DEVICE SQUALL_FORCEINLINE constexpr float float8_to_float(std::uint8_t code) noexcept {
   constexpr int m = Format::man_bits;
-  constexpr std::uint32_t exp_mask = (1u << Format::exp_bits) - 1;
-  const std::uint32_t sign = static_cast<std::uint32_t>(code & 0x80u) << 24;
-  const std::uint32_t exponent = (code >> m) & exp_mask;
-  const std::uint32_t fraction = code & ((1u << m) - 1);
+  constexpr std::uint32_t rebias = static_cast<std::uint32_t>(127 - Format::bias) << 23;
+  constexpr float unit =
+      detail::bit_cast<float>(static_cast<std::uint32_t>(127 + 1 - Format::bias - m) << 23);
+  // e5m2's infinities are S.11111.00; e4m3 has none (its only code above the largest finite
+  // one, S.1111.111, is NaN)
+  constexpr std::uint32_t infinity = Format::exp_bits == 5 ? 0x7cu : 0x100u;
   const std::uint32_t magnitude = code & 0x7fu;
-  if (magnitude > Format::max_finite) {  // e4m3: S.1111.111; e5m2: infinities and NaNs
-    const bool infinity = Format::exp_bits == 5 && fraction == 0;
-    return detail::bit_cast<float>(sign | (infinity ? 0x7f800000u : 0x7fc00000u));
-  }
-  if (exponent == 0) {  // zero or subnormal: fraction x 2^(1 - bias - m), exact in float
-    const float unit =
-        detail::bit_cast<float>(static_cast<std::uint32_t>(127 + 1 - Format::bias - m) << 23);
-    const float value = static_cast<float>(fraction) * unit;
-    return detail::bit_cast<float>(sign | detail::bit_cast<std::uint32_t>(value));
-  }
-  return detail::bit_cast<float>(sign | ((exponent - Format::bias + 127) << 23) |
-                                 (fraction << (23 - m)));
+  const std::uint32_t normal = (magnitude << (23 - m)) + rebias;
+  const std::uint32_t subnormal =
+      detail::bit_cast<std::uint32_t>(static_cast<float>(magnitude) * unit);
+  std::uint32_t out = select_bits(magnitude < (1u << m), subnormal, normal);
+  const std::uint32_t special = select_bits(magnitude == infinity, 0x7f800000u, 0x7fc00000u);
+  out = select_bits(magnitude > Format::max_finite, special, out);
+  return detail::bit_cast<float>((static_cast<std::uint32_t>(code & 0x80u) << 24) | out);
 }
 
 /// The format's largest finite value (448 for E4M3, 57344 for E5M2), an integer.
@@ -193,18 +194,6 @@ SQUALL_HOST_DEVICE SQUALL_FORCEINLINE constexpr std::uint8_t float_to_float8_sto
   out = select_bits(magnitude > 0x7f800000u, Format::quiet_nan, out);
   return static_cast<std::uint8_t>(sign | out);
 }
-
-/// Every code's value (`float8_to_float`), for table-driven decoding on the host.
-template <class Format>
-struct float8_table {
-  float values[256];
-  constexpr float8_table() : values{} {
-    for (unsigned c = 0; c < 256; ++c)
-      values[c] = float8_to_float<Format>(static_cast<std::uint8_t>(c));
-  }
-};
-template <class Format>
-inline constexpr float8_table<Format> float8_values{};
 
 /// What `float8_e4m3` and `float8_e5m2` share: 8 bits and the conversions.
 template <class Derived, class Format>

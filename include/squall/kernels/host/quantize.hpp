@@ -499,26 +499,152 @@ void quantize_block_wide(const T* in, std::size_t n, double scale, const unsigne
   }
 }
 
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+/// `float8_to_float` times `scale` then `inverse` (the generic loop's products, in its order)
+/// for 16 codes a register: a normal code's bits moved and rebiased, a subnormal one's
+/// fraction converted and times the step, the codes above the largest finite one NaN (E5M2's
+/// S.11111.00 infinity). Decodes the whole registers of `n` and returns how many elements that
+/// is; `valid` is cleared if one of them was above the largest finite code.
+template <class Format>
+__attribute__((target("avx512f"))) inline std::size_t float8_decode_avx512(
+    const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n, float scale, float inverse,
+    float* SQUALL_RESTRICT out, bool& valid) {
+  constexpr int m = Format::man_bits;
+  const __m512i magnitude_mask = _mm512_set1_epi32(0x7f);
+  const __m512i rebias = _mm512_set1_epi32((127 - Format::bias) << 23);
+  const __m512 unit = _mm512_set1_ps(squall::detail::bit_cast<float>(
+      static_cast<std::uint32_t>(127 + 1 - Format::bias - m) << 23));
+  const __m512i subnormal_end = _mm512_set1_epi32(1 << m);
+  const __m512i max_finite = _mm512_set1_epi32(Format::max_finite);
+  const __m512i infinity_code = _mm512_set1_epi32(Format::exp_bits == 5 ? 0x7c : 0x100);
+  const __m512i quiet_nan = _mm512_set1_epi32(0x7fc00000);
+  const __m512i infinity = _mm512_set1_epi32(0x7f800000);
+  const __m512 by_scale = _mm512_set1_ps(scale);
+  const __m512 by_inverse = _mm512_set1_ps(inverse);
+  constexpr __mmask16 all = 0xffff;  // zero-masked forms, as `float8_codes_avx512`'s
+  __mmask16 over = 0;
+  std::size_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    const __m512i code = _mm512_maskz_cvtepu8_epi32(
+        all, _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k)));
+    const __m512i magnitude = _mm512_maskz_and_epi32(all, code, magnitude_mask);
+    __m512i bits =
+        _mm512_maskz_add_epi32(all, _mm512_maskz_slli_epi32(all, magnitude, 23 - m), rebias);
+    const __m512 subnormal =
+        _mm512_maskz_mul_ps(all, _mm512_maskz_cvtepi32_ps(all, magnitude), unit);
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmplt_epu32_mask(magnitude, subnormal_end),
+                                 _mm512_castps_si512(subnormal));
+    const __mmask16 beyond = _mm512_cmpgt_epu32_mask(magnitude, max_finite);
+    over = static_cast<__mmask16>(over | beyond);
+    const __m512i special = _mm512_mask_mov_epi32(
+        quiet_nan, _mm512_cmpeq_epi32_mask(magnitude, infinity_code), infinity);
+    bits = _mm512_mask_mov_epi32(bits, beyond, special);
+    bits = _mm512_maskz_or_epi32(
+        all, bits,
+        _mm512_maskz_slli_epi32(all, _mm512_maskz_andnot_epi32(all, magnitude_mask, code), 24));
+    const __m512 value = _mm512_maskz_mul_ps(all, _mm512_castsi512_ps(bits), by_scale);
+    _mm512_storeu_ps(out + k, _mm512_maskz_mul_ps(all, value, by_inverse));
+  }
+  if (over != 0) valid = false;
+  return k;
+}
+
+/// `float8_decode_avx512` in AVX2 registers, 8 codes a register (the comparisons signed: every
+/// operand is below 2^8).
+template <class Format>
+__attribute__((target("avx2"))) inline std::size_t float8_decode_avx2(
+    const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n, float scale, float inverse,
+    float* SQUALL_RESTRICT out, bool& valid) {
+  constexpr int m = Format::man_bits;
+  const __m256i magnitude_mask = _mm256_set1_epi32(0x7f);
+  const __m256i rebias = _mm256_set1_epi32((127 - Format::bias) << 23);
+  const __m256 unit = _mm256_set1_ps(squall::detail::bit_cast<float>(
+      static_cast<std::uint32_t>(127 + 1 - Format::bias - m) << 23));
+  const __m256i subnormal_end = _mm256_set1_epi32(1 << m);
+  const __m256i max_finite = _mm256_set1_epi32(Format::max_finite);
+  const __m256i infinity_code = _mm256_set1_epi32(Format::exp_bits == 5 ? 0x7c : 0x100);
+  const __m256i quiet_nan = _mm256_set1_epi32(0x7fc00000);
+  const __m256i infinity = _mm256_set1_epi32(0x7f800000);
+  const __m256 by_scale = _mm256_set1_ps(scale);
+  const __m256 by_inverse = _mm256_set1_ps(inverse);
+  __m256i over = _mm256_setzero_si256();
+  std::size_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256i code =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k)));
+    const __m256i magnitude = _mm256_and_si256(code, magnitude_mask);
+    __m256i bits = _mm256_add_epi32(_mm256_slli_epi32(magnitude, 23 - m), rebias);
+    const __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(magnitude), unit);
+    bits = _mm256_blendv_epi8(bits, _mm256_castps_si256(subnormal),
+                              _mm256_cmpgt_epi32(subnormal_end, magnitude));
+    const __m256i beyond = _mm256_cmpgt_epi32(magnitude, max_finite);
+    over = _mm256_or_si256(over, beyond);
+    const __m256i special =
+        _mm256_blendv_epi8(quiet_nan, infinity, _mm256_cmpeq_epi32(magnitude, infinity_code));
+    bits = _mm256_blendv_epi8(bits, special, beyond);
+    bits = _mm256_or_si256(bits, _mm256_slli_epi32(_mm256_andnot_si256(magnitude_mask, code), 24));
+    const __m256 value = _mm256_mul_ps(_mm256_castsi256_ps(bits), by_scale);
+    _mm256_storeu_ps(out + k, _mm256_mul_ps(value, by_inverse));
+  }
+  if (!_mm256_testz_si256(over, over)) valid = false;
+  return k;
+}
+#endif
+
+/// Decodes `n` 8-bit float codes (`float8_to_float`, selects only: it needs no
+/// `SQUALL_NO_TRAPPING_MATH`, under which g++ 12 would not inline it); returns whether every
+/// code is valid.
+template <quantize_scheme Q, class T>
+SQUALL_HOST_CLONES bool dequantize_float8_loop(const std::uint8_t* SQUALL_RESTRICT codes,
+                                               std::size_t n, T scale, T* SQUALL_RESTRICT out) {
+  using format = squall::detail::float8_format_of<Q.float8>;
+  const T inverse = T(1) / static_cast<T>(Q.levels);
+  unsigned over = 0;
+  for (std::size_t k = 0; k < n; ++k) {  // the order of `dequantize_code`'s products
+    over |= static_cast<unsigned>(!valid_code(Q, codes[k]));
+    out[k] = static_cast<T>(squall::detail::float8_to_float<format>(codes[k])) * scale * inverse;
+  }
+  return over == 0;
+}
+
 /// Decodes `n` codes; returns whether every code is valid (`valid_code`).
 template <quantize_scheme Q, class T>
 SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bool dequantize_block_loop(
     const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n, T scale, T* SQUALL_RESTRICT out) {
-  unsigned over = 0;
-  if constexpr (Q.float8 != 0) {  // a table of the 256 codes' values: no decode arithmetic
-    using format = squall::detail::float8_format_of<Q.float8>;
-    const float* values = squall::detail::float8_values<format>.values;
-    const T inverse = T(1) / static_cast<T>(Q.levels);
-    for (std::size_t k = 0; k < n; ++k) {  // the order of `dequantize_code`'s products
-      over |= static_cast<unsigned>(!valid_code(Q, codes[k]));
-      out[k] = static_cast<T>(values[codes[k]]) * scale * inverse;
-    }
+  if constexpr (Q.float8 != 0) {
+    return dequantize_float8_loop<Q>(codes, n, scale, out);
   } else {
+    unsigned over = 0;
     for (std::size_t k = 0; k < n; ++k) {
       over |= static_cast<unsigned>(!valid_code(Q, codes[k]));
       out[k] = dequantize_code(Q, codes[k], scale);
     }
+    return over == 0;
   }
-  return over == 0;
+}
+
+/// A block's decoded values: for 8-bit floats to floats the whole registers in
+/// `float8_decode_avx512` or `float8_decode_avx2` as `isa` says, the rest, and every other
+/// scheme, in `dequantize_block_loop` (the same values). Returns whether every code is valid.
+template <quantize_scheme Q, class T>
+bool dequantize_codes(const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n, T scale,
+                      T* SQUALL_RESTRICT out, [[maybe_unused]] float8_isa isa) {
+  std::size_t done = 0;
+  bool valid = true;
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+  if constexpr (Q.float8 != 0 && std::is_same_v<T, float>) {
+    using format = squall::detail::float8_format_of<Q.float8>;
+    const float inverse = 1.0f / static_cast<float>(Q.levels);
+    if (isa == float8_isa::avx512) {
+      done = float8_decode_avx512<format>(codes, n, scale, inverse, out, valid);
+    } else if (isa == float8_isa::avx2) {
+      done = float8_decode_avx2<format>(codes, n, scale, inverse, out, valid);
+    }
+  }
+#endif
+  if (done < n && !dequantize_block_loop<Q>(codes + done, n - done, scale, out + done))
+    valid = false;
+  return valid;
 }
 
 /// Packs `n` codes of W bits, element k at bits [k W, (k + 1) W) of the stream, low bits first.
@@ -671,6 +797,7 @@ std::size_t dequantize(const host_backend& /*backend*/, const T* scales, const s
   std::uint8_t block_codes[detail::quantize_block];
   alignas(64) T values[detail::quantize_block];  // a block's values, when streamed out
   const bool streamed = count * sizeof(T) >= stream_from;
+  const detail::float8_isa isa = detail::float8_isa_here();
   for (std::size_t begin = 0, b = 0; begin < count; begin += bucket, ++b) {
     const std::size_t n = count - begin < bucket ? count - begin : bucket;
     for (std::size_t off = 0; off < n; off += detail::quantize_block) {
@@ -683,7 +810,7 @@ std::size_t dequantize(const host_backend& /*backend*/, const T* scales, const s
       }
       T scale;
       std::memcpy(&scale, scales + b, sizeof scale);  // payloads need not be aligned
-      if (!detail::dequantize_block_loop<Q>(unpacked, m, scale, streamed ? values : out + first) &&
+      if (!detail::dequantize_codes<Q>(unpacked, m, scale, streamed ? values : out + first, isa) &&
           first_bad == count) {
         std::size_t k = 0;
         while (valid_code(Q, unpacked[k])) ++k;
