@@ -549,42 +549,72 @@ __attribute__((target("avx512f"))) inline std::size_t float8_decode_avx512(
   return k;
 }
 
-/// `float8_decode_avx512` in AVX2 registers, 8 codes a register (the comparisons signed: every
-/// operand is below 2^8).
+/// The top 16 bits of the floats of `Format`'s subnormal codes (and zero), by fraction, their
+/// low and high bytes apart: `float8_decode_avx2`'s byte shuffles.
+template <class Format>
+struct float8_subnormal_tops {
+  alignas(16) std::uint8_t low[16];
+  alignas(16) std::uint8_t high[16];
+  constexpr float8_subnormal_tops() : low{}, high{} {
+    for (unsigned f = 0; f < (1u << Format::man_bits); ++f) {
+      const std::uint32_t top =
+          squall::detail::bit_cast<std::uint32_t>(
+              squall::detail::float8_to_float<Format>(static_cast<std::uint8_t>(f))) >>
+          16;
+      low[f] = static_cast<std::uint8_t>(top);
+      high[f] = static_cast<std::uint8_t>(top >> 8);
+    }
+  }
+};
+template <class Format>
+inline constexpr float8_subnormal_tops<Format> float8_subnormal_tops_v{};
+
+/// `float8_decode_avx512` in AVX2 registers, 16 codes a register in 16-bit lanes: every code's
+/// float has its low 16 bits zero, so its top 16 are computed (a subnormal code's looked up by
+/// its fraction in a 16-entry byte shuffle) and become the top halves of 32-bit lanes by
+/// interleaving with zeros. The comparisons are signed (every operand is below 2^8).
 template <class Format>
 __attribute__((target("avx2"))) inline std::size_t float8_decode_avx2(
     const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n, float scale, float inverse,
     float* SQUALL_RESTRICT out, bool& valid) {
   constexpr int m = Format::man_bits;
-  const __m256i magnitude_mask = _mm256_set1_epi32(0x7f);
-  const __m256i rebias = _mm256_set1_epi32((127 - Format::bias) << 23);
-  const __m256 unit = _mm256_set1_ps(squall::detail::bit_cast<float>(
-      static_cast<std::uint32_t>(127 + 1 - Format::bias - m) << 23));
-  const __m256i subnormal_end = _mm256_set1_epi32(1 << m);
-  const __m256i max_finite = _mm256_set1_epi32(Format::max_finite);
-  const __m256i infinity_code = _mm256_set1_epi32(Format::exp_bits == 5 ? 0x7c : 0x100);
-  const __m256i quiet_nan = _mm256_set1_epi32(0x7fc00000);
-  const __m256i infinity = _mm256_set1_epi32(0x7f800000);
+  constexpr const float8_subnormal_tops<Format>& tops = float8_subnormal_tops_v<Format>;
+  const __m256i subnormal_low =
+      _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(tops.low)));
+  const __m256i subnormal_high =
+      _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(tops.high)));
+  const __m256i magnitude_mask = _mm256_set1_epi16(0x7f);
+  const __m256i rebias = _mm256_set1_epi16(static_cast<short>((127 - Format::bias) << 7));
+  const __m256i subnormal_end = _mm256_set1_epi16(1 << m);
+  const __m256i max_finite = _mm256_set1_epi16(Format::max_finite);
+  const __m256i infinity_code = _mm256_set1_epi16(Format::exp_bits == 5 ? 0x7c : 0x100);
+  const __m256i quiet_nan = _mm256_set1_epi16(0x7fc0);
+  const __m256i infinity = _mm256_set1_epi16(0x7f80);
+  const __m256i zero = _mm256_setzero_si256();
   const __m256 by_scale = _mm256_set1_ps(scale);
   const __m256 by_inverse = _mm256_set1_ps(inverse);
   __m256i over = _mm256_setzero_si256();
   std::size_t k = 0;
-  for (; k + 8 <= n; k += 8) {
-    const __m256i code =
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + k)));
+  for (; k + 16 <= n; k += 16) {
+    // codes 0-3, 8-11 | 4-7, 12-15, so that the interleaves below give 0-7 and 8-15
+    const __m256i code = _mm256_permute4x64_epi64(
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k))), 0xd8);
     const __m256i magnitude = _mm256_and_si256(code, magnitude_mask);
-    __m256i bits = _mm256_add_epi32(_mm256_slli_epi32(magnitude, 23 - m), rebias);
-    const __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(magnitude), unit);
-    bits = _mm256_blendv_epi8(bits, _mm256_castps_si256(subnormal),
-                              _mm256_cmpgt_epi32(subnormal_end, magnitude));
-    const __m256i beyond = _mm256_cmpgt_epi32(magnitude, max_finite);
+    __m256i top = _mm256_add_epi16(_mm256_slli_epi16(magnitude, 7 - m), rebias);
+    const __m256i subnormal =
+        _mm256_or_si256(_mm256_shuffle_epi8(subnormal_low, magnitude),
+                        _mm256_slli_epi16(_mm256_shuffle_epi8(subnormal_high, magnitude), 8));
+    top = _mm256_blendv_epi8(top, subnormal, _mm256_cmpgt_epi16(subnormal_end, magnitude));
+    const __m256i beyond = _mm256_cmpgt_epi16(magnitude, max_finite);
     over = _mm256_or_si256(over, beyond);
     const __m256i special =
-        _mm256_blendv_epi8(quiet_nan, infinity, _mm256_cmpeq_epi32(magnitude, infinity_code));
-    bits = _mm256_blendv_epi8(bits, special, beyond);
-    bits = _mm256_or_si256(bits, _mm256_slli_epi32(_mm256_andnot_si256(magnitude_mask, code), 24));
-    const __m256 value = _mm256_mul_ps(_mm256_castsi256_ps(bits), by_scale);
-    _mm256_storeu_ps(out + k, _mm256_mul_ps(value, by_inverse));
+        _mm256_blendv_epi8(quiet_nan, infinity, _mm256_cmpeq_epi16(magnitude, infinity_code));
+    top = _mm256_blendv_epi8(top, special, beyond);
+    top = _mm256_or_si256(top, _mm256_slli_epi16(_mm256_andnot_si256(magnitude_mask, code), 8));
+    const __m256 first = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, top));
+    const __m256 second = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, top));
+    _mm256_storeu_ps(out + k, _mm256_mul_ps(_mm256_mul_ps(first, by_scale), by_inverse));
+    _mm256_storeu_ps(out + k + 8, _mm256_mul_ps(_mm256_mul_ps(second, by_scale), by_inverse));
   }
   if (!_mm256_testz_si256(over, over)) valid = false;
   return k;
