@@ -502,8 +502,8 @@ void quantize_block_wide(const T* in, std::size_t n, double scale, const unsigne
 #if defined(SQUALL_HAS_AVX2_PHILOX)
 /// `float8_to_float` times `scale` then `inverse` (the generic loop's products, in its order)
 /// for 16 codes a register: a normal code's bits moved and rebiased, a subnormal one's
-/// fraction converted and times the step, the codes above the largest finite one NaN (E5M2's
-/// S.11111.00 infinity). Decodes the whole registers of `n` and returns how many elements that
+/// fraction converted and times the step, a code above the largest finite one NaN (or, E5M2's
+/// S.11111.00, infinity). Decodes the whole registers of `n` and returns how many elements that
 /// is; `valid` is cleared if one of them was above the largest finite code.
 template <class Format>
 __attribute__((target("avx512f"))) inline std::size_t float8_decode_avx512(
