@@ -20,11 +20,8 @@
 #include <string>
 #include <vector>
 
-#if defined(__SSE__)
-#include <xmmintrin.h>  // the floating-point modes
-#endif
-
 #include "../support/data.hpp"
+#include "../support/float8_reference.hpp"
 #include "../support/host_codec.hpp"
 
 namespace {
@@ -50,6 +47,18 @@ format_constants constants_of(fp8_format f) {
   return f == fp8_format::e4m3 ? format_constants{448.0, 3, std::ldexp(1.0, -9)}
                                : format_constants{57344.0, 2, std::ldexp(1.0, -16)};
 }
+
+#if defined(SQUALL_HAS_AVX2_PHILOX)
+/// The fp8 kernels' instruction sets this CPU runs, widest first, the generic loop last.
+std::vector<squall::kernels::detail::float8_isa> isas_here() {
+  using squall::kernels::detail::float8_isa;
+  std::vector<float8_isa> isas;
+  if (squall::detail::cpu_has_avx512f()) isas.push_back(float8_isa::avx512);
+  if (squall::detail::cpu_has_avx2()) isas.push_back(float8_isa::avx2);
+  isas.push_back(float8_isa::generic);
+  return isas;
+}
+#endif
 
 }  // namespace
 
@@ -190,11 +199,7 @@ TEST_SUITE("fp8") {
       }
       return count;
     };
-    for (const auto isa : {d::float8_isa::avx512, d::float8_isa::avx2, d::float8_isa::generic}) {
-      if ((isa == d::float8_isa::avx512 && !squall::detail::cpu_has_avx512f()) ||
-          (isa == d::float8_isa::avx2 && !squall::detail::cpu_has_avx2())) {
-        continue;
-      }
+    for (const auto isa : isas_here()) {
       for (const float inverse : {1.0f, 448.0f / 3.7f}) {
         CAPTURE(static_cast<int>(isa));
         CAPTURE(inverse);
@@ -220,27 +225,13 @@ TEST_SUITE("fp8") {
     const auto differ = [&]<squall::kernels::quantize_scheme Q>(d::float8_isa isa, float scale,
                                                                 std::size_t n) {
       using format = squall::detail::float8_format_of<Q.float8>;
-      constexpr int m = format::man_bits;
       std::vector<float> out(n);
       const bool valid = d::dequantize_codes<Q>(codes.data(), n, scale, out.data(), isa);
       bool any_invalid = false;
       std::size_t count = 0;
       for (std::size_t k = 0; k < n; ++k) {
-        const int c = codes[k];
-        const int exponent = (c & 0x7f) >> m;
-        const int fraction = c & ((1 << m) - 1);
-        const double sign = (c & 0x80) != 0 ? -1.0 : 1.0;
-        double value;
-        if ((c & 0x7f) > format::max_finite) {
-          any_invalid = true;
-          value = format::exp_bits == 5 && fraction == 0
-                      ? sign * std::numeric_limits<double>::infinity()
-                      : std::numeric_limits<double>::quiet_NaN();
-        } else if (exponent == 0) {
-          value = sign * std::ldexp(fraction, 1 - format::bias - m);
-        } else {
-          value = sign * std::ldexp(1.0 + std::ldexp(fraction, -m), exponent - format::bias);
-        }
+        any_invalid = any_invalid || (codes[k] & 0x7f) > format::max_finite;
+        const double value = squall::test::float8_reference_value<format>(codes[k]);
         const float expected =
             static_cast<float>(value) * scale * (1.0f / static_cast<float>(Q.levels));
         if (std::isnan(expected)) {
@@ -253,11 +244,7 @@ TEST_SUITE("fp8") {
       return count;
     };
     const auto run = [&] {
-      for (const auto isa : {d::float8_isa::avx512, d::float8_isa::avx2, d::float8_isa::generic}) {
-        if ((isa == d::float8_isa::avx512 && !squall::detail::cpu_has_avx512f()) ||
-            (isa == d::float8_isa::avx2 && !squall::detail::cpu_has_avx2())) {
-          continue;
-        }
+      for (const auto isa : isas_here()) {
         for (const float scale : {1.0f, 3.7f, 1e-35f, 6e37f}) {
           for (const std::size_t n : {codes.size(), std::size_t{16}, std::size_t{0}}) {
             CAPTURE(static_cast<int>(isa));
@@ -271,11 +258,7 @@ TEST_SUITE("fp8") {
         }
       }
     };
-    run();
-    const unsigned mode = _mm_getcsr();
-    _mm_setcsr(mode | 0x8040u);  // flush-to-zero (bit 15) and denormals-are-zero (bit 6)
-    run();
-    _mm_setcsr(mode);
+    squall::test::in_both_float_modes(run);
   }
 #endif
 

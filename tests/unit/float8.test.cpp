@@ -14,32 +14,14 @@
 #include <random>
 #include <vector>
 
-#if defined(__SSE__)
-#include <xmmintrin.h>  // the floating-point modes
-#endif
+#include "../support/float8_reference.hpp"
 
 namespace {
 
-/// The value of `code` by the OFP8 specification, in double (NaN for NaN codes, infinity for
-/// E5M2's infinities).
+/// The value of `code` by the OFP8 specification, in double (tests/support/float8_reference.hpp).
 template <class T>
 double reference_value(std::uint8_t code) {
-  constexpr int m = T::format::man_bits;
-  constexpr int e = T::format::exp_bits;
-  constexpr int bias = T::format::bias;
-  const double sign = (code & 0x80) != 0 ? -1.0 : 1.0;
-  const int exponent = (code >> m) & ((1 << e) - 1);
-  const int fraction = code & ((1 << m) - 1);
-  if constexpr (e == 4) {
-    if (exponent == 15 && fraction == 7) return std::numeric_limits<double>::quiet_NaN();
-  } else {
-    if (exponent == 31) {
-      return fraction == 0 ? sign * std::numeric_limits<double>::infinity()
-                           : std::numeric_limits<double>::quiet_NaN();
-    }
-  }
-  if (exponent == 0) return sign * std::ldexp(fraction, 1 - bias - m);
-  return sign * std::ldexp(1.0 + std::ldexp(fraction, -m), exponent - bias);
+  return squall::test::float8_reference_value<typename T::format>(code);
 }
 
 /// The code RNE with saturation gives for finite or infinite `x`: the nearest finite code
@@ -61,19 +43,6 @@ std::uint8_t reference_round(float x) {
     }
   }
   return static_cast<std::uint8_t>(sign | best);
-}
-
-/// `check` with the default floating-point modes, then (on x86) with denormals-are-zero and
-/// flush-to-zero set, which must not change a decode: it reads and makes no subnormal float.
-template <class F>
-void in_both_modes(F check) {
-  check();
-#if defined(__SSE__)
-  const unsigned mode = _mm_getcsr();
-  _mm_setcsr(mode | 0x8040u);  // flush-to-zero (bit 15), denormals-are-zero (bit 6)
-  check();
-  _mm_setcsr(mode);
-#endif
 }
 
 template <class T>
@@ -249,13 +218,13 @@ TEST_SUITE("float8") {
 
   TEST_CASE(
       "float8_e4m3: every code decodes as the OFP8 specification says, also with DAZ and FTZ") {
-    in_both_modes(check_every_code<squall::float8_e4m3>);
+    squall::test::in_both_float_modes(check_every_code<squall::float8_e4m3>);
     CHECK(float(squall::float8_e4m3::from_bits(0x7e)) == 448.0f);
     CHECK(float(squall::float8_e4m3::from_bits(0x01)) == std::ldexp(1.0f, -9));
   }
   TEST_CASE(
       "float8_e5m2: every code decodes as the OFP8 specification says, also with DAZ and FTZ") {
-    in_both_modes(check_every_code<squall::float8_e5m2>);
+    squall::test::in_both_float_modes(check_every_code<squall::float8_e5m2>);
     CHECK(float(squall::float8_e5m2::from_bits(0x7b)) == 57344.0f);
     CHECK(float(squall::float8_e5m2::from_bits(0x01)) == std::ldexp(1.0f, -16));
   }

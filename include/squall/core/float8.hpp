@@ -34,7 +34,8 @@ struct float8_rounding {
 };
 
 /// What distinguishes the two formats: fraction bits, bias, the largest finite magnitude's
-/// bits, and the NaN the conversions produce (its magnitude bits).
+/// bits, and the NaN the conversions produce (its magnitude bits); and what the conversions
+/// and the host kernels derive from them.
 template <int ManBits, int Bias, std::uint8_t MaxFinite, std::uint8_t QuietNan>
 struct float8_format {
   static constexpr int man_bits = ManBits;
@@ -43,6 +44,13 @@ struct float8_format {
   static constexpr std::uint8_t max_finite = MaxFinite;
   static constexpr std::uint8_t quiet_nan = QuietNan;
   using rounding = float8_rounding<ManBits, Bias>;
+  /// float's exponent bias less the format's, in float's exponent field: what a normal code's
+  /// bits moved to float's places gain (and a float's bits lose on the way to a code)
+  static constexpr std::uint32_t rebias = static_cast<std::uint32_t>(127 - Bias) << 23;
+  /// the float bits of the format's smallest normal value, 2^(1 - bias)
+  static constexpr std::uint32_t smallest_normal = static_cast<std::uint32_t>(128 - Bias) << 23;
+  /// the magnitude bits of E5M2's infinity, S.11111.00 (E4M3 has none: no 7-bit magnitude)
+  static constexpr std::uint32_t infinity_code = 7 - ManBits == 5 ? 0x7cu : 0x100u;
 };
 using e4m3_format = float8_format<3, 7, 0x7e, 0x7f>;
 using e5m2_format = float8_format<2, 15, 0x7b, 0x7e>;
@@ -71,9 +79,8 @@ SQUALL_HOST_DEVICE constexpr std::uint8_t float_to_float8_reference(float value)
 template <class Format>
 SQUALL_HOST_DEVICE SQUALL_FORCEINLINE constexpr std::uint8_t float_to_float8(float value) noexcept {
   constexpr int shift = 23 - Format::man_bits;
-  constexpr std::uint32_t rebias = static_cast<std::uint32_t>(127 - Format::bias) << 23;
-  constexpr std::uint32_t smallest_normal = static_cast<std::uint32_t>(127 + 1 - Format::bias)
-                                            << 23;
+  constexpr std::uint32_t rebias = Format::rebias;
+  constexpr std::uint32_t smallest_normal = Format::smallest_normal;
   constexpr std::uint32_t adder_bits =
       static_cast<std::uint32_t>(127 + 24 - Format::bias - Format::man_bits) << 23;
   const std::uint32_t bits = detail::bit_cast<std::uint32_t>(value);
@@ -99,18 +106,15 @@ SQUALL_HOST_DEVICE SQUALL_FORCEINLINE constexpr std::uint8_t float_to_float8(flo
 template <class Format>
 SQUALL_HOST_DEVICE SQUALL_FORCEINLINE constexpr float float8_to_float(std::uint8_t code) noexcept {
   constexpr int m = Format::man_bits;
-  constexpr std::uint32_t rebias = static_cast<std::uint32_t>(127 - Format::bias) << 23;
   constexpr float unit =
       detail::bit_cast<float>(static_cast<std::uint32_t>(127 + 1 - Format::bias - m) << 23);
-  // e5m2's infinities are S.11111.00; e4m3 has none (its only code above the largest finite
-  // one, S.1111.111, is NaN)
-  constexpr std::uint32_t infinity = Format::exp_bits == 5 ? 0x7cu : 0x100u;
   const std::uint32_t magnitude = code & 0x7fu;
-  const std::uint32_t normal = (magnitude << (23 - m)) + rebias;
+  const std::uint32_t normal = (magnitude << (23 - m)) + Format::rebias;
   const std::uint32_t subnormal =
       detail::bit_cast<std::uint32_t>(static_cast<float>(magnitude) * unit);
   std::uint32_t out = select_bits(magnitude < (1u << m), subnormal, normal);
-  const std::uint32_t special = select_bits(magnitude == infinity, 0x7f800000u, 0x7fc00000u);
+  const std::uint32_t special =
+      select_bits(magnitude == Format::infinity_code, 0x7f800000u, 0x7fc00000u);
   out = select_bits(magnitude > Format::max_finite, special, out);
   return detail::bit_cast<float>((static_cast<std::uint32_t>(code & 0x80u) << 24) | out);
 }
@@ -159,9 +163,8 @@ SQUALL_HOST_DEVICE SQUALL_FORCEINLINE constexpr std::uint8_t float_to_float8_sto
     float value, std::uint32_t random) noexcept {
   constexpr int m = Format::man_bits;
   constexpr int shift = 23 - m;
-  constexpr std::uint32_t rebias = static_cast<std::uint32_t>(127 - Format::bias) << 23;
-  constexpr std::uint32_t smallest_normal = static_cast<std::uint32_t>(127 + 1 - Format::bias)
-                                            << 23;
+  constexpr std::uint32_t rebias = Format::rebias;
+  constexpr std::uint32_t smallest_normal = Format::smallest_normal;
   // one over the subnormal step 2^(1 - bias - m)
   constexpr float per_step_sub = static_cast<float>(1u << (Format::bias - 1 + m));
   const std::uint32_t bits = detail::bit_cast<std::uint32_t>(value);

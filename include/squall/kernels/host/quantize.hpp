@@ -258,8 +258,8 @@ __attribute__((target("avx512f"))) inline std::size_t float8_codes_avx512(
   constexpr int shift = 23 - Format::man_bits;
   const __m512 scale = _mm512_set1_ps(inverse);
   const __m512i magnitude_mask = _mm512_set1_epi32(0x7fffffff);
-  const __m512i rebias = _mm512_set1_epi32((127 - Format::bias) << 23);
-  const __m512i smallest_normal = _mm512_set1_epi32((128 - Format::bias) << 23);
+  const __m512i rebias = _mm512_set1_epi32(static_cast<int>(Format::rebias));
+  const __m512i smallest_normal = _mm512_set1_epi32(static_cast<int>(Format::smallest_normal));
   const __m512i max_finite = _mm512_set1_epi32(Format::max_finite);
   const __m512i quiet_nan = _mm512_set1_epi32(Format::quiet_nan);
   const __m512i infinity = _mm512_set1_epi32(0x7f800000);
@@ -344,8 +344,8 @@ __attribute__((target("avx2"))) inline std::size_t float8_stochastic_avx2(
   constexpr int shift = 23 - Format::man_bits;
   const __m256 scale = _mm256_set1_ps(inverse);
   const __m256i magnitude_mask = _mm256_set1_epi32(0x7fffffff);
-  const __m256i rebias = _mm256_set1_epi32((127 - Format::bias) << 23);
-  const __m256i smallest_normal = _mm256_set1_epi32((128 - Format::bias) << 23);
+  const __m256i rebias = _mm256_set1_epi32(static_cast<int>(Format::rebias));
+  const __m256i smallest_normal = _mm256_set1_epi32(static_cast<int>(Format::smallest_normal));
   const __m256i max_finite = _mm256_set1_epi32(Format::max_finite);
   const __m256i quiet_nan = _mm256_set1_epi32(Format::quiet_nan);
   const __m256i infinity = _mm256_set1_epi32(0x7f800000);
@@ -511,12 +511,12 @@ __attribute__((target("avx512f"))) inline std::size_t float8_decode_avx512(
     float* SQUALL_RESTRICT out, bool& valid) {
   constexpr int m = Format::man_bits;
   const __m512i magnitude_mask = _mm512_set1_epi32(0x7f);
-  const __m512i rebias = _mm512_set1_epi32((127 - Format::bias) << 23);
+  const __m512i rebias = _mm512_set1_epi32(static_cast<int>(Format::rebias));
   const __m512 unit = _mm512_set1_ps(squall::detail::bit_cast<float>(
       static_cast<std::uint32_t>(127 + 1 - Format::bias - m) << 23));
   const __m512i subnormal_end = _mm512_set1_epi32(1 << m);
   const __m512i max_finite = _mm512_set1_epi32(Format::max_finite);
-  const __m512i infinity_code = _mm512_set1_epi32(Format::exp_bits == 5 ? 0x7c : 0x100);
+  const __m512i infinity_code = _mm512_set1_epi32(static_cast<int>(Format::infinity_code));
   const __m512i quiet_nan = _mm512_set1_epi32(0x7fc00000);
   const __m512i infinity = _mm512_set1_epi32(0x7f800000);
   const __m512 by_scale = _mm512_set1_ps(scale);
@@ -584,10 +584,10 @@ __attribute__((target("avx2"))) inline std::size_t float8_decode_avx2(
   const __m256i subnormal_high =
       _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(tops.high)));
   const __m256i magnitude_mask = _mm256_set1_epi16(0x7f);
-  const __m256i rebias = _mm256_set1_epi16(static_cast<short>((127 - Format::bias) << 7));
+  const __m256i rebias = _mm256_set1_epi16(static_cast<short>(Format::rebias >> 16));
   const __m256i subnormal_end = _mm256_set1_epi16(1 << m);
   const __m256i max_finite = _mm256_set1_epi16(Format::max_finite);
-  const __m256i infinity_code = _mm256_set1_epi16(Format::exp_bits == 5 ? 0x7c : 0x100);
+  const __m256i infinity_code = _mm256_set1_epi16(static_cast<short>(Format::infinity_code));
   const __m256i quiet_nan = _mm256_set1_epi16(0x7fc0);
   const __m256i infinity = _mm256_set1_epi16(0x7f80);
   const __m256i zero = _mm256_setzero_si256();
@@ -637,44 +637,46 @@ SQUALL_HOST_CLONES bool dequantize_float8_loop(const std::uint8_t* SQUALL_RESTRI
   return over == 0;
 }
 
-/// Decodes `n` codes; returns whether every code is valid (`valid_code`).
+/// Decodes `n` integer-level codes; returns whether every code is valid (`valid_code`).
 template <quantize_scheme Q, class T>
 SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES bool dequantize_block_loop(
     const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n, T scale, T* SQUALL_RESTRICT out) {
-  if constexpr (Q.float8 != 0) {
-    return dequantize_float8_loop<Q>(codes, n, scale, out);
-  } else {
-    unsigned over = 0;
-    for (std::size_t k = 0; k < n; ++k) {
-      over |= static_cast<unsigned>(!valid_code(Q, codes[k]));
-      out[k] = dequantize_code(Q, codes[k], scale);
-    }
-    return over == 0;
+  static_assert(Q.float8 == 0, "8-bit floats decode in dequantize_float8_loop");
+  unsigned over = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    over |= static_cast<unsigned>(!valid_code(Q, codes[k]));
+    out[k] = dequantize_code(Q, codes[k], scale);
   }
+  return over == 0;
 }
 
 /// A block's decoded values: for 8-bit floats to floats the whole registers in
-/// `float8_decode_avx512` or `float8_decode_avx2` as `isa` says, the rest, and every other
-/// scheme, in `dequantize_block_loop` (the same values). Returns whether every code is valid.
+/// `float8_decode_avx512` or `float8_decode_avx2` as `isa` says and the rest in
+/// `dequantize_float8_loop`, every other scheme in `dequantize_block_loop` (the same values).
+/// Returns whether every code is valid.
 template <quantize_scheme Q, class T>
 bool dequantize_codes(const std::uint8_t* SQUALL_RESTRICT codes, std::size_t n, T scale,
                       T* SQUALL_RESTRICT out, [[maybe_unused]] float8_isa isa) {
-  std::size_t done = 0;
-  bool valid = true;
+  if constexpr (Q.float8 == 0) {
+    return dequantize_block_loop<Q>(codes, n, scale, out);
+  } else {
+    std::size_t done = 0;
+    bool valid = true;
 #if defined(SQUALL_HAS_AVX2_PHILOX)
-  if constexpr (Q.float8 != 0 && std::is_same_v<T, float>) {
-    using format = squall::detail::float8_format_of<Q.float8>;
-    const float inverse = 1.0f / static_cast<float>(Q.levels);
-    if (isa == float8_isa::avx512) {
-      done = float8_decode_avx512<format>(codes, n, scale, inverse, out, valid);
-    } else if (isa == float8_isa::avx2) {
-      done = float8_decode_avx2<format>(codes, n, scale, inverse, out, valid);
+    if constexpr (std::is_same_v<T, float>) {
+      using format = squall::detail::float8_format_of<Q.float8>;
+      const float inverse = 1.0f / static_cast<float>(Q.levels);
+      if (isa == float8_isa::avx512) {
+        done = float8_decode_avx512<format>(codes, n, scale, inverse, out, valid);
+      } else if (isa == float8_isa::avx2) {
+        done = float8_decode_avx2<format>(codes, n, scale, inverse, out, valid);
+      }
     }
-  }
 #endif
-  if (done < n && !dequantize_block_loop<Q>(codes + done, n - done, scale, out + done))
-    valid = false;
-  return valid;
+    if (done < n && !dequantize_float8_loop<Q>(codes + done, n - done, scale, out + done))
+      valid = false;
+    return valid;
+  }
 }
 
 /// Packs `n` codes of W bits, element k at bits [k W, (k + 1) W) of the stream, low bits first.
