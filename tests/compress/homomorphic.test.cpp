@@ -278,10 +278,11 @@ TEST_SUITE("homomorphic") {
   TEST_CASE_TEMPLATE(
       "the CUDA kernels' phases, thread by thread, write the host kernels' words and values", T,
       float, double) {
-    // (256 and 2304: a whole last block of 256, rotated in the fused first pass)
+    // (256 and 2304: a whole last block of 256, rotated in the fused first pass; 9000: the
+    // sign words of a second batch of blocks, `hq_sign_batch`)
     for (const std::size_t n :
          {std::size_t{1}, std::size_t{3}, std::size_t{256}, std::size_t{1000}, std::size_t{1024},
-          std::size_t{1025}, std::size_t{2304}, std::size_t{5000}}) {
+          std::size_t{1025}, std::size_t{2304}, std::size_t{5000}, std::size_t{9000}}) {
       for (const bool rotate : {true, false}) {
         for (const auto& pair :
              {std::pair{2u, 1u}, std::pair{4u, 3u}, std::pair{4u, 4u}, std::pair{8u, 1000u}}) {
@@ -323,16 +324,21 @@ TEST_SUITE("homomorphic") {
             const std::size_t host_bad = squall::kernels::hq_decode(
                 squall::host_backend{}, s, sum.data(), ranks, decode_scale, host.data());
             REQUIRE(host_bad == n);
-            // the same values written with non-temporal stores: on 16 bytes (floats: each
-            // rotated block's signs and stores between the next block's passes) and one
-            // element off (the signs in the block, then the block streamed)
-            for (const std::size_t off : {std::size_t{0}, std::size_t{1}}) {
+            // the same values written with non-temporal stores: on a cache line and 16, 32 or
+            // 48 bytes past one (floats: each rotated block's signs and stores between the
+            // next block's passes, 16 bytes a store) and one element off (the signs in the
+            // block, then the block streamed)
+            std::vector<T> streamed(n + 64 / sizeof(T) + 12);
+            const std::size_t line =
+                (64 - reinterpret_cast<std::uintptr_t>(streamed.data()) % 64) % 64 / sizeof(T);
+            for (const std::size_t off : {0, 4, 8, 12, 1}) {
               CAPTURE(off);
-              std::vector<T> streamed(n + 1);
+              std::fill(streamed.begin(), streamed.end(), T{0});
+              T* const to = streamed.data() + line + off;
               CHECK(squall::kernels::hq_decode(squall::host_backend{}, s, sum.data(), ranks,
-                                               decode_scale, streamed.data() + off, 0) == n);
+                                               decode_scale, to, 0) == n);
               for (std::size_t i = 0; i < n; ++i) {
-                REQUIRE(squall::test::bits_of(streamed[i + off]) == squall::test::bits_of(host[i]));
+                REQUIRE(squall::test::bits_of(to[i]) == squall::test::bits_of(host[i]));
               }
             }
             std::size_t got_bad = 0;
@@ -475,6 +481,60 @@ TEST_SUITE("homomorphic") {
             }
           }
         }
+      }
+    }
+  }
+
+  TEST_CASE("codes of floats whose draws sit at the rounding's threshold") {
+    // x = c + f is rounded up where the 16-bit draw d < f 2^16 (`hq_code`): each value's draw
+    // is set one below, at and one above ceil(f 2^16) - 1, the last draw that rounds up, so a
+    // path that compares at another point of the step than hq_code (a threshold off by one
+    // unit, or f 2^16 rounded to nearest where hq_code compares it exactly) moves codes
+    std::uint64_t r = 5;
+    const auto next = [&r] {
+      r = r * 6364136223846793005ull + 1442695040888963407ull;
+      return static_cast<std::uint32_t>(r >> 32);
+    };
+    for (const unsigned bits : {2u, 4u, 8u}) {
+      CAPTURE(bits);
+      const std::uint32_t levels = squall::kernels::hq_levels(bits);
+      const unsigned w = squall::kernels::hq_field_bits(bits, 4);
+      const std::uint64_t per_word = 64 / w;
+      const float inverse_step = 0.75f;  // not a power of two: x is rounded as in the kernels
+      const std::size_t count = 3 * 1000;
+      std::vector<float> y(count);
+      std::vector<std::uint16_t> draws(count);
+      for (std::size_t i = 0; i < count; i += 3) {
+        const double u = static_cast<double>(next()) / 4294967296.0;  // [0, 1)
+        const auto v = static_cast<float>((u * 2 - 1) * levels / inverse_step);
+        const float x = v * inverse_step + static_cast<float>(levels);  // hq_code's x
+        const double threshold =
+            std::ceil((static_cast<double>(x) - std::floor(static_cast<double>(x))) * 65536.0);
+        for (std::size_t t = 0; t < 3; ++t) {
+          y[i + t] = v;
+          const double d = threshold - 2.0 + static_cast<double>(t);  // one below, at, above
+          draws[i + t] = static_cast<std::uint16_t>(std::clamp(d, 0.0, 65535.0));
+        }
+      }
+      std::vector<std::uint32_t> random((count + 1) / 2);
+      std::memcpy(random.data(), draws.data(), count * sizeof(std::uint16_t));
+      std::vector<std::uint64_t> expected(squall::kernels::hq_words_for(count, per_word));
+      std::size_t ups = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        const std::uint64_t code =
+            squall::kernels::hq_code<float>(y[i] * inverse_step, levels, draws[i]);
+        const auto x = static_cast<double>(y[i] * inverse_step + static_cast<float>(levels));
+        ups += code > std::floor(x) ? 1 : 0;
+        expected[8 * (i / (8 * per_word)) + i % 8] |= code << ((i % (8 * per_word)) / 8 * w);
+      }
+      CHECK(ups > count / 3);  // the draws below the threshold round up
+      CHECK(ups < 2 * count / 3 + count / 100);
+      for (const bool avx512 : {true, false}) {
+        CAPTURE(avx512);
+        std::vector<std::uint64_t> packed(expected.size(), 0);
+        squall::kernels::hq_code_pack(y.data(), random.data(), 0, count, inverse_step, levels, w,
+                                      packed.data(), static_cast<const float*>(nullptr), avx512);
+        REQUIRE(packed == expected);
       }
     }
   }

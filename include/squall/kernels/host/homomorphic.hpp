@@ -251,19 +251,35 @@ __attribute__((target("avx2"))) void hq_hadamard64_avx2(float* dst, const void* 
 
 /// One stage of the first four on the 16 floats of an AVX-512 register: `p` is x with the
 /// partners swapped; lanes of `upper` get p - x, the others x + p (`hq_stages8_avx2`'s
-/// operations on the same operands, so the same bits, NaNs included).
-SQUALL_HQ_AVX512 __m512 hq_stage16_avx512(__m512 x, __m512 p, __mmask16 upper) {
-  return _mm512_mask_sub_ps(_mm512_add_ps(x, p), upper, p, x);
+/// operations on the same operands, so the same bits, NaNs included). With `Fused`, one fused
+/// multiply-add, x times `signs` (-1 in the lanes of `upper`, else +1) plus p, where the add
+/// and the masked subtraction took two operations: the product is exact, so the same sum or
+/// difference rounded once, the same bits, but for which NaN a lane keeps where x and p are
+/// both NaN (a decode's sums are NaN all alike or not at all, and an encode's NaNs code to 0).
+template <bool Fused>
+SQUALL_HQ_AVX512 __m512 hq_stage16_avx512(__m512 x, __m512 p, __mmask16 upper, __m512 signs) {
+  if constexpr (Fused) {
+    return _mm512_fmadd_ps(x, signs, p);
+  } else {
+    return _mm512_mask_sub_ps(_mm512_add_ps(x, p), upper, p, x);
+  }
 }
 
 /// The first four stages (distances 1, 2, 4 and 8) on the 16 floats of one AVX-512 register:
 /// `hq_stages8_avx2`'s three, then the butterfly between two of its registers at distance 8
-/// (a + b in the lower half, a - b in the upper), the same bits.
+/// (a + b in the lower half, a - b in the upper), the same bits (`hq_stage16_avx512`).
+template <bool Fused>
 SQUALL_HQ_AVX512 __m512 hq_stages16_avx512(__m512 x) {
-  x = hq_stage16_avx512(x, _mm512_maskz_permute_ps(0xffff, x, 0xb1), 0xaaaa);        // distance 1
-  x = hq_stage16_avx512(x, _mm512_maskz_permute_ps(0xffff, x, 0x4e), 0xcccc);        // 2
-  x = hq_stage16_avx512(x, _mm512_maskz_shuffle_f32x4(0xffff, x, x, 0xb1), 0xf0f0);  // 4
-  return hq_stage16_avx512(x, _mm512_maskz_shuffle_f32x4(0xffff, x, x, 0x4e), 0xff00);  // 8
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 minus = _mm512_set1_ps(-1.0f);
+  const auto stage = [&](__m512 y, __m512 p, __mmask16 upper)
+      __attribute__((target("avx512f"), always_inline)) {
+    return hq_stage16_avx512<Fused>(y, p, upper, _mm512_mask_blend_ps(upper, one, minus));
+  };
+  x = stage(x, _mm512_maskz_permute_ps(0xffff, x, 0xb1), 0xaaaa);           // distance 1
+  x = stage(x, _mm512_maskz_permute_ps(0xffff, x, 0x4e), 0xcccc);           // 2
+  x = stage(x, _mm512_maskz_shuffle_f32x4(0xffff, x, x, 0xb1), 0xf0f0);     // 4
+  return stage(x, _mm512_maskz_shuffle_f32x4(0xffff, x, x, 0x4e), 0xff00);  // 8
 }
 
 /// Floats j to j + 15 of a rotation's source, as `hq_load8_avx2`: as they are; with their
@@ -302,11 +318,15 @@ __attribute__((target("avx512f"))) void hq_hadamard64_avx512(float* dst, const v
                                                              float offset = 0, float step = 0) {
   const __m512 offsets = _mm512_set1_ps(offset);
   const __m512 steps = _mm512_set1_ps(step);
+  constexpr bool fused = From != hq_source::values;  // (`hq_stage16_avx512`)
   for (std::size_t i = 0; i < n; i += 64) {
-    __m512 r0 = hq_stages16_avx512(hq_load16_avx512<From>(src, i, signs, offsets, steps));
-    __m512 r1 = hq_stages16_avx512(hq_load16_avx512<From>(src, i + 16, signs, offsets, steps));
-    __m512 r2 = hq_stages16_avx512(hq_load16_avx512<From>(src, i + 32, signs, offsets, steps));
-    __m512 r3 = hq_stages16_avx512(hq_load16_avx512<From>(src, i + 48, signs, offsets, steps));
+    __m512 r0 = hq_stages16_avx512<fused>(hq_load16_avx512<From>(src, i, signs, offsets, steps));
+    __m512 r1 =
+        hq_stages16_avx512<fused>(hq_load16_avx512<From>(src, i + 16, signs, offsets, steps));
+    __m512 r2 =
+        hq_stages16_avx512<fused>(hq_load16_avx512<From>(src, i + 32, signs, offsets, steps));
+    __m512 r3 =
+        hq_stages16_avx512<fused>(hq_load16_avx512<From>(src, i + 48, signs, offsets, steps));
     __m512 sum = _mm512_add_ps(r0, r1);  // distance 16
     r1 = _mm512_sub_ps(r0, r1);
     r0 = sum;
@@ -498,13 +518,39 @@ struct hq_shape {
 
 namespace detail {
 
-/// The Rademacher sign words of block `k`: word i / 32 of the shared stream (seed, step,
-/// `shared_rank`), the same on every rank; bit i % 32 set means element i is negated.
-inline void hq_sign_words(const hq_shape& s, std::size_t k, std::size_t length,
-                          std::uint32_t* words) {
-  const std::size_t first_word = k * hq_max_block / 32;  // a multiple of 32: block / 4 whole
-  philox_fill(s.seed, {s.step, shared_rank}, first_word / 4, (length + 127) / 128, words);
-}
+/// Rotation blocks whose sign words `hq_signs` makes in one `philox_fill`: 8 blocks are 64
+/// Philox blocks, one pass of the AVX-512 Philox's four groups, where the 8 of one block went
+/// through a single group whose ten dependent rounds left the multipliers idle.
+inline constexpr std::size_t hq_sign_batch = 8;
+
+/// The Rademacher sign words of the rotation blocks of `s`: block k's word i / 32 is word
+/// k x hq_max_block / 32 + i / 32 of the shared stream (seed, step, `shared_rank`), the same on
+/// every rank; bit i % 32 set means element i is negated. Made `hq_sign_batch` blocks at a
+/// time, held until a block outside them is asked for. 1 KiB: on the caller's stack.
+class hq_signs {
+ public:
+  explicit hq_signs(const hq_shape& s) : s_(s) {}
+
+  /// Block k's sign words (enough for its padded length), valid until the next call.
+  const std::uint32_t* of(std::size_t k) {
+    if (k < first_ || k >= first_ + held_) {
+      first_ = k;
+      held_ = std::min(hq_sign_batch, s_.blocks() - k);
+      // blocks wholly inside the tensor take 8 Philox blocks each; the last one its length's
+      const std::size_t last = first_ + held_ - 1;
+      const std::size_t philox_blocks = 8 * (held_ - 1) + (s_.block_length(last) + 127) / 128;
+      philox_fill(s_.seed, {s_.step, shared_rank}, first_ * (hq_max_block / 128), philox_blocks,
+                  words_);
+    }
+    return words_ + (k - first_) * (hq_max_block / 32);
+  }
+
+ private:
+  const hq_shape& s_;
+  std::size_t first_ = 0;
+  std::size_t held_ = 0;
+  std::uint32_t words_[hq_sign_batch * hq_max_block / 32];
+};
 
 /// dst[j] = src[j] with its sign flipped where sign bit j of `words` is set, for `length`
 /// elements (`dst` may be `src`: in place). (Cloned: the per-lane variable shift vectorizes
@@ -647,10 +693,11 @@ hq_block_sums hq_sums(const T* SQUALL_RESTRICT x, std::size_t n) {
   return hq_sums_wide(x, n);
 }
 
-/// Block `k` of `in` (zero-padded past its end), sign-flipped and rotated, into `out`;
-/// returns its padded length.
+/// Block `k` of `in` (zero-padded past its end), sign-flipped by `signs.of(k)` and rotated,
+/// into `out`; returns its padded length.
 template <class T>
-std::size_t hq_rotated_block(const hq_shape& s, const T* in, std::size_t k, T* out) {
+std::size_t hq_rotated_block(const hq_shape& s, const T* in, std::size_t k, hq_signs& signs,
+                             T* out) {
   const std::size_t first = k * hq_max_block;
   const std::size_t length = s.block_length(k);
   const std::size_t n = std::min(length, s.count - first);
@@ -661,10 +708,9 @@ std::size_t hq_rotated_block(const hq_shape& s, const T* in, std::size_t k, T* o
     from = out;
   }
   if (!s.rotate) return length;
-  std::uint32_t signs[hq_max_block / 32 + 4] = {};  // (all written; g++ cannot tell)
-  hq_sign_words(s, k, length, signs);
-  if (hq_rotate_fused<hq_source::signed_values>(out, from, length, signs, T{}, T{})) return length;
-  hq_apply_signs(out, from, length, signs);  // the copy and the signs in one pass
+  const std::uint32_t* const words = signs.of(k);
+  if (hq_rotate_fused<hq_source::signed_values>(out, from, length, words, T{}, T{})) return length;
+  hq_apply_signs(out, from, length, words);  // the copy and the signs in one pass
   hq_hadamard(out, length);
   return length;
 }
@@ -834,8 +880,9 @@ SQUALL_NO_TRAPPING_MATH SQUALL_HOST_CLONES void hq_code_groups(
 /// elements are consecutive), each lane's field moved into the low or high half of its word by
 /// variable shifts (a count of 32 or more gives 0, so one loop serves the fields of either
 /// half and the one across the middle; an odd last position fills the lower 8 lanes), the
-/// halves folded and interleaved into words once a group. `hq_code8`'s operations on the same
-/// operands, so the same codes, for two positions at once (written in intrinsics: `hq_code8`'s
+/// halves folded and interleaved into words once a group. `hq_code8`'s codes for two
+/// positions at once: the same x, its decision to round up made in integers from x 2^16 rounded
+/// up (exact where `hq_code8` compares floats; below) (written in intrinsics: `hq_code8`'s
 /// vector form at 16 lanes measured 0.92-0.96x of them). With `ahead`, each pair of
 /// positions asks for the cache line of its elements' place in `ahead`.
 __attribute__((target("avx512f"))) SQUALL_NO_TRAPPING_MATH inline void hq_code_groups_avx512(
@@ -870,7 +917,8 @@ __attribute__((target("avx512f"))) SQUALL_NO_TRAPPING_MATH inline void hq_code_g
   const __m512 top = _mm512_set1_ps(static_cast<float>(2 * levels));
   const __m512 zero = _mm512_setzero_ps();
   const __m512 range = _mm512_set1_ps(static_cast<float>(1u << stochastic_draw_bits<float>));
-  const __m512i one = _mm512_set1_epi32(1);
+  static_assert(stochastic_draw_bits<float> == 16);
+  const __mmask16 every = 0xffff;
   // word w of the group from lane w of the low half (entries 0-7) and of the high (16-23)
   const __m512i interleave =
       _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
@@ -890,15 +938,22 @@ __attribute__((target("avx512f"))) SQUALL_NO_TRAPPING_MATH inline void hq_code_g
       const __m128i d_hi = lanes == 0xffff
                                ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(draws + e + 8))
                                : _mm_setzero_si128();
-      const __m512i d = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_set_m128i(d_hi, d_lo));
+      // 2^16 - 1 - d
+      const __m512i rest = _mm512_maskz_cvtepu16_epi32(
+          0xffff, _mm256_xor_si256(_mm256_set_m128i(d_hi, d_lo), _mm256_set1_epi16(-1)));
       __m512 x = _mm512_add_ps(_mm512_mul_ps(v, scale), shift);
       x = _mm512_maskz_max_ps(0xffff, x, zero);  // x > 0 ? x : 0 (a NaN -> 0)
       x = _mm512_maskz_min_ps(0xffff, x, top);   // x < top ? x : top
-      const __m512i floor = _mm512_maskz_cvttps_epi32(0xffff, x);
-      const __m512 fraction = _mm512_sub_ps(x, _mm512_maskz_cvtepi32_ps(0xffff, floor));
-      const __mmask16 up = _mm512_cmp_ps_mask(_mm512_maskz_cvtepi32_ps(0xffff, d),
-                                              _mm512_mul_ps(fraction, range), _CMP_LT_OQ);
-      const __m512i code = _mm512_mask_add_epi32(floor, up, floor, one);
+      // x = c + f (c whole, f in [0, 1)) is rounded up where d < f 2^16 (`hq_code8`), that is
+      // where d < e = ceil(f 2^16), an integer in [0, 2^16]; ceil(x 2^16) = c 2^16 + e (x 2^16
+      // is exact and below 2^24: 2L < 2^8), so the code c + [d < e] is
+      // (ceil(x 2^16) + 2^16 - 1 - d) / 2^16 rounded down, where a floor, a conversion back, a
+      // subtraction, a product, the draw's conversion, a comparison and an add took seven
+      // (the mask as a variable: at -O0 the intrinsic is a macro whose cast of a literal 0xffff
+      // to a signed short warns)
+      const __m512i ceiling = _mm512_maskz_cvt_roundps_epi32(
+          every, _mm512_mul_ps(x, range), _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+      const __m512i code = _mm512_maskz_srli_epi32(0xffff, _mm512_add_epi32(ceiling, rest), 16);
       low = _mm512_or_si512(low, _mm512_maskz_sllv_epi32(0xffff, code, to_low[q]));
       high = _mm512_ternarylogic_epi32(high, _mm512_maskz_sllv_epi32(0xffff, code, to_high[q]),
                                        _mm512_maskz_srlv_epi32(0xffff, code, down_high[q]),
@@ -1011,6 +1066,7 @@ template <class T>
 void hq_range(const host_backend& /*b*/, const hq_shape& s, const T* in, bool bound_only,
               double& max_abs, double& rms) {
   alignas(64) T buf[hq_max_block];  // one block, on the stack: no allocation per call
+  detail::hq_signs signs(s);
   double top = 0;
   double squares = 0;
   bool finite = true;
@@ -1033,7 +1089,7 @@ void hq_range(const host_backend& /*b*/, const hq_shape& s, const T* in, bool bo
       const double bound = std::min(l1 / std::sqrt(static_cast<double>(length)), std::sqrt(l2));
       top = bound > top ? bound : top;
     } else {
-      detail::hq_rotated_block(s, in, k, buf);
+      detail::hq_rotated_block(s, in, k, signs, buf);
       for (std::size_t j = 0; j < length; ++j) {
         const double a = std::fabs(static_cast<double>(buf[j]));
         top = a > top ? a : top;
@@ -1066,6 +1122,7 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
   const std::size_t group = std::size_t{hq_fields_per_word(s.field)} * hq_group_words;
   std::size_t zeroed = 0;
   alignas(64) T buf[hq_max_block];  // one block, on the stack: no allocation per call
+  detail::hq_signs signs(s);
   // element j's draw: unit j of stochastic_draw_unit<T> in the stream's words (`hq_code_pack`,
   // `stochastic_draws_fill`); first is a multiple of 1024
   alignas(64) std::uint32_t random[hq_max_block * sizeof(stochastic_draw_unit<T>) / 4];
@@ -1075,7 +1132,7 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
     const T* y = in + first;  // unrotated: coded where it lies
     std::size_t length = s.block_length(k);
     if (s.rotate) {
-      length = detail::hq_rotated_block(s, in, k, buf);
+      length = detail::hq_rotated_block(s, in, k, signs, buf);
       y = buf;
     }
     const std::size_t reach =
@@ -1120,6 +1177,7 @@ std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::u
   alignas(64) T bufs[2][hq_max_block];
   std::uint32_t sums[hq_max_block];
   std::uint32_t sign_words[2][hq_max_block / 32 + 4] = {};
+  detail::hq_signs batch(s);  // the sign words, hq_sign_batch blocks at a time
   const bool streamed = s.count * sizeof(T) >= stream_from;
   detail::hq_pending_block<T> pending;  // the block before, streamed between this one's passes
   for (std::size_t k = 0; k < s.blocks(); ++k) {
@@ -1137,7 +1195,8 @@ std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::u
     const std::size_t n = std::min(length, s.count - first);
     T* const to = streamed ? buf : out + first;
     if (s.rotate) {
-      detail::hq_sign_words(s, k, length, signs);
+      // (a copy: the batch may move on while the block before still waits on its words)
+      std::memcpy(signs, batch.of(k), (length + 127) / 128 * 4 * sizeof(std::uint32_t));
       pending.drain(3);
       if (!detail::hq_rotate_fused<detail::hq_source::sums>(buf, sums, length, nullptr, offset,
                                                             step)) {

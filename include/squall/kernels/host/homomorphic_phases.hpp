@@ -49,7 +49,7 @@ SQUALL_HOST_DEVICE inline void philox_words(unsigned t, unsigned threads, std::u
   }
 }
 
-/// The rotation's sign words of block `k` (`length` elements): those of `hq_sign_words`, the
+/// The rotation's sign words of block `k` (`length` elements): those of `hq_signs`, the
 /// shared stream (seed, step), 128 sign bits a Philox block.
 SQUALL_HOST_DEVICE inline void signs(unsigned t, unsigned threads, std::uint64_t seed,
                                      std::uint64_t step, std::size_t k, std::size_t length,
