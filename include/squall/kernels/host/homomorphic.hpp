@@ -340,6 +340,36 @@ __attribute__((target("avx512f"))) void hq_hadamard64_avx512(float* dst, const v
   }
 }
 
+/// The stages at distances 64 to 512 of a block of `hq_max_block` floats, scaled by `norm`,
+/// in one pass of AVX-512 registers: for each 16 columns j to j + 15 (j below 64), the 16
+/// registers of elements j + 64 t, four stages between them. `hq_hadamard_wide`'s sums in its
+/// order (each stage's a + b and a - b of the same operands), so the same bits, in one pass
+/// over the block where its radix-4 passes took two, and a third fewer operations (the loads,
+/// stores and products by 1 of the pass between).
+__attribute__((target("avx512f"))) inline void hq_hadamard_wide1024_avx512(float* v, float norm) {
+  static_assert(hq_max_block == 1024);
+  const __m512 scale = _mm512_set1_ps(norm);
+  for (std::size_t j = 0; j < 64; j += 16) {
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (std::size_t t = 0; t < 16; ++t) r[t] = _mm512_loadu_ps(v + j + 64 * t);
+#pragma GCC unroll 4
+    for (std::size_t h = 1; h < 16; h *= 2) {  // distance 64 h
+#pragma GCC unroll 16
+      for (std::size_t t = 0; t < 16; ++t) {
+        if ((t & h) == 0) {
+          const __m512 a = r[t];
+          r[t] = _mm512_add_ps(a, r[t + h]);
+          r[t + h] = _mm512_sub_ps(a, r[t + h]);
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (std::size_t t = 0; t < 16; ++t)
+      _mm512_storeu_ps(v + j + 64 * t, _mm512_mul_ps(r[t], scale));
+  }
+}
+
 /// Elements `from` to `to` (multiples of 8) of `hq_apply_signs(dst, src, n, signs)` with
 /// non-temporal stores, for `dst` on 16 bytes: the same products (x (1 - 2 bit),
 /// `hq_signs8_avx2`), streamed out as they are made.
@@ -410,7 +440,11 @@ bool hq_rotate_fused(A* dst, const void* src, std::size_t n, const std::uint32_t
   if constexpr (std::is_same_v<A, float>) {
     if (n >= 64 && n % 64 == 0 && squall::detail::cpu_has_avx512f()) {
       hq_hadamard64_avx512<From>(dst, src, n, signs, offset, step);
-      hq_hadamard_wide(dst, n, 64, hq_norm<A>(n));
+      if (n == hq_max_block) {
+        hq_hadamard_wide1024_avx512(dst, hq_norm<A>(n));
+      } else {
+        hq_hadamard_wide(dst, n, 64, hq_norm<A>(n));
+      }
       return true;
     }
     if (n >= 64 && n % 64 == 0 && squall::detail::cpu_has_avx2()) {
