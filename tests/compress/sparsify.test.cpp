@@ -567,6 +567,42 @@ TEST_SUITE("sparsify") {
     CHECK(thrown > 0);
   }
 
+  TEST_CASE_TEMPLATE("first_non_finite: the first NaN or infinity wherever it lies", T, float,
+                     double) {
+    // blocks of 256 are tested by their largest magnitude, then searched: bad elements at and
+    // beside the blocks' ends, in the tail after the last whole block, two in one block, and
+    // finite extremes (the largest value, a subnormal, -0) that must not count
+    constexpr T nan = std::numeric_limits<T>::quiet_NaN();
+    constexpr T inf = std::numeric_limits<T>::infinity();
+    for (const std::size_t n : {std::size_t{300}, std::size_t{2049}}) {
+      std::vector<T> x(n, T(1));
+      x[3] = std::numeric_limits<T>::max();
+      x[4] = -std::numeric_limits<T>::max();
+      x[5] = std::numeric_limits<T>::denorm_min();
+      x[6] = T(-0.0);
+      const auto first = [&x] {
+        return squall::kernels::first_non_finite(host_backend{}, host_view<const T>(x));
+      };
+      CHECK(first() == n);
+      for (const std::size_t at : {std::size_t{0}, std::size_t{255}, std::size_t{256},
+                                   std::size_t{257}, std::size_t{299}, n - 1}) {
+        for (const T bad : {nan, -nan, inf, -inf}) {
+          CAPTURE(n);
+          CAPTURE(at);
+          CAPTURE(bad);
+          x[at] = bad;
+          CHECK(first() == at);
+          if (at + 7 < n) {
+            x[at + 7] = nan;  // a second one later: the first is still named
+            CHECK(first() == at);
+            x[at + 7] = T(1);
+          }
+          x[at] = T(1);
+        }
+      }
+    }
+  }
+
   TEST_CASE("NaN and infinities: check_finite throws naming the index; otherwise NaN propagates") {
     std::vector<float> g(100, 0.001f);
     g[37] = std::numeric_limits<float>::quiet_NaN();

@@ -11,6 +11,7 @@
 #include <squall/core/config.hpp>
 #include <squall/core/random.hpp>
 #include <squall/kernels/host/copy.hpp>
+#include <squall/kernels/host/select.hpp>  // first_non_finite
 
 #include <algorithm>  // min, fill
 #include <bit>        // bit_width
@@ -1176,14 +1177,10 @@ std::size_t hq_encode(const host_backend& /*b*/, const hq_shape& s, const T* in,
       zeroed = reach;
     }
     stochastic_draws_fill<T>(seed, stream, first, length, random);
-    if (find_bad && bad == s.count) {
+    if (find_bad && bad == s.count) {  // (a scalar search here made the encode 1.6x as long)
       const std::size_t n = std::min(length, s.count - first);
-      for (std::size_t j = 0; j < n; ++j) {
-        if (!std::isfinite(in[first + j])) {
-          bad = first + j;
-          break;
-        }
-      }
+      const std::size_t at = first_non_finite(host_backend{}, host_view<const T>(in + first, n));
+      if (at != n) bad = first + at;
     }
     const bool full_ahead = s.count - first >= 3 * hq_max_block;  // block k + 2 is whole
     hq_code_pack(y, random, first, length, inverse_step, levels, s.field, words,
