@@ -50,8 +50,7 @@ void register_quantize_benchmarks() {
   register_agreed("hq4", homomorphic_compressor{});
   register_agreed("hq8", homomorphic_compressor{.bits = 8});
   register_agreed("hq4_unrotated", homomorphic_compressor{.rotate = false});
-  // with check_finite, as the training example and libsquall_mpi run it: the input searched
-  // for a NaN or infinity as it is coded
+  // with the compressor's check_finite: the input searched for a NaN or infinity as it is coded
   register_agreed("hq4_checked", homomorphic_compressor{.check_finite = true});
 }
 

@@ -6,7 +6,9 @@
 // select and the ascending-index write of k pairs). nth_element/<k>/<count>: copies the
 // gradient and runs std::nth_element with |a| > |b| on it (the copy is inside the timed loop,
 // as nth_element permutes its input; topk does not need one). Both report bytes_per_second
-// over the float input.
+// over the float input. first_non_finite/<count>: the search `options::check_finite` and the
+// compressors' `check_finite` run on every input before anything moves (all finite: the whole
+// input read).
 #include <squall/compress/sparsify.hpp>
 
 #include <algorithm>  // nth_element, copy
@@ -38,9 +40,19 @@ void nth_element_loop(benchmark::State& state, std::size_t k) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * sizeof(float)));
 }
 
+void first_non_finite_loop(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  const std::vector<float> in = gradient(n);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(first_non_finite(host_backend{}, host_view<const float>(in)));
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * sizeof(float)));
+}
+
 }  // namespace
 
 void register_sparsify_benchmarks() {
+  benchmark::RegisterBenchmark("first_non_finite", first_non_finite_loop)->Arg(compress_count);
   for (const std::size_t k : {std::size_t{167772}, std::size_t{16777}}) {
     benchmark::RegisterBenchmark(("topk/" + std::to_string(k)).c_str(),
                                  [k](benchmark::State& s) { topk_loop(s, k); })
