@@ -251,18 +251,21 @@ __attribute__((target("avx2"))) void hq_hadamard64_avx2(float* dst, const void* 
 #define SQUALL_HQ_AVX512 __attribute__((target("avx512f"), always_inline)) inline
 
 /// One stage of the first four on the 16 floats of an AVX-512 register: `p` is x with the
-/// partners swapped; lanes of `upper` get p - x, the others x + p (`hq_stages8_avx2`'s
+/// partners swapped; lanes of `Upper` get p - x, the others x + p (`hq_stages8_avx2`'s
 /// operations on the same operands, so the same bits, NaNs included). With `Fused`, one fused
-/// multiply-add, x times `signs` (-1 in the lanes of `upper`, else +1) plus p, where the add
-/// and the masked subtraction took two operations: the product is exact, so the same sum or
-/// difference rounded once, the same bits, but for which NaN a lane keeps where x and p are
-/// both NaN (a decode's sums are NaN all alike or not at all, and an encode's NaNs code to 0).
-template <bool Fused>
-SQUALL_HQ_AVX512 __m512 hq_stage16_avx512(__m512 x, __m512 p, __mmask16 upper, __m512 signs) {
+/// multiply-add, x times -1 (lanes of `Upper`) or +1 plus p, where the add and the masked
+/// subtraction took two operations: the product is exact, so the same sum or difference
+/// rounded once, the same bits, but for which NaN a lane keeps where x and p are both NaN (a
+/// decode's sums are NaN all alike or not at all, and an encode's NaNs code to 0). (The mask
+/// a template argument: the +-1 vector is then a constant, where a blend of it ran every pass.)
+template <bool Fused, __mmask16 Upper>
+SQUALL_HQ_AVX512 __m512 hq_stage16_avx512(__m512 x, __m512 p) {
   if constexpr (Fused) {
-    return _mm512_fmadd_ps(x, signs, p);
+    float signs[16];
+    for (unsigned l = 0; l < 16; ++l) signs[l] = (Upper >> l) & 1u ? -1.0f : 1.0f;
+    return _mm512_fmadd_ps(x, _mm512_loadu_ps(signs), p);
   } else {
-    return _mm512_mask_sub_ps(_mm512_add_ps(x, p), upper, p, x);
+    return _mm512_mask_sub_ps(_mm512_add_ps(x, p), Upper, p, x);
   }
 }
 
@@ -271,16 +274,10 @@ SQUALL_HQ_AVX512 __m512 hq_stage16_avx512(__m512 x, __m512 p, __mmask16 upper, _
 /// (a + b in the lower half, a - b in the upper), the same bits (`hq_stage16_avx512`).
 template <bool Fused>
 SQUALL_HQ_AVX512 __m512 hq_stages16_avx512(__m512 x) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 minus = _mm512_set1_ps(-1.0f);
-  const auto stage = [&](__m512 y, __m512 p, __mmask16 upper)
-      __attribute__((target("avx512f"), always_inline)) {
-    return hq_stage16_avx512<Fused>(y, p, upper, _mm512_mask_blend_ps(upper, one, minus));
-  };
-  x = stage(x, _mm512_maskz_permute_ps(0xffff, x, 0xb1), 0xaaaa);           // distance 1
-  x = stage(x, _mm512_maskz_permute_ps(0xffff, x, 0x4e), 0xcccc);           // 2
-  x = stage(x, _mm512_maskz_shuffle_f32x4(0xffff, x, x, 0xb1), 0xf0f0);     // 4
-  return stage(x, _mm512_maskz_shuffle_f32x4(0xffff, x, x, 0x4e), 0xff00);  // 8
+  x = hq_stage16_avx512<Fused, 0xaaaa>(x, _mm512_maskz_permute_ps(0xffff, x, 0xb1));        // 1
+  x = hq_stage16_avx512<Fused, 0xcccc>(x, _mm512_maskz_permute_ps(0xffff, x, 0x4e));        // 2
+  x = hq_stage16_avx512<Fused, 0xf0f0>(x, _mm512_maskz_shuffle_f32x4(0xffff, x, x, 0xb1));  // 4
+  return hq_stage16_avx512<Fused, 0xff00>(x, _mm512_maskz_shuffle_f32x4(0xffff, x, x, 0x4e));
 }
 
 /// Floats j to j + 15 of a rotation's source, as `hq_load8_avx2`: as they are; with their
