@@ -1204,15 +1204,15 @@ std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::u
   // two blocks on the stack (no allocation per call): the one made, the one leaving
   alignas(64) T bufs[2][hq_max_block];
   std::uint32_t sums[hq_max_block];
-  std::uint32_t sign_words[2][hq_max_block / 32 + 4] = {};
   detail::hq_signs batch(s);  // the sign words, hq_sign_batch blocks at a time
+  // the waiting block's words: the batch may move on while it still streams
+  std::uint32_t pending_signs[hq_max_block / 32] = {};
   const bool streamed = s.count * sizeof(T) >= stream_from;
   detail::hq_pending_block<T> pending;  // the block before, streamed between this one's passes
   for (std::size_t k = 0; k < s.blocks(); ++k) {
     const std::size_t first = k * hq_max_block;
     const std::size_t length = s.block_length(k);
     T* const buf = bufs[k % 2];
-    std::uint32_t* const signs = sign_words[k % 2];
     pending.drain(1);
     if (hq_unpack(words, first, length, s.field, sums) > top) {
       for (std::size_t j = 0; j < length; ++j) {
@@ -1223,8 +1223,7 @@ std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::u
     const std::size_t n = std::min(length, s.count - first);
     T* const to = streamed ? buf : out + first;
     if (s.rotate) {
-      // (a copy: the batch may move on while the block before still waits on its words)
-      std::memcpy(signs, batch.of(k), (length + 127) / 128 * 4 * sizeof(std::uint32_t));
+      const std::uint32_t* const signs = batch.of(k);
       pending.drain(3);
       if (!detail::hq_rotate_fused<detail::hq_source::sums>(buf, sums, length, nullptr, offset,
                                                             step)) {
@@ -1232,8 +1231,9 @@ std::size_t hq_decode(const host_backend& /*b*/, const hq_shape& s, const std::u
         hq_hadamard(buf, length);
       }
       pending.drain(4);
-      if (streamed && pending.can_wait(out + first, n)) {
-        pending = {.dst = out + first, .src = buf, .signs = signs, .n = n};
+      if (streamed && pending.can_wait(out + first, n)) {  // the block before is all out
+        std::memcpy(pending_signs, signs, (n + 31) / 32 * sizeof(std::uint32_t));
+        pending = {.dst = out + first, .src = buf, .signs = pending_signs, .n = n};
         continue;
       }
       detail::hq_apply_signs(to, buf, n, signs);  // the signs and the copy out
